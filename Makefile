@@ -1,0 +1,119 @@
+# mnemo: build, install, deps, demo, test.
+#   make              build ./mnemo (CUDA parts too when nvcc is found)
+#   make CUDA=0       CPU-only build
+#   make deps         install missing Debian packages (non-interactive)
+#   make demo         deps + build + the default experiment on synthetic data
+#   make test         deps + build + every test this machine can run
+#   make install PREFIX=/usr/local
+
+PREFIX ?= /usr/local
+BUILD  ?= build
+BIN    ?= mnemo
+CC     ?= gcc
+
+# Debian packages the build, the tests and the demo need.
+DEB_PACKAGES = build-essential pkg-config liblua5.4-dev libhdf5-dev hdf5-tools \
+               libopenblas-dev libreadline-dev python3 python3-torch python3-h5py \
+               python3-numpy gnuplot-nox
+
+# Recursively expanded on purpose: pkg-config must be asked after `make deps`.
+PKGS     = lua5.4 hdf5-serial openblas readline
+PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -MMD -MP -fPIC
+LDLIBS   = $(PKG_LIBS) -lm -lpthread
+
+# CUDA: auto-detected; the binary links the runtime, cuBLAS and NVRTC, never
+# libcuda, so it starts on machines without a driver.
+NVCC_FOUND := $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+ifeq ($(origin CUDA), undefined)
+CUDA := $(if $(NVCC_FOUND),1,0)
+endif
+NVCC      ?= $(if $(NVCC_FOUND),$(NVCC_FOUND),nvcc)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC_FOUND))
+CUDA_ARCH ?= -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90
+NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC,-Wall -lineinfo
+
+MODEL_SRC = $(wildcard model/*.c)
+DSL_SRC   = $(wildcard dsl/*.c)
+REPL_SRC  = $(wildcard repl/*.c)
+LUA_SRC   = $(sort $(wildcard dsl/*.lua))
+
+ifeq ($(CUDA),1)
+KERNEL_C_SRC  = $(wildcard kernels/*.c)
+KERNEL_CU_SRC = $(wildcard kernels/*.cu)
+CFLAGS  += -DMN_HAVE_CUDA -I$(CUDA_HOME)/include
+LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lnvrtc -lstdc++
+else
+KERNEL_C_SRC  =
+KERNEL_CU_SRC =
+endif
+
+ENGINE_OBJ = $(MODEL_SRC:%.c=$(BUILD)/%.o) $(KERNEL_C_SRC:%.c=$(BUILD)/%.o) \
+             $(KERNEL_CU_SRC:%.cu=$(BUILD)/%.cu.o)
+FRONT_OBJ  = $(DSL_SRC:%.c=$(BUILD)/%.o) $(REPL_SRC:%.c=$(BUILD)/%.o) $(BUILD)/embedded_lua.o
+ENGINE_LIB = $(BUILD)/libmnemo_engine.a
+
+UNIT_SRC   = $(wildcard tests/unit/test_*.c)
+UNIT_BIN   = $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+
+.PHONY: all deps demo test install clean check-cuda
+all: $(BIN) $(UNIT_BIN)
+
+$(BIN): $(FRONT_OBJ) $(ENGINE_LIB)
+	$(CC) $(LDFLAGS) -o $@ $(FRONT_OBJ) $(ENGINE_LIB) $(LDLIBS)
+
+$(ENGINE_LIB): $(ENGINE_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) -c $< -o $@
+
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -Imodel -c $< -o $@
+
+# The Lua sources of dsl/ are compiled into the binary as strings.
+$(BUILD)/embedded_lua.c: $(LUA_SRC) dsl/embed_lua.sh
+	@mkdir -p $(dir $@)
+	sh dsl/embed_lua.sh $(LUA_SRC) > $@.tmp && mv $@.tmp $@
+
+$(BUILD)/embedded_lua.o: $(BUILD)/embedded_lua.c
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/tests/%: tests/unit/%.c $(ENGINE_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) -Imodel -Itests/unit $< $(ENGINE_LIB) $(LDLIBS) -o $@
+
+# Missing packages only; apt-get runs only when something is missing.
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "make deps: installing$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	else echo "make deps: all packages present"; fi
+
+demo: deps
+	$(MAKE) all
+	./mnemo examples/tour.lua
+
+test: deps
+	$(MAKE) all
+	MNEMO=$(abspath $(BIN)) BUILD=$(BUILD) sh tests/run.sh
+
+install: $(BIN)
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 755 $(BIN) $(DESTDIR)$(PREFIX)/bin/mnemo
+
+clean:
+	rm -rf $(BUILD) $(BIN)
+
+-include $(ENGINE_OBJ:.o=.d) $(FRONT_OBJ:.o=.d) $(UNIT_BIN:%=%.d)

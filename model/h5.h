@@ -1,0 +1,19 @@
+/* h5.h: HDF5 files as trees (tree.h). Groups are groups, tensors are
+ * datasets (f32, f64, i64; little-endian, row-major), numbers and strings are
+ * attributes of their group. Writing goes to "<path>.tmp-<pid>" and is renamed
+ * over path only when complete, so a failed write leaves the old file intact.
+ * Every error names the file and the dataset or attribute. */
+#ifndef MN_H5_H
+#define MN_H5_H
+
+#include "tree.h"
+
+mn_status mn_h5_save(const char *path, const mn_node *root);
+/* Reads the whole file. Datasets of other numeric types are converted: floats
+ * to f32 (f64 stays f64), integers to i64. Scalar datasets become 0-d
+ * tensors. Attributes: integers -> MN_NODE_INTEGER, floats -> MN_NODE_NUMBER,
+ * strings (fixed or variable length) -> MN_NODE_STRING; numeric attributes of
+ * one element only (others are skipped with no error). */
+mn_status mn_h5_load(const char *path, mn_node **out);
+
+#endif

@@ -1,0 +1,78 @@
+/* ops.h: tensor ops on any backend. The front end (ops.c) checks shapes,
+ * broadcasts, promotes dtypes and allocates the result; a backend (cpu.c, and
+ * kernels/ when built with CUDA) does the arithmetic. Results go to out, which
+ * must be empty; on failure out stays empty. */
+#ifndef MN_OPS_H
+#define MN_OPS_H
+
+#include "tensor.h"
+
+typedef enum {
+#define MN_UNARY(name, doc) MN_OP_##name,
+#define MN_BINARY(name, meta, doc) MN_OP_##name,
+#define MN_REDUCE(name, doc) MN_OP_##name,
+#include "ops.def"
+    MN_OP_COUNT
+} mn_op;
+
+typedef enum { MN_OPKIND_UNARY, MN_OPKIND_BINARY, MN_OPKIND_REDUCE } mn_op_kind;
+
+const char *mn_op_name(mn_op op);
+const char *mn_op_doc(mn_op op);
+const char *mn_op_metamethod(mn_op op); /* "__add" ..., or NULL */
+mn_op_kind mn_op_kind_of(mn_op op);
+int mn_op_lookup(const char *name);     /* -1 when unknown */
+
+/* Result dtype: f64 if either is f64, else f32 if either is f32, else i64;
+ * i64 / i64 and i64 ^ i64 give f32 (true division, as torch does). */
+mn_dtype mn_promote(mn_op op, mn_dtype a, mn_dtype b);
+
+mn_status mn_unary(mn_op op, mn_tensor *out, const mn_tensor *a);
+mn_status mn_binary(mn_op op, mn_tensor *out, const mn_tensor *a, const mn_tensor *b);
+/* a op s (or s op a when scalar_first); s takes a's dtype, so that a f32
+ * tensor times a Lua number stays f32. */
+mn_status mn_binary_scalar(mn_op op, mn_tensor *out, const mn_tensor *a, double s,
+                           bool scalar_first);
+/* Whole-tensor reduction in double; empty tensors: sum 0, prod 1, mean/max/min NaN. */
+mn_status mn_reduce_all(mn_op op, const mn_tensor *a, double *result);
+mn_status mn_reduce_dim(mn_op op, mn_tensor *out, const mn_tensor *a, int dim, bool keepdim);
+/* Index (0-based) of the max / min along dim (i64 result). */
+mn_status mn_argreduce_dim(mn_op op, mn_tensor *out, const mn_tensor *a, int dim, bool keepdim);
+
+/* torch.matmul semantics: 1-d . 1-d -> scalar tensor; 2-d x 2-d; 1-d promoted
+ * to a row/column; >= 3-d batched with broadcast batch dims. */
+mn_status mn_matmul(mn_tensor *out, const mn_tensor *a, const mn_tensor *b);
+/* where(c, a, b) elementwise with broadcasting, c != 0 selects a. */
+mn_status mn_where(mn_tensor *out, const mn_tensor *c, const mn_tensor *a, const mn_tensor *b);
+
+/* Creation (CPU unless dev says otherwise). */
+mn_status mn_tensor_full(mn_tensor *out, mn_dtype dt, int ndim, const int64_t *shape,
+                         double value, mn_device dev);
+mn_status mn_tensor_arange(mn_tensor *out, mn_dtype dt, double start, double stop, double step);
+mn_status mn_tensor_eye(mn_tensor *out, mn_dtype dt, int64_t n, int64_t m);
+mn_status mn_tensor_linspace(mn_tensor *out, mn_dtype dt, double start, double stop, int64_t n);
+
+/* The backend interface. Inputs arrive already expanded to out's shape
+ * (stride-0 views where broadcast) and already of out's dtype where the op
+ * needs that; out is freshly allocated and contiguous unless noted. */
+typedef struct mn_backend {
+    const char *name;
+    mn_status (*unary)(mn_op op, mn_tensor *out, const mn_tensor *a);
+    mn_status (*binary)(mn_op op, mn_tensor *out, const mn_tensor *a, const mn_tensor *b);
+    mn_status (*where)(mn_tensor *out, const mn_tensor *c, const mn_tensor *a, const mn_tensor *b);
+    /* Reduce a along dim into out (out has a's shape with dim removed). */
+    mn_status (*reduce_dim)(mn_op op, mn_tensor *out, const mn_tensor *a, int dim);
+    mn_status (*argreduce_dim)(mn_op op, mn_tensor *out, const mn_tensor *a, int dim);
+    mn_status (*reduce_all)(mn_op op, const mn_tensor *a, double *result);
+    /* Batched: a [batch, m, k], b [batch, k, n] (any strides), out [batch, m, n] contiguous. */
+    mn_status (*matmul)(mn_tensor *out, const mn_tensor *a, const mn_tensor *b);
+    /* dst (any strides) = src (same shape, any strides), converting dtype. */
+    mn_status (*copy)(mn_tensor *dst, const mn_tensor *src);
+    mn_status (*fill)(mn_tensor *dst, double value);
+} mn_backend;
+
+void mn_register_backend(mn_device dev, const mn_backend *b);
+/* NULL with an error when the device has no backend in this build/machine. */
+const mn_backend *mn_backend_for(mn_device dev);
+
+#endif

@@ -1,0 +1,46 @@
+-- check.lua: the assertion kit of the Lua tests (load with
+-- `local T = dofile("tests/lua/check.lua")`). Each check prints one line,
+-- "PASS name" or "FAIL name: detail", which tests/run.sh counts; T.done()
+-- exits non-zero when anything failed.
+local T = { failures = 0 }
+
+local function fail(name, detail)
+  T.failures = T.failures + 1
+  print(("FAIL %s: %s"):format(name, detail))
+end
+
+function T.ok(name, cond, detail)
+  if cond then print("PASS " .. name) else fail(name, detail or "condition false") end
+end
+
+-- |got - want| <= tol * max(1, |want|); numbers only
+function T.near(name, got, want, tol)
+  tol = tol or 1e-6
+  if type(got) ~= "number" or type(want) ~= "number" then
+    return fail(name, ("not numbers: %s, %s"):format(tostring(got), tostring(want)))
+  end
+  if math.abs(got - want) <= tol * math.max(1, math.abs(want)) then print("PASS " .. name)
+  else fail(name, ("got %.17g want %.17g"):format(got, want)) end
+end
+
+function T.eq(name, got, want)
+  if got == want then print("PASS " .. name)
+  else fail(name, ("got %s want %s"):format(tostring(got), tostring(want))) end
+end
+
+-- fn must raise an error whose message contains pattern (plain text)
+function T.raises(name, fn, pattern)
+  local ok, err = pcall(fn)
+  if ok then return fail(name, "no error raised") end
+  err = tostring(err)
+  if pattern and not err:find(pattern, 1, true) then
+    return fail(name, ("error '%s' lacks '%s'"):format(err, pattern))
+  end
+  print("PASS " .. name)
+end
+
+function T.skip(name, reason) print(("SKIP %s: %s"):format(name, reason)) end
+
+function T.done() os.exit(T.failures == 0 and 0 or 1) end
+
+return T
