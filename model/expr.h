@@ -1,7 +1,9 @@
 /* expr.h: the expression IR of SPEC.md section 4, shared by the CPU engine
  * (evaluation over arrays) and the CUDA code generator (C source of an
  * expression). Nodes are immutable and reference counted, so sub-expressions
- * are shared freely between an expression and its derivative.
+ * are shared freely between an expression and its derivative. The counts are
+ * not atomic: make and release expressions on one thread (evaluating them, or
+ * running a compiled program, from many threads is fine).
  * Grammar, names and functions: SPEC.md section 4. */
 #ifndef MN_EXPR_H
 #define MN_EXPR_H
@@ -21,6 +23,10 @@ typedef enum {
     MN_FN_ABS, MN_FN_SQRT, MN_FN_EXP, MN_FN_LOG, MN_FN_TANH, MN_FN_SIGMOID,
     MN_FN_SOFTPLUS, MN_FN_SIGN, MN_FN_RELU, MN_FN_SILU, MN_FN_GELU,
     MN_FN_MIN, MN_FN_MAX, MN_FN_WHERE, /* where(c, a, b) = c != 0 ? a : b */
+    /* Internal functions: derivatives need them, users do not write them
+     * (SPEC.md section 4 does not list them). Their names start with '_' so
+     * that to_string output still parses. */
+    MN_FN_GELU_GRAD, /* _gelu_grad(x) = Phi(x) + x phi(x), the derivative of gelu */
     MN_FN_COUNT
 } mn_expr_func;
 
@@ -49,6 +55,7 @@ void mn_expr_unref(mn_expr *e);                                        /* NULL-s
 const char *mn_expr_func_name(mn_expr_func f);
 int mn_expr_func_lookup(const char *name);   /* -1 if unknown */
 int mn_expr_func_arity(mn_expr_func f);
+bool mn_expr_func_is_internal(mn_expr_func f);  /* _gelu_grad: not in SPEC.md, not for help */
 
 /* Parse the string form. Errors name what and where, e.g.
  * "expression 'y - $v': unexpected character '$' at position 5". */
@@ -59,10 +66,21 @@ mn_status mn_expr_parse(const char *src, mn_expr **out);
 mn_status mn_expr_check_names(const mn_expr *e, const char *const *vars, int nvars,
                               const char *const *consts, int nconsts);
 
+/* Whether the name appears anywhere in e (e.g. does a loss use r?). */
+bool mn_expr_uses(const mn_expr *e, const char *name);
+
 /* Algebraic simplification (constant folding, x*1, x+0, x*0, --x, ...).
  * Returns a new reference; e is not consumed. Never changes the value where
- * the original is finite. */
+ * the original is finite; where it is not, x*0, 0/x, x-x and x/x become 0 or
+ * 1 (NaN or Inf in x is lost there: accepted, derivatives need it). */
 mn_expr *mn_expr_simplify(const mn_expr *e);
+
+/* e with every named constant replaced by its value, then simplified (so
+ * "delta * sign(r)" with delta = 1 becomes "sign(r)"). Give the CPU program
+ * and the generated C the same bound expression so that both engines compute
+ * the same thing. New reference; e is not consumed. */
+mn_expr *mn_expr_bind(const mn_expr *e, const char *const *consts, const double *const_values,
+                      int nconsts);
 
 /* Symbolic derivative d e / d var, simplified; new reference.
  * Non-smooth points follow the usual conventions: d|x| = sign(x) (0 at 0),
@@ -93,7 +111,11 @@ double mn_expr_eval(const mn_expr *e, const char *const *vars, const double *val
                     const char *const *consts, const double *const_values, int nconsts);
 
 /* Fast evaluation over arrays: compile once to a flat program, then run it
- * element by element. inputs[i] points at n doubles for vars[i] (stride 1). */
+ * element by element. inputs[i] points at n doubles for vars[i] (stride 1);
+ * it may be NULL for a variable the expression does not use, and out may be
+ * one of the inputs (in place). Compiling checks names like check_names.
+ * Running allocates nothing and writes nothing in the program, so several
+ * threads may run one program on different slices at once. */
 typedef struct mn_expr_program mn_expr_program;
 mn_status mn_expr_compile(const mn_expr *e, const char *const *vars, int nvars,
                           const char *const *consts, const double *const_values, int nconsts,

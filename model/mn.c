@@ -26,7 +26,7 @@ mn_status mn_fail_context(mn_status st, const char *fmt, ...)
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, error_message, sizeof old);
-    snprintf(error_message, sizeof error_message, "%s%s", prefix, old);
+    snprintf(error_message, sizeof error_message, "%.1000s%.1000s", prefix, old);
     return st;
 }
 
