@@ -75,4 +75,28 @@ void mn_register_backend(mn_device dev, const mn_backend *b);
 /* NULL with an error when the device has no backend in this build/machine. */
 const mn_backend *mn_backend_for(mn_device dev);
 
+/* ---- additions by the tensor core ---- */
+/* The CPU backend (cpu.c); mn_backend_for(MN_CPU) registers it on first use,
+ * so no init call is needed. */
+const mn_backend *mn_cpu_backend(void);
+/* Result dtype of a unary op: the input's, except that i64 goes to f32 for
+ * the ops whose values are not integers (exp, log, sqrt, tanh, sigmoid, silu,
+ * gelu, softplus). */
+mn_dtype mn_unary_dtype(mn_op op, mn_dtype a);
+/* Result dtype of mn_reduce_dim: the input's, except i64 mean/norm -> f32. */
+mn_dtype mn_reduce_dtype(mn_op op, mn_dtype a);
+/* What the front end (ops.c) hands a backend, in detail:
+ *   unary, binary: every input already of out's dtype, broadcast views
+ *     (stride 0) of out's shape; out fresh and contiguous, never aliasing.
+ *   where: a and b of out's dtype; c keeps its own dtype (converting could
+ *     turn NaN or 1e-300, both true, into 0).
+ *   reduce_dim: a already of out's dtype; a dim of size 0 may arrive for
+ *     sum/mean/norm/prod (give 0, NaN, 0, 1); for max/min only when out is
+ *     empty too.
+ *   argreduce_dim: a of any dtype (out i64); its dim of size 0 only when
+ *     out is empty too.
+ *   reduce_all: any dtype and strides, never empty.
+ *   matmul: a, b and out of one dtype; k may be 0 (out = 0).
+ *   copy: dst and src of one device; no overlap (copy_into clones first). */
+
 #endif

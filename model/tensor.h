@@ -94,4 +94,29 @@ mn_status mn_tensor_stack(mn_tensor *out, const mn_tensor *const *parts, int n, 
  * as unsqueeze needs); error names the argument. */
 mn_status mn_resolve_dim(int dim, int ndim, int extra, int *out);
 
+/* ---- additions by the tensor core ---- */
+/* "4x8" of a bare shape ("scalar" for ndim 0), as mn_shape_string. */
+const char *mn_shape_string_of(int ndim, const int64_t *shape, char *buf, size_t len);
+/* torch.reshape: a view when the strides allow one (mn_view_reshape), else a
+ * contiguous copy. One dim may be -1 (inferred), here and in mn_view_reshape. */
+mn_status mn_tensor_reshape(mn_tensor *out, const mn_tensor *src, int ndim, const int64_t *shape);
+
+/* Copies between devices belong to the device layer (kernels/): it registers
+ * one function per (destination, source) pair. The function gets dst fresh,
+ * contiguous, on dst_dev, with src's shape and dtype; src has any strides.
+ * mn_tensor_to_device and cross-device mn_tensor_copy_into go through it. */
+typedef mn_status (*mn_device_copy_fn)(mn_tensor *dst, const mn_tensor *src);
+void mn_register_device_copy(mn_device dst_dev, mn_device src_dev, mn_device_copy_fn fn);
+
+/* double -> i64 as every conversion in the engine does it: truncation toward
+ * zero, NaN -> 0, out-of-range values (and infinities) saturate. A plain C
+ * cast is undefined behaviour for NaN and out-of-range values. */
+static inline int64_t mn_to_i64(double x)
+{
+    if (x != x) return 0;
+    if (x >= 9223372036854775808.0) return INT64_MAX;
+    if (x < -9223372036854775808.0) return INT64_MIN;
+    return (int64_t)x;
+}
+
 #endif
