@@ -21,6 +21,7 @@ void l_tensor_register(lua_State *L);
 void l_h5_register(lua_State *L);
 void l_expr_register(lua_State *L);
 void l_rule_register(lua_State *L);
+void l_compare_register(lua_State *L);
 
 /* Ownership before allocation: push a userdata holding an empty tensor with
  * the Tensor metatable; fill it afterwards (its __gc releases whatever it
