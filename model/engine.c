@@ -1,0 +1,287 @@
+/* engine.c: what every engine backend shares: the memory state, checks of a
+ * segment's inputs (shapes, gate broadcasting), materialising inputs and gates
+ * as contiguous f32, allocating outputs, and dispatch to the backend. */
+#include "engine.h"
+#include "ops.h"
+#include "random.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static const mn_engine_backend *engines[2];
+
+void mn_register_engine(mn_device dev, const mn_engine_backend *b) { engines[dev] = b; }
+
+static const mn_engine_backend *engine_for(mn_device dev)
+{
+    if (dev == MN_CPU && !engines[MN_CPU]) engines[MN_CPU] = mn_engine_cpu();
+    if (!engines[dev]) mn_fail(MN_ERR_DEVICE, "no %s engine in this build", mn_device_name(dev));
+    return engines[dev];
+}
+
+static const char *shape_str(const mn_tensor *t, char *buf)
+{
+    return mn_shape_string(t, buf, 128);
+}
+
+/* A copy of src as a contiguous f32 tensor on dev, broadcast to shape. */
+static mn_status materialize(mn_tensor *out, const mn_tensor *src, int ndim, const int64_t *shape,
+                             mn_device dev)
+{
+    mn_tensor view = {0}, host = {0};
+    MN_TRY(mn_view_expand(&view, src, ndim, shape));
+    mn_status st = mn_tensor_empty(&host, MN_F32, ndim, shape, MN_CPU);
+    if (st == MN_OK) st = mn_tensor_copy_into(&host, &view);
+    mn_tensor_release(&view);
+    if (st != MN_OK) {
+        mn_tensor_release(&host);
+        return st;
+    }
+    if (dev == MN_CPU) {
+        *out = host;
+        return MN_OK;
+    }
+    st = mn_tensor_to_device(out, &host, dev);
+    mn_tensor_release(&host);
+    return st;
+}
+
+/* Initial parameter or momentum i: [...], [H,...] or [B,H,...]. */
+static mn_status broadcast_param(mn_tensor *out, const mn_tensor *given, const char *name,
+                                 const mn_dims *d, int pdim, const int64_t *pshape, mn_device dev)
+{
+    int64_t full[MN_MAX_DIMS] = {d->B, d->H};
+    memcpy(full + 2, pshape, sizeof(int64_t) * pdim);
+    char buf[128], want[128];
+    int g = given->ndim;
+    bool fits = g == pdim || g == pdim + 1 || g == pdim + 2;
+    if (fits) {
+        int lead = g - pdim;
+        for (int i = 0; i < pdim && fits; i++) fits = given->shape[lead + i] == pshape[i];
+        if (lead >= 1 && given->shape[0] != (lead == 1 ? d->H : d->B)) fits = false;
+        if (lead == 2 && given->shape[1] != d->H) fits = false;
+    }
+    if (!fits) {
+        mn_tensor tmp = {0};
+        tmp.ndim = pdim;
+        memcpy(tmp.shape, pshape, sizeof(int64_t) * pdim);
+        return mn_fail(MN_ERR_ARG, "initial %s has shape %s; expected %s, Hx%s or BxHx%s (B=%lld, H=%lld)",
+                       name, shape_str(given, buf), shape_str(&tmp, want), want, want,
+                       (long long)d->B, (long long)d->H);
+    }
+    return materialize(out, given, pdim + 2, full, dev);
+}
+
+mn_status mn_memory_create(mn_memory_state *st, const mn_rule *rule, const mn_dims *dims,
+                           const mn_tensor *init_params, const mn_tensor *init_momenta,
+                           mn_device dev)
+{
+    memset(st, 0, sizeof *st);
+    MN_TRY(mn_rule_validate(rule));
+    if (rule->residual && dims->dk != dims->dv)
+        return mn_fail(MN_ERR_ARG, "residual needs dk = dv, got dk=%lld, dv=%lld",
+                       (long long)dims->dk, (long long)dims->dv);
+    MN_TRY(mn_rule_copy(&st->rule, rule));
+    st->dims = *dims;
+    st->device = dev;
+    st->nparams = mn_rule_param_count(rule);
+    mn_status s = MN_OK;
+    for (int i = 0; i < st->nparams && s == MN_OK; i++) {
+        char name[16], sname[20];
+        int64_t pshape[2], full[4] = {dims->B, dims->H};
+        int pdim = mn_rule_param_shape(rule, dims, i, pshape);
+        memcpy(full + 2, pshape, sizeof pshape);
+        int layer;
+        bool is_bias;
+        mn_rule_param_role(rule, i, &layer, &is_bias);
+        mn_rule_param_name(rule, i, name, sizeof name);
+        snprintf(sname, sizeof sname, "S_%s", name);
+        const mn_tensor *p = init_params ? &init_params[i] : NULL;
+        if (p && p->storage) s = broadcast_param(&st->params[i], p, name, dims, pdim, pshape, dev);
+        else if (is_bias) s = mn_tensor_zeros(&st->params[i], MN_F32, pdim + 2, full, dev);
+        else s = mn_fail(MN_ERR_ARG, "initial weight %s is missing", name);
+        if (s != MN_OK) break;
+        const mn_tensor *m = init_momenta ? &init_momenta[i] : NULL;
+        if (m && m->storage) s = broadcast_param(&st->momenta[i], m, sname, dims, pdim, pshape, dev);
+        else s = mn_tensor_zeros(&st->momenta[i], MN_F32, pdim + 2, full, dev);
+        if (s == MN_OK) s = mn_tensor_clone(&st->anchor[i], &st->params[i]);
+    }
+    if (s != MN_OK) mn_memory_free(st);
+    return s;
+}
+
+void mn_memory_free(mn_memory_state *st)
+{
+    for (int i = 0; i < MN_MAX_PARAMS; i++) {
+        mn_tensor_release(&st->params[i]);
+        mn_tensor_release(&st->momenta[i]);
+        mn_tensor_release(&st->anchor[i]);
+    }
+    mn_rule_free(&st->rule);
+    memset(st, 0, sizeof *st);
+}
+
+static mn_status check_gate(const char *name, const mn_tensor *g, const int64_t *shape, const char *dims_name)
+{
+    if (!g->storage) return MN_OK;
+    int nd;
+    int64_t out[MN_MAX_DIMS];
+    char buf[128];
+    if (g->ndim > 3 || mn_broadcast_shapes(g->ndim, g->shape, 3, shape, &nd, out) != MN_OK || nd != 3 ||
+        out[0] != shape[0] || out[1] != shape[1] || out[2] != shape[2])
+        return mn_fail(MN_ERR_ARG, "gate %s of shape %s does not broadcast to %s = %lldx%lldx%lld", name,
+                       shape_str(g, buf), dims_name, (long long)shape[0], (long long)shape[1],
+                       (long long)shape[2]);
+    return MN_OK;
+}
+
+mn_status mn_segment_check(const mn_memory_state *st, const mn_segment_inputs *in, int64_t *ntokens,
+                           int64_t *nsteps)
+{
+    const mn_dims *d = &st->dims;
+    char buf[128];
+    if (!in->k.storage || in->k.ndim != 4)
+        return mn_fail(MN_ERR_ARG, "k must be a 4-d tensor [B,H,T,dk], got %s",
+                       in->k.storage ? shape_str(&in->k, buf) : "nothing");
+    int64_t n = in->k.shape[2];
+    if (in->k.shape[0] != d->B || in->k.shape[1] != d->H || in->k.shape[3] != d->dk)
+        return mn_fail(MN_ERR_ARG, "k has shape %s; the memory expects %lldx%lldxTx%lld [B,H,T,dk]",
+                       shape_str(&in->k, buf), (long long)d->B, (long long)d->H, (long long)d->dk);
+    if (!in->v.storage || in->v.ndim != 4 || in->v.shape[0] != d->B || in->v.shape[1] != d->H ||
+        in->v.shape[2] != n || in->v.shape[3] != d->dv)
+        return mn_fail(MN_ERR_ARG, "v has shape %s; expected %lldx%lldx%lldx%lld [B,H,T,dv]",
+                       in->v.storage ? shape_str(&in->v, buf) : "nothing", (long long)d->B,
+                       (long long)d->H, (long long)n, (long long)d->dv);
+    if (in->q.storage && (in->q.ndim != 4 || in->q.shape[0] != d->B || in->q.shape[1] != d->H ||
+                          in->q.shape[2] != n || in->q.shape[3] != d->dk))
+        return mn_fail(MN_ERR_ARG, "q has shape %s; expected %lldx%lldx%lldx%lld [B,H,T,dk]",
+                       shape_str(&in->q, buf), (long long)d->B, (long long)d->H, (long long)n,
+                       (long long)d->dk);
+    int64_t c = st->rule.step;
+    int64_t S = (n + c - 1) / c;
+    int64_t tshape[3] = {d->B, d->H, n}, sshape[3] = {d->B, d->H, S};
+    if (!in->theta.storage) return mn_fail(MN_ERR_ARG, "gate theta is missing");
+    MN_TRY(check_gate("theta", &in->theta, tshape, "[B,H,T]"));
+    MN_TRY(check_gate("eta", &in->eta, sshape, "[B,H,S]"));
+    MN_TRY(check_gate("alpha", &in->alpha, sshape, "[B,H,S]"));
+    *ntokens = n;
+    *nsteps = S;
+    return MN_OK;
+}
+
+void mn_segment_outputs_free(mn_segment_outputs *out)
+{
+    mn_tensor_release(&out->y);
+    mn_tensor_release(&out->loss);
+    mn_tensor_release(&out->grad_norm);
+    mn_tensor_release(&out->clip_scale);
+    mn_tensor_release(&out->skipped);
+    mn_tensor_release(&out->step_loss);
+    mn_tensor_release(&out->weight_norm);
+}
+
+mn_status mn_segment_run(mn_memory_state *st, const mn_segment_inputs *in, mn_segment_outputs *out)
+{
+    memset(out, 0, sizeof *out);
+    int64_t n, S;
+    MN_TRY(mn_segment_check(st, in, &n, &S));
+    const mn_engine_backend *eng = engine_for(st->device);
+    if (!eng) return MN_ERR_DEVICE;
+    const mn_dims *d = &st->dims;
+    mn_device dev = st->device;
+
+    /* The backend sees contiguous f32 inputs with gates already broadcast. */
+    mn_segment_inputs mat = {0};
+    mat.want_y = in->want_y;
+    int64_t kshape[4] = {d->B, d->H, n, d->dk}, vshape[4] = {d->B, d->H, n, d->dv};
+    int64_t tshape[3] = {d->B, d->H, n}, sshape[3] = {d->B, d->H, S};
+    mn_status s = materialize(&mat.k, &in->k, 4, kshape, dev);
+    if (s == MN_OK) s = materialize(&mat.v, &in->v, 4, vshape, dev);
+    if (s == MN_OK && in->q.storage) s = materialize(&mat.q, &in->q, 4, kshape, dev);
+    if (s == MN_OK) s = materialize(&mat.theta, &in->theta, 3, tshape, dev);
+    if (s == MN_OK) {
+        if (in->eta.storage) s = materialize(&mat.eta, &in->eta, 3, sshape, dev);
+        else s = mn_tensor_zeros(&mat.eta, MN_F32, 3, sshape, dev);
+    }
+    if (s == MN_OK) {
+        if (in->alpha.storage) s = materialize(&mat.alpha, &in->alpha, 3, sshape, dev);
+        else s = mn_tensor_zeros(&mat.alpha, MN_F32, 3, sshape, dev);
+    }
+    if (s == MN_OK && in->want_y) s = mn_tensor_empty(&out->y, MN_F32, 4, vshape, dev);
+    if (s == MN_OK) s = mn_tensor_empty(&out->loss, MN_F32, 3, tshape, dev);
+    mn_tensor *per_step[] = {&out->grad_norm, &out->clip_scale, &out->skipped, &out->step_loss,
+                             &out->weight_norm};
+    for (size_t i = 0; i < sizeof per_step / sizeof *per_step && s == MN_OK; i++)
+        s = mn_tensor_empty(per_step[i], MN_F32, 3, sshape, dev);
+    if (s == MN_OK) s = eng->segment_run(st, &mat, out, n, S);
+    mn_tensor_release(&mat.k);
+    mn_tensor_release(&mat.v);
+    mn_tensor_release(&mat.q);
+    mn_tensor_release(&mat.theta);
+    mn_tensor_release(&mat.eta);
+    mn_tensor_release(&mat.alpha);
+    if (s != MN_OK) mn_segment_outputs_free(out);
+    return s;
+}
+
+mn_status mn_memory_read(const mn_memory_state *st, const mn_tensor *q, mn_tensor *y)
+{
+    const mn_dims *d = &st->dims;
+    char buf[128];
+    if (q->ndim != 4 || q->shape[0] != d->B || q->shape[1] != d->H || q->shape[3] != d->dk)
+        return mn_fail(MN_ERR_ARG, "q has shape %s; the memory expects %lldx%lldxTx%lld [B,H,T,dk]",
+                       shape_str(q, buf), (long long)d->B, (long long)d->H, (long long)d->dk);
+    const mn_engine_backend *eng = engine_for(st->device);
+    if (!eng) return MN_ERR_DEVICE;
+    mn_tensor mat = {0};
+    int64_t qshape[4] = {d->B, d->H, q->shape[2], d->dk};
+    MN_TRY(materialize(&mat, q, 4, qshape, st->device));
+    int64_t yshape[4] = {d->B, d->H, q->shape[2], d->dv};
+    mn_status s = mn_tensor_empty(y, MN_F32, 4, yshape, st->device);
+    if (s == MN_OK) s = eng->read(st, &mat, y);
+    if (s != MN_OK) mn_tensor_release(y);
+    mn_tensor_release(&mat);
+    return s;
+}
+
+mn_status mn_init_params(const mn_rule *rule, const mn_dims *dims, const char *scheme, uint64_t seed,
+                         bool shared_across_memories, mn_tensor *params)
+{
+    enum { NORMAL, XAVIER, ZEROS } kind;
+    if (strcmp(scheme, "normal") == 0) kind = NORMAL;
+    else if (strcmp(scheme, "xavier") == 0) kind = XAVIER;
+    else if (strcmp(scheme, "zeros") == 0) kind = ZEROS;
+    else return mn_fail(MN_ERR_ARG, "unknown init '%s' (one of: normal, xavier, zeros)", scheme);
+    mn_rng rng;
+    mn_rng_seed(&rng, seed);
+    int np = mn_rule_param_count(rule);
+    for (int i = 0; i < np; i++) {
+        int64_t pshape[2], full[4] = {dims->B, dims->H};
+        int pdim = mn_rule_param_shape(rule, dims, i, pshape);
+        memcpy(full + 2, pshape, sizeof pshape);
+        int layer;
+        bool is_bias;
+        mn_rule_param_role(rule, i, &layer, &is_bias);
+        mn_status s = mn_tensor_zeros(&params[i], MN_F32, pdim + 2, full, MN_CPU);
+        if (s != MN_OK) {
+            for (int j = 0; j < i; j++) mn_tensor_release(&params[j]);
+            return s;
+        }
+        if (is_bias || kind == ZEROS) continue;
+        int64_t per = pdim == 2 ? pshape[0] * pshape[1] : pshape[0];
+        int64_t memories = dims->B * dims->H;
+        float *data = mn_tensor_data(&params[i]);
+        double bound = sqrt(6.0 / (double)(pshape[0] + pshape[1]));
+        for (int64_t m = 0; m < memories; m++) {
+            if (shared_across_memories && m > 0) {
+                memcpy(data + m * per, data, sizeof(float) * per);
+                continue;
+            }
+            for (int64_t e = 0; e < per; e++)
+                data[m * per + e] = (float)(kind == NORMAL ? 0.02 * mn_rng_normal(&rng)
+                                                           : bound * (2 * mn_rng_uniform(&rng) - 1));
+        }
+    }
+    return MN_OK;
+}

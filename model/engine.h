@@ -1,0 +1,84 @@
+/* engine.h: running a rule (SPEC.md section 2). A run is a sequence of
+ * segments over a memory state, so the one-shot run and the stateful memory
+ * of the REPL are the same code: a run is one segment from the initial
+ * state. The CPU engine (engine_cpu.c) is the plain statement of the spec;
+ * other backends implement mn_engine_backend and are checked against it. */
+#ifndef MN_ENGINE_H
+#define MN_ENGINE_H
+
+#include "rule.h"
+
+/* The state of B x H memories between segments (all CPU float32 or all on
+ * one device, contiguous [B,H,...] per parameter). */
+typedef struct mn_memory_state {
+    mn_rule rule;                 /* a copy: the state outlives the caller's rule */
+    mn_dims dims;                 /* B, H, dk, dv, dh (T, S unused) */
+    int nparams;
+    mn_tensor params[MN_MAX_PARAMS];   /* W^(s) */
+    mn_tensor momenta[MN_MAX_PARAMS];  /* S^(s) */
+    mn_tensor anchor[MN_MAX_PARAMS];   /* the gradient point Wbar of the current refresh block */
+    int64_t steps_done;           /* s: steps taken since the initial state */
+    mn_device device;
+} mn_memory_state;
+
+/* The inputs of one segment. k, v: [B,H,n,dk], [B,H,n,dv]; q: [B,H,n,dk] or
+ * empty (q = k). Gates: any shape that broadcasts (numpy rules) to [B,H,n]
+ * (theta) or [B,H,Sseg] (eta, alpha), Sseg = steps in this segment; an empty
+ * eta/alpha means 0. Tensors may be f32 or f64, any strides. */
+typedef struct mn_segment_inputs {
+    mn_tensor k, v, q;
+    mn_tensor theta, eta, alpha;
+    bool want_y;                  /* retrieval outputs wanted */
+} mn_segment_inputs;
+
+/* Outputs of one segment, allocated by the engine (f32, on the state's device):
+ * y [B,H,n,dv] (when want_y), loss [B,H,n], and per step [B,H,Sseg]:
+ * grad_norm, clip_scale, skipped, plus the trace: step_loss (mean l_t over
+ * the step's tokens) and weight_norm (global L2 norm of W^(s+1)). */
+typedef struct mn_segment_outputs {
+    mn_tensor y, loss;
+    mn_tensor grad_norm, clip_scale, skipped, step_loss, weight_norm;
+} mn_segment_outputs;
+
+/* A state from initial parameters given per name (W1, b1, ...) with shapes
+ * [...], [H,...] or [B,H,...], and optional initial momenta (NULL entries or
+ * empty tensors: zeros; a missing bias: zeros; a missing weight: error).
+ * Errors name the parameter and the shape that does not fit. */
+mn_status mn_memory_create(mn_memory_state *st, const mn_rule *rule, const mn_dims *dims,
+                           const mn_tensor *init_params, const mn_tensor *init_momenta,
+                           mn_device dev);
+void mn_memory_free(mn_memory_state *st);
+
+/* Check a segment's inputs against the state: shapes of k, v, q, gates.
+ * Fills n (tokens) and the number of steps. */
+mn_status mn_segment_check(const mn_memory_state *st, const mn_segment_inputs *in,
+                           int64_t *ntokens, int64_t *nsteps);
+
+/* Run one segment: the step loop of SPEC.md section 2. Step boundaries are
+ * relative to the segment start; a segment whose length is not a multiple of
+ * the step ends with a short step (so a sequence fed piece by piece equals
+ * one run when every piece but the last is a multiple of the step). */
+mn_status mn_segment_run(mn_memory_state *st, const mn_segment_inputs *in,
+                         mn_segment_outputs *out);
+void mn_segment_outputs_free(mn_segment_outputs *out);
+
+/* Retrieval only: y = M(q; W) with the current weights. */
+mn_status mn_memory_read(const mn_memory_state *st, const mn_tensor *q, mn_tensor *y);
+
+/* Deterministic initialisers for parameters (one memory's shape broadcast
+ * to all memories, or distinct per memory): "normal" (std 0.02), "xavier"
+ * (uniform, Glorot), "zeros"; biases start at zero. Output tensors [B,H,...]. */
+mn_status mn_init_params(const mn_rule *rule, const mn_dims *dims, const char *scheme,
+                         uint64_t seed, bool shared_across_memories, mn_tensor *params);
+
+/* Backends: the CPU engine is always there; a CUDA engine registers itself. */
+typedef struct mn_engine_backend {
+    const char *name;
+    mn_status (*segment_run)(mn_memory_state *st, const mn_segment_inputs *in,
+                             mn_segment_outputs *out, int64_t n, int64_t nsteps);
+    mn_status (*read)(const mn_memory_state *st, const mn_tensor *q, mn_tensor *y);
+} mn_engine_backend;
+void mn_register_engine(mn_device dev, const mn_engine_backend *b);
+const mn_engine_backend *mn_engine_cpu(void);
+
+#endif

@@ -1,0 +1,42 @@
+/* experiment.h: experiment and result files (SPEC.md section 5) as engine
+ * structs: the rule from /rule attributes, inputs, gates and initial state;
+ * a run's outputs and final state back into the result schema. */
+#ifndef MN_EXPERIMENT_H
+#define MN_EXPERIMENT_H
+
+#include "engine.h"
+#include "tree.h"
+
+typedef struct mn_experiment {
+    mn_rule rule;
+    mn_dims dims;
+    mn_tensor k, v, q;                  /* q empty when absent */
+    mn_tensor theta, eta, alpha;        /* eta, alpha empty when absent (0) */
+    mn_tensor init[MN_MAX_PARAMS];      /* W1, b1, ... (empty: missing) */
+    mn_tensor init_momenta[MN_MAX_PARAMS];
+    mn_node *rule_group;                /* /rule as read, copied into results */
+} mn_experiment;
+
+/* Rule from a /rule group's attributes (and its constants subgroup); where
+ * names the place for messages ("exp.h5: /rule"). Missing attributes take
+ * SPEC defaults; unknown attributes are errors (they are usually typos). */
+mn_status mn_rule_from_tree(const mn_node *group, const char *where, mn_rule *out);
+/* The rule's attributes into group (every attribute, defaults included). */
+mn_status mn_rule_to_tree(const mn_rule *r, mn_node *group);
+
+mn_status mn_experiment_from_tree(const mn_node *root, const char *file, mn_experiment *out);
+mn_status mn_experiment_load(const char *path, mn_experiment *out);
+void mn_experiment_free(mn_experiment *e);
+
+/* Runs the experiment as one segment from its initial state. */
+mn_status mn_experiment_run(const mn_experiment *e, mn_device dev, mn_memory_state *final,
+                            mn_segment_outputs *out);
+
+/* A result tree (SPEC section 5): root attrs, /rule, /outputs, /final. With
+ * trace, also /trace (step_loss, weight_norm), which the schema does not
+ * require. Tensors are shared, not copied. */
+mn_status mn_result_tree(const mn_rule *rule, const mn_node *rule_group, const mn_memory_state *final,
+                         const mn_segment_outputs *out, const char *device, const char *precision,
+                         bool trace, mn_node **root);
+
+#endif

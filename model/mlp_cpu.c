@@ -1,0 +1,220 @@
+/* mlp_cpu.c: forward and backward of the memory model on the CPU: plain
+ * loops for the elementwise parts, OpenBLAS for the products. Row-major:
+ * x is rows x in, W is out x in, so z = x W^T. */
+#include "mlp_cpu.h"
+#include "op_math.h"
+
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
+void mn_mlp_shape_init(mn_mlp_shape *s, const mn_rule *rule, const mn_dims *d)
+{
+    memset(s, 0, sizeof *s);
+    s->layers = rule->layers;
+    s->bias = rule->bias;
+    s->residual = rule->residual;
+    s->activation = rule->activation;
+    for (int i = 0; i < rule->layers; i++) {
+        s->in[i] = i == 0 ? d->dk : d->dh;
+        s->out[i] = i == rule->layers - 1 ? d->dv : d->dh;
+    }
+    s->nparams = mn_rule_param_count(rule);
+    for (int p = 0; p < s->nparams; p++) {
+        int layer;
+        bool is_bias;
+        mn_rule_param_role(rule, p, &layer, &is_bias);
+        s->numel[p] = is_bias ? s->out[layer] : s->out[layer] * s->in[layer];
+    }
+}
+
+static int64_t widest(const mn_mlp_shape *s)
+{
+    int64_t w = 1;
+    for (int i = 0; i < s->layers; i++) {
+        if (s->in[i] > w) w = s->in[i];
+        if (s->out[i] > w) w = s->out[i];
+    }
+    return w;
+}
+
+mn_status mn_mlp_work_init(mn_mlp_work *w, const mn_mlp_shape *s, const mn_rule *rule, int64_t max_rows)
+{
+    memset(w, 0, sizeof *w);
+    w->max_rows = max_rows;
+    int64_t wide = widest(s);
+    bool ok = true;
+    for (int i = 0; i + 1 < s->layers; i++) {
+        w->z[i] = malloc(sizeof(float) * max_rows * s->out[i]);
+        w->h[i] = malloc(sizeof(float) * max_rows * s->out[i]);
+        ok = ok && w->z[i] && w->h[i];
+    }
+    w->dz = malloc(sizeof(float) * max_rows * wide);
+    w->dh = malloc(sizeof(float) * max_rows * wide);
+    ok = ok && w->dz && w->dh;
+    if (ok && rule->activation == MN_ACT_CUSTOM && s->layers > 1) {
+        w->dbuf_in = malloc(sizeof(double) * max_rows * wide);
+        w->dbuf_out = malloc(sizeof(double) * max_rows * wide);
+        ok = w->dbuf_in && w->dbuf_out;
+        static const char *const zvar[] = {"z"};
+        mn_expr *f = ok ? mn_rule_activation_expr(rule) : NULL;
+        mn_expr *df = f ? mn_rule_activation_grad_expr(rule) : NULL;
+        mn_status st = MN_ERR_OOM;
+        if (f && df) {
+            st = mn_expr_compile(f, zvar, 1, (const char *const *)rule->const_names, rule->const_values,
+                                 rule->nconsts, &w->act);
+            if (st == MN_OK)
+                st = mn_expr_compile(df, zvar, 1, (const char *const *)rule->const_names,
+                                     rule->const_values, rule->nconsts, &w->act_grad);
+        }
+        mn_expr_unref(f);
+        mn_expr_unref(df);
+        if (st != MN_OK) {
+            mn_mlp_work_free(w);
+            return st;
+        }
+    }
+    if (!ok) {
+        mn_mlp_work_free(w);
+        return mn_fail(MN_ERR_OOM, "out of memory for the engine's scratch (%lld rows)", (long long)max_rows);
+    }
+    return MN_OK;
+}
+
+void mn_mlp_work_free(mn_mlp_work *w)
+{
+    for (int i = 0; i < MN_MAX_LAYERS; i++) {
+        free(w->z[i]);
+        free(w->h[i]);
+    }
+    free(w->dz);
+    free(w->dh);
+    free(w->dbuf_in);
+    free(w->dbuf_out);
+    mn_expr_program_free(w->act);
+    mn_expr_program_free(w->act_grad);
+    memset(w, 0, sizeof *w);
+}
+
+/* h = phi(z) over n elements. */
+static void activate(const mn_mlp_shape *s, mn_mlp_work *w, const float *z, float *h, int64_t n)
+{
+    switch (s->activation) {
+    case MN_ACT_SILU: for (int64_t i = 0; i < n; i++) h[i] = (float)mn_op_silu(z[i]); break;
+    case MN_ACT_GELU: for (int64_t i = 0; i < n; i++) h[i] = (float)mn_op_gelu(z[i]); break;
+    case MN_ACT_RELU: for (int64_t i = 0; i < n; i++) h[i] = (float)mn_op_relu(z[i]); break;
+    case MN_ACT_TANH: for (int64_t i = 0; i < n; i++) h[i] = (float)mn_op_tanh(z[i]); break;
+    case MN_ACT_IDENTITY: memcpy(h, z, sizeof(float) * n); break;
+    case MN_ACT_CUSTOM: {
+        for (int64_t i = 0; i < n; i++) w->dbuf_in[i] = z[i];
+        const double *in[1] = {w->dbuf_in};
+        mn_expr_program_run(w->act, in, w->dbuf_out, n);
+        for (int64_t i = 0; i < n; i++) h[i] = (float)w->dbuf_out[i];
+        break;
+    }
+    default: break;
+    }
+}
+
+/* dz = dh * phi'(z) over n elements (dz may alias dh). */
+static void activate_backward(const mn_mlp_shape *s, mn_mlp_work *w, const float *z, const float *dh,
+                              float *dz, int64_t n)
+{
+    switch (s->activation) {
+    case MN_ACT_SILU:
+        for (int64_t i = 0; i < n; i++) {
+            double sg = mn_op_sigmoid(z[i]);
+            dz[i] = (float)(dh[i] * sg * (1.0 + z[i] * (1.0 - sg)));
+        }
+        break;
+    case MN_ACT_GELU:
+        /* Phi(z) + z phi(z) */
+        for (int64_t i = 0; i < n; i++) {
+            double x = z[i];
+            double cdf = 0.5 * (1.0 + erf(x * 0.70710678118654752440));
+            double pdf = 0.39894228040143267794 * exp(-0.5 * x * x);
+            dz[i] = (float)(dh[i] * (cdf + x * pdf));
+        }
+        break;
+    case MN_ACT_RELU: for (int64_t i = 0; i < n; i++) dz[i] = z[i] > 0 ? dh[i] : 0.0f; break;
+    case MN_ACT_TANH:
+        for (int64_t i = 0; i < n; i++) {
+            double t = tanh(z[i]);
+            dz[i] = (float)(dh[i] * (1.0 - t * t));
+        }
+        break;
+    case MN_ACT_IDENTITY:
+        if (dz != dh) memcpy(dz, dh, sizeof(float) * n);
+        break;
+    case MN_ACT_CUSTOM: {
+        for (int64_t i = 0; i < n; i++) w->dbuf_in[i] = z[i];
+        const double *in[1] = {w->dbuf_in};
+        mn_expr_program_run(w->act_grad, in, w->dbuf_out, n);
+        for (int64_t i = 0; i < n; i++) dz[i] = (float)(dh[i] * w->dbuf_out[i]);
+        break;
+    }
+    default: break;
+    }
+}
+
+/* The parameters of layer i: weight and (optional) bias pointers. */
+static void layer_params(const mn_mlp_shape *s, float *const *params, int i, const float **W, const float **b)
+{
+    int per = s->bias ? 2 : 1;
+    *W = params[i * per];
+    *b = s->bias ? params[i * per + 1] : NULL;
+}
+
+void mn_mlp_forward(const mn_mlp_shape *s, mn_mlp_work *w, float *const *params, const float *x,
+                    int64_t rows, float *y)
+{
+    const float *in = x;
+    for (int i = 0; i < s->layers; i++) {
+        const float *W, *b;
+        layer_params(s, params, i, &W, &b);
+        bool last = i == s->layers - 1;
+        float *z = last ? y : w->z[i];
+        int64_t out = s->out[i], inn = s->in[i];
+        if (b)
+            for (int64_t r = 0; r < rows; r++) memcpy(z + r * out, b, sizeof(float) * out);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)out, (int)inn, 1.0f, in,
+                    (int)inn, W, (int)inn, b ? 1.0f : 0.0f, z, (int)out);
+        if (!last) {
+            activate(s, w, z, w->h[i], rows * out);
+            in = w->h[i];
+        }
+    }
+    if (s->residual)
+        for (int64_t e = 0; e < rows * s->out[s->layers - 1]; e++) y[e] += x[e];
+}
+
+void mn_mlp_backward(const mn_mlp_shape *s, mn_mlp_work *w, float *const *params, const float *x,
+                     int64_t rows, float *dy, float *const *grads)
+{
+    float *dz = dy; /* gradient at the current layer's pre-activation */
+    int per = s->bias ? 2 : 1;
+    for (int i = s->layers - 1; i >= 0; i--) {
+        const float *W, *b;
+        layer_params(s, params, i, &W, &b);
+        int64_t out = s->out[i], inn = s->in[i];
+        const float *in = i == 0 ? x : w->h[i - 1];
+        /* dW = dz^T in (out x inn) */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)out, (int)inn, (int)rows, 1.0f, dz,
+                    (int)out, in, (int)inn, 0.0f, grads[i * per], (int)inn);
+        if (b) {
+            float *db = grads[i * per + 1];
+            for (int64_t o = 0; o < out; o++) {
+                double acc = 0;
+                for (int64_t r = 0; r < rows; r++) acc += dz[r * out + o];
+                db[o] = (float)acc;
+            }
+        }
+        if (i == 0) break;
+        /* dh = dz W (rows x inn), then through the activation of layer i-1 */
+        float *dh = dz == w->dh ? w->dz : w->dh;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)inn, (int)out, 1.0f, dz,
+                    (int)out, W, (int)inn, 0.0f, dh, (int)inn);
+        activate_backward(s, w, w->z[i - 1], dh, dh, rows * inn);
+        dz = dh;
+    }
+}

@@ -1,0 +1,44 @@
+/* mlp_cpu.h: the memory model M(x; W) of SPEC.md section 1 on the CPU, for
+ * one memory and a block of rows: forward (keeping what backward needs) and
+ * the parameter gradients for a given dL/dy. Float32 with BLAS products. */
+#ifndef MN_MLP_CPU_H
+#define MN_MLP_CPU_H
+
+#include "expr.h"
+#include "rule.h"
+
+typedef struct mn_mlp_shape {
+    int layers;
+    bool bias, residual;
+    mn_activation activation;
+    int64_t in[MN_MAX_LAYERS], out[MN_MAX_LAYERS]; /* W_i is out[i] x in[i] */
+    int nparams;
+    int64_t numel[MN_MAX_PARAMS];                 /* per parameter, one memory */
+} mn_mlp_shape;
+
+/* Scratch for one thread: activations of every layer for up to max_rows rows,
+ * plus the programs of a custom activation (compiled per thread, so no
+ * program is shared between threads). */
+typedef struct mn_mlp_work {
+    int64_t max_rows;
+    float *z[MN_MAX_LAYERS];   /* pre-activations of hidden layers */
+    float *h[MN_MAX_LAYERS];   /* h[i] = phi(z[i]) */
+    float *dz, *dh;            /* backward scratch, max_rows x max width */
+    double *dbuf_in, *dbuf_out;/* custom activation evaluation */
+    mn_expr_program *act, *act_grad;
+} mn_mlp_work;
+
+void mn_mlp_shape_init(mn_mlp_shape *s, const mn_rule *rule, const mn_dims *d);
+mn_status mn_mlp_work_init(mn_mlp_work *w, const mn_mlp_shape *s, const mn_rule *rule, int64_t max_rows);
+void mn_mlp_work_free(mn_mlp_work *w);
+
+/* y[rows x dv] = M(x[rows x dk]; params); params[i] points at one memory's
+ * parameter i. Keeps z and h in w for mn_mlp_backward. */
+void mn_mlp_forward(const mn_mlp_shape *s, mn_mlp_work *w, float *const *params, const float *x,
+                    int64_t rows, float *y);
+/* grads[i] = dL/dparam_i given dy = dL/dy (rows x dv), after a forward on x.
+ * dy is consumed (overwritten). */
+void mn_mlp_backward(const mn_mlp_shape *s, mn_mlp_work *w, float *const *params, const float *x,
+                     int64_t rows, float *dy, float *const *grads);
+
+#endif
