@@ -22,8 +22,8 @@ PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -MMD -MP -fPIC
-LDLIBS   = $(PKG_LIBS) -lm -lpthread
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -MMD -MP -fPIC -fopenmp
+LDLIBS   = $(PKG_LIBS) -lm -lpthread -fopenmp
 
 # CUDA: auto-detected; the binary links the runtime, cuBLAS and NVRTC, never
 # libcuda, so it starts on machines without a driver.
@@ -68,6 +68,10 @@ $(BIN): $(FRONT_OBJ) $(ENGINE_LIB)
 $(ENGINE_LIB): $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
+
+# GCC 12 at -O2 does not vectorise the elementwise loops without this
+# (measured: relu 1 -> 17 GB/s on the CPU backend).
+$(BUILD)/model/cpu.o $(BUILD)/model/engine_cpu.o $(BUILD)/model/mlp_cpu.o: CFLAGS += -fvect-cost-model=dynamic
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
