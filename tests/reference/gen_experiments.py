@@ -181,7 +181,10 @@ def make_config(seed, i, max_T=64):
     if loss == "huber":
         rule["loss_delta"] = float(np.round(rng.uniform(0.1, 1.5), 3))
     elif loss == "lp":
-        rule["loss_p"] = float(np.round(rng.uniform(1.3, 3.0), 3))
+        # p > 2 makes the curvature grow with |r|^(p-2): with stale gradients
+        # (refresh > step) runs diverged even in float64 (seeds 5, 9, 10:
+        # weights of 1e14 to 1e232), which tests nothing but overflow.
+        rule["loss_p"] = float(np.round(rng.uniform(1.3, 2.0), 3))
     elif loss == "custom":
         text, consts = LOSS_EXPRS[rng.integers(len(LOSS_EXPRS))]
         rule["loss_expr"] = text
@@ -272,6 +275,12 @@ def make_config(seed, i, max_T=64):
         for _ in range(int(rng.integers(1, 4))):
             b, h, t = int(rng.integers(B)), int(rng.integers(H)), int(rng.integers(T))
             choices = [np.nan, np.inf, -np.inf] if (nf != "k" or L == 1) else [np.nan]
+            # An infinite residual through a custom where(...) loss: autograd's
+            # where gives 0 * inf = NaN for the unselected branch and skips the
+            # step, while mnemo's symbolic derivative takes the selected branch
+            # (README: known differences). NaN behaves the same in both.
+            if nf == "v" and "where" in rule.get("loss_expr", ""):
+                choices = [np.nan]
             val = choices[rng.integers(len(choices))]
             if nf == "theta":
                 arr = gates["theta"]

@@ -36,12 +36,38 @@ def _where(c, a, b):
     return torch.where(c != 0, a, b)
 
 
+def _sign_nan(x):
+    """sign(x) with sign(NaN) = NaN. torch.sign(NaN) is 0, which would make
+    the derivative of |r| at a NaN residual 0 and silently drop the token;
+    SPEC.md gives d|r|/dr = sign(r), so a NaN residual makes the step's
+    gradient NaN and the non-finite guard skips the step."""
+    return torch.where(torch.isnan(x), x, torch.sign(x))
+
+
+class _AbsNaN(torch.autograd.Function):
+    """|x| whose derivative is sign(x) with NaN kept (see _sign_nan)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.abs()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * _sign_nan(x)
+
+
+def abs_nan(x):
+    return _AbsNaN.apply(x)
+
+
 # name -> (number of arguments, torch implementation). min and max take two
 # arguments, like the C engine's table; torch.minimum/maximum give autograd a
 # subgradient at ties (they split it), which differs from a one-sided choice
 # only where both arguments are exactly equal.
 FUNCTIONS = {
-    "abs": (1, torch.abs),
+    "abs": (1, abs_nan),
     "sqrt": (1, torch.sqrt),
     "exp": (1, torch.exp),
     "log": (1, torch.log),
@@ -50,7 +76,7 @@ FUNCTIONS = {
     # F.softplus is the stable log(1 + exp(x)) (it returns x past x > 20,
     # where the two differ by less than 1e-8 relative).
     "softplus": (1, F.softplus),
-    "sign": (1, torch.sign),
+    "sign": (1, _sign_nan),
     "relu": (1, torch.relu),
     "silu": (1, F.silu),
     "gelu": (1, F.gelu),  # default approximate='none': the exact erf form

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mnemo_expr import ExprError, compile_expr  # noqa: E402
+from mnemo_expr import ExprError, abs_nan, compile_expr  # noqa: E402
 
 VERSION = "1.0"
 SCHEMA = 1
@@ -410,13 +410,15 @@ def make_token_loss(exp):
     if kind == "mse":
         f = lambda y, v: F.mse_loss(y, v, reduction="none")
     elif kind == "l1":
-        f = lambda y, v: F.l1_loss(y, v, reduction="none")  # subgradient 0 at r = 0
+        # |r| with derivative sign(r): 0 at r = 0 and NaN at a NaN residual
+        # (torch's l1_loss gives 0 there; see mnemo_expr.abs_nan)
+        f = lambda y, v: abs_nan(y - v)
     elif kind == "huber":
         delta = rule["loss_delta"]
         f = lambda y, v: F.huber_loss(y, v, reduction="none", delta=delta)
     elif kind == "lp":
         p = rule["loss_p"]
-        f = lambda y, v: (y - v).abs().pow(p)
+        f = lambda y, v: abs_nan(y - v).pow(p)
     elif kind == "dot":
         f = lambda y, v: -(y * v)
     else:
@@ -574,6 +576,17 @@ def engine_name():
     return "mnemo-reference %s torch %s" % (VERSION, torch.__version__)
 
 
+def _copy_attr_group(src, dst):
+    """Copy a group's attributes and subgroups (/rule and /rule/constants).
+    Not Group.copy: HDF5 1.10 (Debian 12) crashes in H5Ocopy on string
+    attributes kept in dense storage."""
+    for k, v in src.attrs.items():
+        dst.attrs[k] = v
+    for k, child in src.items():
+        if isinstance(child, h5py.Group):
+            _copy_attr_group(child, dst.create_group(k))
+
+
 def write_result(path, exp, res, out_dtype=np.float32, precision="fp64"):
     """Write result.h5 (SPEC.md section 5) atomically: a temporary name, then
     a rename, so an interrupted batch never leaves a half-written file."""
@@ -584,7 +597,7 @@ def write_result(path, exp, res, out_dtype=np.float32, precision="fp64"):
             out.attrs["engine"] = engine_name()
             out.attrs["device"] = "cpu"
             out.attrs["precision"] = precision
-            src.copy(src["rule"], out, name="rule")   # attrs and /rule/constants
+            _copy_attr_group(src["rule"], out.create_group("rule"))
             g = out.create_group("outputs")
             for n in OUTPUT_NAMES:
                 g.create_dataset(n, data=res[n].astype(out_dtype))
