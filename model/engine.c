@@ -20,6 +20,20 @@ static const mn_engine_backend *engine_for(mn_device dev)
     return engines[dev];
 }
 
+const char *mn_precision_name(mn_precision p)
+{
+    return p == MN_PREC_TF32 ? "tf32" : p == MN_PREC_BF16 ? "bf16" : "fp32";
+}
+
+mn_status mn_precision_lookup(const char *name, mn_precision *out)
+{
+    if (strcmp(name, "fp32") == 0) *out = MN_PREC_FP32;
+    else if (strcmp(name, "tf32") == 0) *out = MN_PREC_TF32;
+    else if (strcmp(name, "bf16") == 0) *out = MN_PREC_BF16;
+    else return mn_fail(MN_ERR_ARG, "unknown precision '%s' (one of: fp32, tf32, bf16)", name);
+    return MN_OK;
+}
+
 static const char *shape_str(const mn_tensor *t, char *buf)
 {
     return mn_shape_string(t, buf, 128);
@@ -188,6 +202,9 @@ mn_status mn_segment_run(mn_memory_state *st, const mn_segment_inputs *in, mn_se
     MN_TRY(mn_segment_check(st, in, &n, &S));
     const mn_engine_backend *eng = engine_for(st->device);
     if (!eng) return MN_ERR_DEVICE;
+    if (st->device == MN_CPU && st->precision != MN_PREC_FP32)
+        return mn_fail(MN_ERR_UNSUPPORTED, "precision %s: the cpu engine computes in fp32 only",
+                       mn_precision_name(st->precision));
     const mn_dims *d = &st->dims;
     mn_device dev = st->device;
 

@@ -8,6 +8,13 @@
 
 #include "rule.h"
 
+/* Matrix precision (SPEC.md section 3): operands of the memory model's
+ * products rounded to tf32 or bf16, accumulation in fp32. The CPU engine
+ * computes in fp32 only. */
+typedef enum { MN_PREC_FP32, MN_PREC_TF32, MN_PREC_BF16 } mn_precision;
+const char *mn_precision_name(mn_precision p);
+mn_status mn_precision_lookup(const char *name, mn_precision *out);
+
 /* The state of B x H memories between segments (all CPU float32 or all on
  * one device, contiguous [B,H,...] per parameter). */
 typedef struct mn_memory_state {
@@ -19,6 +26,7 @@ typedef struct mn_memory_state {
     mn_tensor anchor[MN_MAX_PARAMS];   /* the gradient point Wbar of the current refresh block */
     int64_t steps_done;           /* s: steps taken since the initial state */
     mn_device device;
+    mn_precision precision;       /* set after mn_memory_create; fp32 by default */
 } mn_memory_state;
 
 /* The inputs of one segment. k, v: [B,H,n,dk], [B,H,n,dv]; q: [B,H,n,dk] or

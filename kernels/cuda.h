@@ -1,0 +1,44 @@
+/* cuda.h: the CUDA layer as the rest of mnemo sees it. Plain C, no CUDA
+ * types: only kernels/ includes CUDA headers. The layer plugs itself into the
+ * engine's registries (tensor backend, allocator, device copies, rule engine)
+ * from mn_cuda_register(); on a machine without a GPU (or driver) that call
+ * records why and every CUDA request fails with that one clear message. */
+#ifndef MN_CUDA_H
+#define MN_CUDA_H
+
+#include "../model/mn.h"
+
+/* Called once at start-up (luaopen_mnemo, mnemo run). Never fails hard:
+ * returns true when a device is usable. */
+bool mn_cuda_register(void);
+/* Whether a device is usable, and if not, the reason ("no CUDA driver",
+ * "no CUDA device", the runtime's own message). */
+bool mn_cuda_available(void);
+const char *mn_cuda_unavailable_reason(void);
+/* "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GiB)" or the reason. */
+const char *mn_cuda_describe(void);
+/* Compute capability as 10*major+minor (90 for Hopper), 0 without a device. */
+int mn_cuda_arch(void);
+
+/* Device memory through the caching allocator (also registered as the
+ * MN_CUDA allocator of tensor.h). On out-of-memory the allocator first
+ * returns its cache to the driver and retries; the Lua layer then runs a
+ * full GC and retries once more before raising. */
+mn_status mn_cuda_alloc(size_t nbytes, void **out);
+void mn_cuda_free(void *ptr, size_t nbytes);
+mn_status mn_cuda_empty_cache(void);
+typedef struct mn_cuda_memory_stats {
+    size_t allocated;       /* bytes held by live tensors */
+    size_t cached;          /* bytes held by the cache, free for reuse */
+    size_t peak_allocated;
+    size_t device_free, device_total;
+    long long alloc_calls, cache_hits, cuda_mallocs;
+} mn_cuda_memory_stats;
+mn_status mn_cuda_memory(mn_cuda_memory_stats *out);
+
+/* Surface an asynchronous error from earlier launches (the REPL calls this
+ * after each statement); MN_OK when there is none. */
+mn_status mn_cuda_check_pending(void);
+mn_status mn_cuda_synchronize(void);
+
+#endif
