@@ -36,6 +36,11 @@ typedef struct mn_cuda_memory_stats {
 } mn_cuda_memory_stats;
 mn_status mn_cuda_memory(mn_cuda_memory_stats *out);
 
+/* The rule engine on the GPU (kernels/engine_cuda.c) registers itself with
+ * mn_register_engine(MN_CUDA, ...); mn_cuda_register() calls this once a
+ * device is known to be usable. */
+void mn_cuda_engine_register(void);
+
 /* Surface an asynchronous error from earlier launches (the REPL calls this
  * after each statement); MN_OK when there is none. */
 mn_status mn_cuda_check_pending(void);
