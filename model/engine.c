@@ -10,6 +10,19 @@
 #include <string.h>
 
 static const mn_engine_backend *engines[2];
+static mn_progress_fn progress_fn;
+static void *progress_ctx;
+
+void mn_set_progress(mn_progress_fn fn, void *ctx)
+{
+    progress_fn = fn;
+    progress_ctx = ctx;
+}
+
+void mn_report_progress(int64_t done, int64_t total)
+{
+    if (progress_fn) progress_fn(progress_ctx, done, total);
+}
 
 void mn_register_engine(mn_device dev, const mn_engine_backend *b) { engines[dev] = b; }
 

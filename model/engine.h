@@ -79,6 +79,14 @@ mn_status mn_memory_read(const mn_memory_state *st, const mn_tensor *q, mn_tenso
 mn_status mn_init_params(const mn_rule *rule, const mn_dims *dims, const char *scheme,
                          uint64_t seed, bool shared_across_memories, mn_tensor *params);
 
+/* Progress of a long segment: engines call the installed function from one
+ * thread, at most once per step of the first memory they run, with the
+ * steps done so far out of the total (steps x memories, approximately). The
+ * function must be cheap; NULL uninstalls. */
+typedef void (*mn_progress_fn)(void *ctx, int64_t done, int64_t total);
+void mn_set_progress(mn_progress_fn fn, void *ctx);
+void mn_report_progress(int64_t done, int64_t total);
+
 /* Backends: the CPU engine is always there; a CUDA engine registers itself. */
 typedef struct mn_engine_backend {
     const char *name;

@@ -244,6 +244,9 @@ static void memory_params(const mn_tensor *t, const mn_mlp_shape *s, int64_t m, 
 }
 
 /* One memory through all steps of a segment. */
+/* For progress reports: the workers and the total steps of the segment. */
+static int64_t progress_workers = 1, progress_total = 0;
+
 static mn_status run_memory(mn_memory_state *st, const mn_segment_inputs *in, mn_segment_outputs *out,
                             int64_t n, int64_t nsteps, int64_t m, const mn_mlp_shape *s, thread_work *tw,
                             bool check_interrupt)
@@ -273,6 +276,9 @@ static mn_status run_memory(mn_memory_state *st, const mn_segment_inputs *in, mn
 
     for (int64_t sl = 0; sl < nsteps; sl++) {
         if (check_interrupt && mn_check_interrupt() != MN_OK) return MN_ERR_INTERRUPTED;
+        /* Memories run in waves of one per worker: memory m's step sl means
+         * about m * nsteps + sl * workers steps are done over all memories. */
+        if (check_interrupt) mn_report_progress(m * nsteps + sl * progress_workers, progress_total);
         int64_t s_global = st->steps_done + sl;
         int64_t t0 = sl * c, rows = (t0 + c <= n) ? c : n - t0;
         /* Gradient point: the weights at the start of this step's refresh block. */
@@ -367,6 +373,8 @@ static mn_status cpu_segment_run(mn_memory_state *st, const mn_segment_inputs *i
     mn_status status = tws ? MN_OK : mn_fail(MN_ERR_OOM, "out of memory for engine workers");
     for (int w = 0; w < workers && status == MN_OK; w++)
         status = thread_work_init(&tws[w], &st->rule, &s, &st->dims, max_rows);
+    progress_workers = workers;
+    progress_total = memories * nsteps;
     if (status == MN_OK && n > 0) {
         volatile int failed = 0;
         mn_status first_error = MN_OK;
@@ -393,7 +401,10 @@ static mn_status cpu_segment_run(mn_memory_state *st, const mn_segment_inputs *i
             if (status == MN_ERR_INTERRUPTED) mn_fail(status, "interrupted");
         }
     }
-    if (status == MN_OK) st->steps_done += nsteps;
+    if (status == MN_OK) {
+        st->steps_done += nsteps;
+        mn_report_progress(progress_total, progress_total);
+    }
     for (int w = 0; w < workers && tws; w++) thread_work_free(&tws[w]);
     free(tws);
     if (workers > 1) openblas_set_num_threads(blas_threads);
