@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""CPU benchmark (not a test): mnemo's CPU engine against PyTorch on the CPU,
+same rule, same inputs, same thread count.
+
+Case (issue 3): B*H = 8 memories, T = 4096 tokens, d = 64, an MLP memory
+64-256-64 (silu, biases), mse loss, step c = 64 (refresh = c, retrieve
+after), momentum 0.9, decay 0.001, theta 0.05, global norm clip 1.0.
+
+mnemo: `mnemo run` on an experiment file (process start and HDF5 I/O
+included, which only counts against mnemo). PyTorch: the eager form that
+titans-pytorch style code uses: per step, a batched forward over all
+memories, torch.autograd.grad, clip, momentum and decay; retrieval reuses the
+step's forward for all but its last token, as the engine does.
+Both outputs are compared (relative L2 of y and of the final weights).
+
+Usage: bench_cpu.py [--threads N] [--repeat R] [--T T] [--out RESULTS.md]
+"""
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+import h5py
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def make_inputs(BH, T, d, dh, seed=0):
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((1, BH, T, d)).astype(np.float32)
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    v = (0.5 * rng.standard_normal((1, BH, T, d))).astype(np.float32)
+    W1 = (rng.standard_normal((BH, dh, d)) / np.sqrt(d)).astype(np.float32)
+    W2 = (rng.standard_normal((BH, d, dh)) / np.sqrt(dh)).astype(np.float32)
+    b1 = np.zeros((BH, dh), np.float32)
+    b2 = np.zeros((BH, d), np.float32)
+    return k, v, dict(W1=W1, b1=b1, W2=W2, b2=b2)
+
+
+RULE = dict(layers=2, activation="silu", bias=1, loss="mse", step=64, refresh=64, retrieve="after",
+            clip="norm", clip_max=1.0, clip_scope="global")
+GATES = dict(theta=0.05, eta=0.9, alpha=0.001)
+
+
+def write_experiment(path, k, v, params, dh):
+    with h5py.File(path, "w") as f:
+        f.attrs["mnemo_schema"] = 1
+        r = f.create_group("rule")
+        for key, val in RULE.items():
+            r.attrs[key] = val
+        r.attrs["hidden"] = dh
+        i = f.create_group("inputs")
+        i["k"], i["v"] = k, v
+        g = f.create_group("gates")
+        for key, val in GATES.items():
+            g[key] = np.float32(val)
+        init = f.create_group("init")
+        for key, val in params.items():
+            init[key] = val[None]  # [B=1, H, ...]
+
+
+def torch_run(k, v, params, c):
+    """Eager autograd, batched over memories: [BH, ...] parameters."""
+    k = torch.from_numpy(k[0])
+    v = torch.from_numpy(v[0])
+    P = {n: torch.from_numpy(p.copy()) for n, p in params.items()}
+    S = {n: torch.zeros_like(p) for n, p in P.items()}
+    names = ["W1", "b1", "W2", "b2"]
+    theta, eta, alpha, cmax = GATES["theta"], GATES["eta"], GATES["alpha"], RULE["clip_max"]
+    BH, T, d = k.shape
+    y_out = torch.empty(BH, T, v.shape[-1])
+
+    def forward(p, x):
+        h = F.silu(torch.baddbmm(p["b1"].unsqueeze(1), x, p["W1"].transpose(1, 2)))
+        return torch.baddbmm(p["b2"].unsqueeze(1), h, p["W2"].transpose(1, 2))
+
+    for s0 in range(0, T, c):
+        ks, vs = k[:, s0:s0 + c], v[:, s0:s0 + c]
+        p = {n: P[n].requires_grad_(True) for n in names}
+        y = forward(p, ks)
+        loss = ((y - vs) ** 2).mean(-1)
+        grads = torch.autograd.grad((theta * loss).sum(), [p[n] for n in names])
+        with torch.no_grad():
+            y_out[:, s0:s0 + c - 1] = y[:, :-1]
+            sq = sum(g.pow(2).flatten(1).sum(1) for g in grads)
+            scale = torch.clamp(cmax / sq.sqrt(), max=1.0)
+            for n, g in zip(names, grads):
+                sh = (BH,) + (1,) * (g.dim() - 1)
+                S[n] = eta * S[n] - g * scale.view(sh)
+                P[n] = (1 - alpha) * P[n].detach() + S[n]
+            y_out[:, s0 + c - 1:s0 + c] = forward(P, ks[:, -1:])
+    return y_out.numpy(), {n: P[n].detach().numpy() for n in names}
+
+
+def rel(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--T", type=int, default=4096)
+    ap.add_argument("--out", default=None, help="append the table to this markdown file")
+    args = ap.parse_args()
+    mnemo = os.environ.get("MNEMO", os.path.join(os.getcwd(), "mnemo"))
+    BH, d, dh, c = 8, 64, 256, 64
+    torch.set_num_threads(args.threads)
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
+
+    k, v, params = make_inputs(BH, args.T, d, dh)
+    work = tempfile.mkdtemp(prefix="mnemo-bench-")
+    exp, res = os.path.join(work, "exp.h5"), os.path.join(work, "res.h5")
+    write_experiment(exp, k, v, params, dh)
+
+    t_mnemo = []
+    for _ in range(args.repeat + 1):
+        t0 = time.perf_counter()
+        subprocess.run([mnemo, "run", exp, "-o", res], check=True, env=env)
+        t_mnemo.append(time.perf_counter() - t0)
+    t_torch = []
+    for _ in range(args.repeat + 1):
+        t0 = time.perf_counter()
+        y_t, P_t = torch_run(k, v, params, c)
+        t_torch.append(time.perf_counter() - t0)
+    # first run of each is a warm-up
+    tm, tt = float(np.median(t_mnemo[1:])), float(np.median(t_torch[1:]))
+    with h5py.File(res, "r") as f:
+        y_m = f["outputs/y"][0]
+        W1_m = f["final/W1"][0]
+    err_y, err_w = rel(y_m, y_t), rel(W1_m, P_t["W1"])
+    flops = 3 * 2 * 2 * BH * args.T * d * dh  # forward, two backward products per layer
+    lines = [
+        "| case | threads | mnemo cpu (s) | PyTorch %s eager autograd (s) | speed-up | rel err y | rel err W1 |"
+        % torch.__version__,
+        "|---|---|---|---|---|---|---|",
+        "| B*H=%d, T=%d, MLP %d-%d-%d silu, c=%d, norm clip | %d | %.3f | %.3f | %.2fx | %.1e | %.1e |"
+        % (BH, args.T, d, dh, d, c, args.threads, tm, tt, tt / tm, err_y, err_w),
+    ]
+    print("\n".join(lines))
+    print("mnemo runs: %s s; torch runs: %s s; ~%.1f GFLOP/s for mnemo"
+          % (", ".join("%.3f" % x for x in t_mnemo), ", ".join("%.3f" % x for x in t_torch), flops / tm / 1e9))
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n## CPU engine vs PyTorch CPU (%s, %s, %d cores)\n\n" % (
+                time.strftime("%Y-%m-%d"), platform.processor() or platform.machine(), os.cpu_count()))
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
