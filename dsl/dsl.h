@@ -22,6 +22,7 @@ void l_h5_register(lua_State *L);
 void l_expr_register(lua_State *L);
 void l_rule_register(lua_State *L);
 void l_compare_register(lua_State *L);
+void l_progress_register(lua_State *L); /* dsl/l_progress.c: progress lines, a wall clock */
 
 /* Ownership before allocation: push a userdata holding an empty tensor with
  * the Tensor metatable; fill it afterwards (its __gc releases whatever it

@@ -39,12 +39,21 @@ Update rules and runs                 (this part of the tour is growing)
   res = rule:run{k = k, v = v}       k, v: [B,H,T,d]; res.outputs.y, res.final
   help("rules") for more; `mnemo run EXP.h5 -o RES.h5` runs a file
 
+Workloads, metrics, plots
+  d = mnemo.data.recall{pairs = 32, distractors = 16, dk = 16}
+  res = rule:run{k = d.k, v = d.v, q = d.q, theta = d.write_mask * 0.5}
+  acc = mnemo.metrics.recall(res.outputs.y, d.values, d.target_index)
+  mnemo.plot.curves{mnemo.metrics.curve(res.trace.step_loss), logy = true}
+  mnemo.profile(function() rule:run{k = d.k, v = d.v} end)
+  help(mnemo.data), help(mnemo.metrics), help(mnemo.plot)
+
 More help
   help(mnemo)                      every function, one line each
   help("Tensor")                   every tensor method
   help(mnemo.zeros), help("Tensor:sum"), help(t)
   help("indexing"), help("files"), help("repl")
-  examples/*.lua                   scripts to copy and edit
+  examples/*.lua                   scripts to copy and edit (tour.lua,
+                                   titans_mlp.lua, sweep.lua, ...)
 ]]
 
 H.topics = {}
@@ -104,6 +113,31 @@ H.topics.run = [[
 `mnemo run EXP.h5 -o RES.h5 [--device cpu|cuda] [--precision fp32|tf32|bf16]`
 runs an experiment file; `mnemo compare A.h5 B.h5 [--rtol X]` compares two
 result files. (Both fill in as they land.)]]
+
+H.topics["mnemo.data"] = [[
+mnemo.data: workloads as Lua functions returning tensors
+Every result is a table of [B,H,T,d] tensors (masks and ids [B,H,T]), sizes
+and strings, ready for rule:run and for mnemo.save. Each call is seeded:
+the same seed gives the same tensors on every machine; without one, a seed
+is drawn from the global generator (mnemo.seed(n) makes it repeat) and kept
+in d.seed. Afterwards the global generator is reseeded from a number drawn
+before the call, so what follows does not depend on the call's sizes.]]
+
+H.topics["mnemo.metrics"] = [[
+mnemo.metrics: what a memory retrieved, measured
+  recall(y, candidates, target)   the nearest candidate is the right one
+  error(y, target)                relative L2 error per token, and its mean
+  curve(x)                        a [B,H,T] or [B,H,S] tensor as a curve
+e.g. acc, info = mnemo.metrics.recall(res.outputs.y, d.values, d.target_index)
+     c, x = mnemo.metrics.curve(info.correct, {mask = info.mask, bins = 16})
+     mnemo.plot.curves{x = x, y = c, ylabel = "recall"}]]
+
+H.topics["mnemo.plot"] = [[
+mnemo.plot: plots through gnuplot (Debian package gnuplot-nox)
+Without out = ..., plots draw in the terminal; with out = "f.png" (also
+.svg, .pdf, .txt) they go to that file, written to a temporary name and
+renamed. mnemo.plot{...} is mnemo.plot.curves{...}. mnemo.plot.program
+names the gnuplot to run.]]
 
 -- Texts for functions with no doc beside their code.
 H.entries = {
@@ -168,6 +202,138 @@ mnemo.compare(a, b [, {rtol =, atol =, all =, quiet =}]) -> a report
   ["mnemo.device"] = [[
 mnemo.device() -> "cpu" or "cuda"
   The device used by default for new tensors and runs.]],
+  ["mnemo.profile"] = [[
+mnemo.profile(fn [, {quiet = false}]) -> a report
+  Runs fn() and times the engine calls it makes (rule:run, mem:write,
+  mem:run, mem:read: wall seconds of each, tokens/s) and the whole; prints
+  a small table (unless quiet) and returns {total =, engine =, other =,
+  calls = {{what =, seconds =, tokens =}, ...}, by = {["rule:run"] = {calls
+  =, seconds =, tokens =}}, kernels =, results = fn's results (packed)}.
+  Per-kernel GPU times come through mnemo._profile_kernel_hook when the
+  CUDA layer sets it (report.kernels).
+  e.g. mnemo.profile(function() rule:run{k = d.k, v = d.v} end)]],
+
+  ["mnemo.data.recall"] = [[
+mnemo.data.recall{B=1, H=1, pairs=16, distractors=0, queries=pairs, dk=16,
+                  dv=dk, seed=, distractor_scale=1, order="random",
+                  key_norm=sqrt(dk)} -> d
+  Multi-query associative recall. Each of the B x H sequences holds T =
+  pairs + distractors + queries tokens:
+    1 .. pairs+distractors   the context: the key-value pairs and the
+                             distractor tokens, shuffled (order =
+                             "pairs_first" keeps pairs first); each writes
+                             k = its key, v = its value
+    the last `queries`       queries: k = v = 0 (nothing to write), q = the
+                             key of a stored pair (distinct pairs while they
+                             last), target = that pair's value
+  Keys have L2 norm sqrt(dk), i.e. RMS 1 per feature (key_norm = 1 gives
+  unit keys, as Titans normalises them); values and distractor values are
+  N(0, 1) per feature (distractors times distractor_scale).
+  Fields: k, q [B,H,T,dk]; v, target [B,H,T,dv]; target_index [B,H,T]
+  (i64: the queried pair, 1-based, 0 off the queries); query_mask,
+  write_mask [B,H,T] (1/0); keys [B,H,pairs,dk], values [B,H,pairs,dv]
+  (the candidates for recall); pair_pos [B,H,pairs] (where each pair
+  sits); T, seed and the options.
+  Run with theta masked so the queries write nothing:
+    res = rule:run{k = d.k, v = d.v, q = d.q, theta = d.write_mask * 0.5}
+    acc = mnemo.metrics.recall(res.outputs.y, d.values, d.target_index)
+  Chance is 1/pairs; an exact lookup scores 1.]],
+  ["mnemo.data.drift"] = [[
+mnemo.data.drift{B=1, H=1, T=256, dk=16, dv=dk, rate=0.005, noise=0.1,
+                 switch_every=nil, queries="fresh", seed=, key_norm=sqrt(dk)}
+    -> d
+  A noisy linear regression stream whose true map drifts: v_t = A_t k_t +
+  noise, A_t = A R_t, with R_t turning each coordinate plane (1,2), (3,4),
+  ... of the key space by an angle omega * (t-1), |omega| = rate * (0.5 ..
+  1.5) radians per token, either way. switch_every = n also draws a new A
+  every n tokens (abrupt changes). Old associations go stale, so forgetting
+  (alpha > 0) pays. Keys have norm sqrt(dk) (key_norm); A is N(0, 1/dk),
+  so values have RMS about 1; noise is the std of the value noise.
+  queries: "fresh" (new random keys), "keys" (q = k) or "fixed" (one probe
+  key for all t, to watch the target move).
+  Fields: k, q [B,H,T,dk]; v (noisy), v_clean = A_t k_t, target = A_t q_t
+  (the ground truth for the queries) [B,H,T,dv]; maps [B,H,R,dv,dk] (the A
+  of each regime); angle [B,H,T] (the first plane's angle at t); seed, sizes.
+    res = rule:run{k = d.k, v = d.v, q = d.q}
+    err = mnemo.metrics.error(res.outputs.y, d.target)]],
+  ["mnemo.data.text"] = [[
+mnemo.data.text{path=, B=1, H=1, T=256, dk=32, dv=dk, seed=, offset=,
+                lowercase=true, vocab_size=, target="next", key_norm=sqrt(dk)}
+    -> d
+  A real-text token stream. The text (default
+  /usr/share/common-licenses/GPL-3 from Debian's base-files, about 5,600
+  words) is split into words (runs of letters, digits and '), lowercased;
+  the vocabulary is ordered by frequency (vocab_size cuts it, the rest
+  become "<unk>"). A seeded embedding table maps words to k =
+  embed_k[w_t] (norm sqrt(dk)) and v = embed_v[w_{t+1}] (N(0, 1); target =
+  "same" uses w_t): next-word association. Each of the B x H streams
+  reads T consecutive words from its own place (random, or offset +
+  (stream-1) * T).
+  Fields: k, q (= k) [B,H,T,dk]; v [B,H,T,dv]; tokens, next [B,H,T] (i64
+  word ids, 1-based); embed_k [V,dk], embed_v [V,dv]; offset [B,H]; vocab
+  (the words, one a line, in id order); V, path, words_total, seed.
+    acc = mnemo.metrics.recall(res.outputs.y, d.embed_v, d.next)
+    print(mnemo.data.decode(d, d.tokens[1][1]))]],
+  ["mnemo.data.decode"] = [[
+mnemo.data.decode(d, ids) -> a string
+  The words of the token ids (a tensor, a number or a table; 1-based) of
+  the text workload d, joined by spaces; "<?>" for an id out of range.
+  e.g. mnemo.data.decode(d, info.pred[1][1]) shows what a memory recalled]],
+
+  ["mnemo.metrics.recall"] = [[
+mnemo.metrics.recall(y, candidates, target [, {metric = "cosine", mask =}])
+    -> accuracy, info
+  For each scored token, the candidate nearest to y (by cosine, "l2"
+  distance or "dot" product) is the prediction; accuracy is the fraction
+  of scored tokens whose prediction is target. y [B,H,T,dv]; candidates
+  [N,dv] (shared) or [B,H,N,dv]; target [B,H,T]: 1-based candidate index,
+  0 = not scored (or give mask [B,H,T]). A row of y with NaN or Inf counts
+  as wrong. info: correct [B,H,T] (1/0), pred [B,H,T] (i64), mask, n (scored
+  tokens), candidates (N), chance (1/N), metric.]],
+  ["mnemo.metrics.error"] = [[
+mnemo.metrics.error(y, target [, {mask =, relative = true, eps = 1e-12}])
+    -> mean, err
+  Retrieval error per token: err = |y - target| / |target| (L2 over the
+  last dim; relative = false gives |y - target|), [B,H,T] for [B,H,T,d]
+  inputs; mean over the tokens where mask is nonzero (all by default).]],
+  ["mnemo.metrics.retrieval_error"] = [[
+mnemo.metrics.retrieval_error(y, target [, opts]) -> mean, err
+  The same as mnemo.metrics.error.]],
+  ["mnemo.metrics.curve"] = [[
+mnemo.metrics.curve(x [, {mask =, bins =, window =}]) -> curve, steps
+  Reduces x, [B,H,T] or [B,H,S] (any shape, steps last), to a curve over
+  steps: the mean over all the other dims (over the entries where mask is
+  nonzero when given; NaN where none is). bins = n (or window = w steps)
+  averages the curve over equal windows. Returns the curve and the step of
+  each point (1-based; window centres), both 1-d tensors, for mnemo.plot:
+    y, x = mnemo.metrics.curve(res.trace.step_loss, {bins = 50})
+    mnemo.plot.curves{{x = x, y = y, label = "loss"}, logy = true}]],
+
+  ["mnemo.plot.curves"] = [[
+mnemo.plot.curves{series..., title=, xlabel=, ylabel=, logy=, logx=, out=,
+                  width=, height=, xrange={lo, hi}, yrange=, style=, key=}
+    -> out (the file), or nothing (drawn in the terminal)
+  Each series is a 1-d tensor or an array of numbers (y against 1, 2, ...),
+  or {y =, x =, label =, style =}; or give y = (and x =) for one series.
+  Without out, gnuplot draws in the terminal (its dumb terminal, sized to
+  $COLUMNS x $LINES); out = "f.png" (pngcairo), .svg, .pdf or .txt writes a
+  file. Points that are not finite (or not positive with logy) are left
+  out. style: "lines", "linespoints" or "points".
+  e.g. mnemo.plot.curves{{y = a, label = "gd"}, {y = b, label = "momentum"},
+         xlabel = "pairs", ylabel = "recall", out = "recall.png"}]],
+  ["mnemo.plot.heatmap"] = [[
+mnemo.plot.heatmap{z = [R,C], x = {C labels}, y = {R labels}, title=,
+                   xlabel=, ylabel=, cblabel=, logz=, values=, out=}
+    -> out, or nothing
+  A matrix as a picture: row 1 at the top, columns left to right, labelled
+  by x and y (numbers or strings). To a file (.png, .svg, .pdf through
+  gnuplot, with the values written in the cells when there are at most 144,
+  or values = true/false), or in the terminal as a table of shaded cells
+  ('.:-=+*#%@' low to high) with their values (also out = "f.txt").]],
+  ["mnemo.plot.available"] = [[
+mnemo.plot.available() -> ok, types
+  true and the file types gnuplot can write here ({"txt", "png", "svg",
+  "pdf"}), or false when gnuplot is missing (Debian package gnuplot-nox).]],
 }
 
 -- Notes and examples shown after a function's doc.

@@ -1,7 +1,10 @@
 -- prelude.lua: the Lua side of the user's experience, run at start-up with
 -- the mnemo module table as `...`: the pretty printer behind REPL results
 -- (mnemo._repl_show, mnemo._pretty), help() and who(), which are also made
--- globals. The help texts themselves are data, in help.lua ("mnemo.help").
+-- globals; mnemo.profile; the progress line around engine runs; and the
+-- Lua-written parts of the module: mnemo.data (data.lua), mnemo.metrics
+-- (metrics.lua), mnemo.plot (plot.lua). The help texts themselves are data,
+-- in help.lua ("mnemo.help").
 local M = ...
 
 local concat, sort, insert = table.concat, table.sort, table.insert
@@ -158,6 +161,19 @@ local function say(s)
   if s:sub(-1) ~= "\n" then out:write("\n") end
 end
 
+-- The Lua-written parts of the module: tables of functions, named
+-- "mnemo.data.recall" and so on in help.
+local SUBMODULES = { "data", "metrics", "plot" }
+
+local function submodule_functions(sub)
+  local t, res = rawget(M, sub), {}
+  if type(t) ~= "table" then return res end
+  for k, v in pairs(t) do
+    if type(k) == "string" and k:sub(1, 1) ~= "_" and type(v) == "function" then res[k] = v end
+  end
+  return res
+end
+
 -- Function -> its names ("mnemo.zeros", "Tensor:sum"), mnemo's first.
 local function function_names()
   local names = {}
@@ -172,6 +188,9 @@ local function function_names()
   end
   for k, v in pairs(tensor_methods()) do
     if k:sub(1, 1) ~= "_" then add(v, "Tensor:" .. k) end
+  end
+  for _, sub in ipairs(SUBMODULES) do
+    for k, v in pairs(submodule_functions(sub)) do add(v, "mnemo." .. sub .. "." .. k) end
   end
   for _, list in pairs(names) do sort(list) end
   return names
@@ -236,6 +255,9 @@ local function all_keys()
     if type(k) == "string" and k:sub(1, 1) ~= "_" and type(v) == "function" then add("mnemo." .. k) end
   end
   for k in pairs(tensor_methods()) do if k:sub(1, 1) ~= "_" then add("Tensor:" .. k) end end
+  for _, sub in ipairs(SUBMODULES) do
+    for k in pairs(submodule_functions(sub)) do add("mnemo." .. sub .. "." .. k) end
+  end
   for k in pairs(help_data().topics or {}) do add(k) end
   sort(keys)
   return keys
@@ -296,6 +318,25 @@ local function columns(names, width)
   return concat(lines, "\n")
 end
 
+-- One line per function: its name and the start of its help text.
+local function summary_lines(lines, prefix, names)
+  for _, k in ipairs(names) do
+    local e = entry_text(prefix .. k, true) or ""
+    -- the text after the signature, on one line, cut to fit: the text
+    -- starts at the first line indented by exactly two spaces (signatures
+    -- that take several lines continue with deeper indents)
+    local lines_of, from = {}, nil
+    for l in (e .. "\n"):gmatch("([^\n]*)\n") do
+      lines_of[#lines_of + 1] = l
+      if not from and #lines_of > 1 and l:find("^  %S") then from = #lines_of end
+    end
+    local rest = from and concat(lines_of, "\n", from) or ""
+    local summary = rest:gsub("%s+", " "):gsub("^ ?%->", ""):gsub("^ ", "")
+    if #summary > WIDTH - 17 then summary = summary:sub(1, WIDTH - 20):gsub("%s*%S*$", "") .. " ..." end
+    lines[#lines + 1] = fmt("  %-14s %s", k, summary)
+  end
+end
+
 local function list_module()
   local names = {}
   for k, v in pairs(M) do
@@ -303,13 +344,30 @@ local function list_module()
   end
   sort(names)
   local lines = { "mnemo: the module (help(\"mnemo.NAME\") or help(mnemo.NAME) for one)" }
-  for _, k in ipairs(names) do
-    local e = entry_text("mnemo." .. k, true) or ""
-    -- the text after the signature, on one line, cut to fit
-    local summary = e:gsub("^[^\n]*\n", ""):gsub("%s+", " "):gsub("^ ?%->", ""):gsub("^ ", "")
-    if #summary > WIDTH - 17 then summary = summary:sub(1, WIDTH - 20):gsub("%s*%S*$", "") .. " ..." end
-    lines[#lines + 1] = fmt("  %-14s %s", k, summary)
+  summary_lines(lines, "mnemo.", names)
+  local subs = {}
+  for _, sub in ipairs(SUBMODULES) do
+    local fns = {}
+    for k in pairs(submodule_functions(sub)) do fns[#fns + 1] = k end
+    sort(fns)
+    if #fns > 0 then subs[#subs + 1] = fmt("  %-14s %s", "mnemo." .. sub, concat(fns, ", ")) end
   end
+  if #subs > 0 then
+    lines[#lines + 1] = "parts (help(mnemo.data), help(\"mnemo.plot.curves\"), ...):"
+    for _, l in ipairs(subs) do lines[#lines + 1] = l end
+  end
+  say(concat(lines, "\n"))
+end
+
+-- help(mnemo.data): the part's text, then its functions.
+local function list_submodule(sub)
+  local names = {}
+  for k in pairs(submodule_functions(sub)) do names[#names + 1] = k end
+  sort(names)
+  local H = help_data()
+  local lines = { (H.topics and H.topics["mnemo." .. sub]) or ("mnemo." .. sub) }
+  lines[#lines + 1] = fmt("functions (help(\"mnemo.%s.NAME\") for one):", sub)
+  summary_lines(lines, "mnemo." .. sub .. ".", names)
   say(concat(lines, "\n"))
 end
 
@@ -365,6 +423,11 @@ local function help_name(s)
   local word = s:gsub("^%s+", ""):gsub("%s+$", ""):gsub("%(%)$", "")
   if word == "" or word == "tour" then return say(H.tour) end
   if word == "mnemo" then return list_module() end
+  for _, sub in ipairs(SUBMODULES) do
+    if word == "mnemo." .. sub or (word == sub and not (H.topics and H.topics[word])) then
+      return list_submodule(sub)
+    end
+  end
   if word == "Tensor" or word == "tensor" then return list_methods("Tensor: ") end
   if H.topics and H.topics[word] then return say(H.topics[word]) end
   local keys = {}
@@ -397,6 +460,9 @@ function M.help(...)
     return list_methods("")
   end
   if type(x) == "table" then
+    for _, sub in ipairs(SUBMODULES) do
+      if rawget(M, sub) == x then return list_submodule(sub) end
+    end
     for _, lib in ipairs(LUA_LIBS) do
       if rawget(_G, lib) == x then
         return say(fmt("%s is Lua's own library; see https://www.lua.org/manual/5.4/manual.html#6", lib))
@@ -423,6 +489,12 @@ function M._help_missing()
   for k in pairs(tensor_methods()) do
     if k:sub(1, 1) ~= "_" and not entry_text("Tensor:" .. k) then
       missing[#missing + 1] = "Tensor:" .. k
+    end
+  end
+  for _, sub in ipairs(SUBMODULES) do
+    for k in pairs(submodule_functions(sub)) do
+      local key = "mnemo." .. sub .. "." .. k
+      if not entry_text(key) then missing[#missing + 1] = key end
     end
   end
   sort(missing)
@@ -466,16 +538,51 @@ local function tensor_info(t)
   }
 end
 
---- who(): the global variables that hold tensors, with their sizes.
+-- Tables that who() does not look into: the module, Lua's own, package.
+local function who_skips()
+  local skip = { [M] = true, [_G] = true }
+  for _, lib in ipairs(LUA_LIBS) do
+    local t = rawget(_G, lib)
+    if type(t) == "table" then skip[t] = true end
+  end
+  if type(rawget(_G, "package")) == "table" then skip[package] = true end
+  for _, sub in ipairs(SUBMODULES) do
+    if rawget(M, sub) ~= nil then skip[rawget(M, sub)] = true end
+  end
+  return skip
+end
+
+local WHO_DEPTH, WHO_ROWS = 3, 200
+
+--- who(): the tensors held in global variables and in tables held there
+--- (d.k, res.outputs.y), with their sizes.
 function M.who()
-  local rows, total = {}, 0
-  for k, v in pairs(_G) do
-    if type(k) == "string" and is_tensor(v) then
+  local rows, total, counted, skip, nrows = {}, 0, {}, who_skips(), 0
+  local function visit(name, v, depth, path)
+    if is_tensor(v) then
+      nrows = nrows + 1
+      if nrows > WHO_ROWS then return end
       local info = tensor_info(v)
-      info.name = k
+      info.name = name
       rows[#rows + 1] = info
-      if type(info.bytes) == "number" then total = total + info.bytes end
+      if type(info.bytes) == "number" and not counted[v] then
+        counted[v] = true
+        total = total + info.bytes
+      end
+    elseif type(v) == "table" and depth < WHO_DEPTH and not skip[v] and not path[v] then
+      path[v] = true
+      for k, x in next, v do
+        if type(k) == "string" then
+          visit(is_ident(k) and (name .. "." .. k) or fmt("%s[%q]", name, k), x, depth + 1, path)
+        elseif math.type(k) == "integer" then
+          visit(fmt("%s[%d]", name, k), x, depth + 1, path)
+        end
+      end
+      path[v] = nil
     end
+  end
+  for k, v in next, _G do
+    if type(k) == "string" then visit(k, v, 0, {}) end
   end
   if #rows == 0 then
     say("no global variables hold tensors")
@@ -491,8 +598,11 @@ function M.who()
       local size = type(r.bytes) == "number" and human_bytes(r.bytes) or "?"
       lines[#lines + 1] = fmt(line, r.name, r.shape, r.dtype, r.device, size)
     end
-    lines[#lines + 1] = fmt("%d tensor%s in globals, %s", #rows, #rows == 1 and "" or "s",
-      human_bytes(total))
+    if nrows > WHO_ROWS then lines[#lines + 1] = fmt("... and %d more", nrows - WHO_ROWS) end
+    local distinct = 0
+    for _ in pairs(counted) do distinct = distinct + 1 end
+    lines[#lines + 1] = fmt("%d tensor%s in globals and their tables, %s", distinct,
+      distinct == 1 and "" or "s", human_bytes(total))
     say(concat(lines, "\n"))
   end
   local live = rawget(M, "_live_tensors")
@@ -507,3 +617,147 @@ function M.who()
 end
 
 help, who = M.help, M.who
+
+---------------------------------------------------------- workloads, metrics, plots
+
+M.data = require("mnemo.data")
+M.metrics = require("mnemo.metrics")
+M.plot = require("mnemo.plot")
+
+---------------------------------------------------------- progress line
+
+-- rule:run, mem:write and mem:run draw a progress line on stderr while they
+-- run (model/progress.c through mnemo._progress_begin, dsl/l_progress.c): only
+-- past a second, only on a terminal, never with mnemo.quiet (mnemo -q). The
+-- handle is to-be-closed, so an error or Ctrl-C erases the line too.
+local progress_begin = rawget(M, "_progress_begin")
+
+local function step_of(rule)
+  local ok, c = pcall(function() return rule.step end)
+  return ok and tonumber(c) or 1
+end
+
+local function with_progress(methods, name, label, rule_of)
+  local raw = type(methods) == "table" and rawget(methods, name)
+  if type(raw) ~= "function" or not progress_begin then return end
+  methods[name] = function(self, ...)
+    local line <close> = (not rawget(M, "quiet")) and progress_begin(label, step_of(rule_of(self))) or nil
+    return raw(self, ...)
+  end
+end
+
+with_progress(rawget(M, "Rule"), "run", "run", function(r) return r end)
+with_progress(rawget(M, "Memory"), "write", "mem:write", function(m) return m.rule end)
+with_progress(rawget(M, "Memory"), "run", "mem:run", function(m) return m.rule end)
+
+---------------------------------------------------------- profile
+
+-- The hook for per-kernel GPU times, for the CUDA layer to fill in: when
+-- mnemo._profile_kernel_hook is a function, mnemo.profile calls it as
+-- hook("start") before fn and hook("stop") after; "stop" returns an array of
+-- {name =, calls =, seconds =}, which profile prints and returns as
+-- report.kernels. Unset (nil) in a CPU build.
+M._profile_kernel_hook = rawget(M, "_profile_kernel_hook")
+
+-- Tokens an engine call handles: B*H*T of its k (or q for mem:read).
+local function tokens_of(what, a, b)
+  local t
+  if type(a) == "table" then t = a.k or a.q
+  elseif is_tensor(a) then t = a end
+  if not is_tensor(t) then return nil end
+  local shape = t.shape
+  if #shape < 2 then return nil end
+  local n = 1
+  for i = 1, #shape - 1 do n = n * shape[i] end
+  return n
+end
+
+local function fmt_rate(x)
+  if not x then return "" end
+  if x < 1e3 then return fmt("%.0f", x) end
+  if x < 1e6 then return fmt("%.1fk", x / 1e3) end
+  if x < 1e9 then return fmt("%.1fM", x / 1e6) end
+  return fmt("%.1fG", x / 1e9)
+end
+
+local PROFILED = {
+  { "Rule", "run", "rule:run" }, { "Memory", "write", "mem:write" },
+  { "Memory", "run", "mem:run" }, { "Memory", "read", "mem:read" },
+}
+
+--- mnemo.profile(fn [, opts]): time the engine calls fn makes (see help).
+function M.profile(fn, opts)
+  if type(fn) ~= "function" then
+    error("mnemo.profile: expected a function to run, got " .. type(fn), 2)
+  end
+  opts = opts or {}
+  local wall = rawget(M, "_clock")
+  local clock = wall or os.clock
+  local calls, depth = {}, 0
+  -- swap timing wrappers in for the engine entry points, and back on any exit
+  local saved = {}
+  local restore <close> = setmetatable({}, { __close = function()
+    for _, s in ipairs(saved) do s[1][s[2]] = s[3] end
+  end })
+  for _, p in ipairs(PROFILED) do
+    local methods = rawget(M, p[1])
+    local raw = type(methods) == "table" and rawget(methods, p[2])
+    if type(raw) == "function" then
+      saved[#saved + 1] = { methods, p[2], raw }
+      methods[p[2]] = function(self, a, ...)
+        if depth > 0 then return raw(self, a, ...) end -- engine calls inside a gate function
+        depth = depth + 1
+        local t0 = clock()
+        local rec <close> = setmetatable({}, { __close = function()
+          depth = depth - 1
+          calls[#calls + 1] = { what = p[3], seconds = clock() - t0, tokens = tokens_of(p[3], a) }
+        end })
+        return raw(self, a, ...)
+      end
+    end
+  end
+  local hook = rawget(M, "_profile_kernel_hook")
+  if type(hook) == "function" then hook("start") end
+  local t0 = clock()
+  local results = table.pack(fn())
+  local total = clock() - t0
+  local kernels = type(hook) == "function" and hook("stop") or nil
+
+  local by, order, engine = {}, {}, 0
+  for _, c in ipairs(calls) do
+    local b = by[c.what]
+    if not b then
+      b = { what = c.what, calls = 0, seconds = 0, tokens = 0 }
+      by[c.what] = b
+      order[#order + 1] = b
+    end
+    b.calls, b.seconds = b.calls + 1, b.seconds + c.seconds
+    b.tokens = c.tokens and b.tokens + c.tokens or b.tokens
+    engine = engine + c.seconds
+  end
+  local report = {
+    total = total, engine = engine, other = total - engine, calls = calls, by = by,
+    clock = wall and "wall" or "cpu", kernels = kernels, results = results,
+  }
+  if not opts.quiet then
+    local lines = { fmt("%-10s %6s %10s %10s %10s", "call", "n", "seconds", "mean", "tokens/s") }
+    for _, b in ipairs(order) do
+      lines[#lines + 1] = fmt("%-10s %6d %10.4f %10.4f %10s", b.what, b.calls, b.seconds,
+        b.seconds / b.calls, b.tokens > 0 and b.seconds > 0 and fmt_rate(b.tokens / b.seconds) or "")
+    end
+    lines[#lines + 1] = fmt("%-10s %6s %10.4f", "(other)", "", total - engine)
+    lines[#lines + 1] = fmt("%-10s %6d %10.4f%s", "total", #calls, total,
+      wall and "" or "   (cpu seconds: no wall clock in this build)")
+    if type(kernels) == "table" and #kernels > 0 then
+      lines[#lines + 1] = fmt("%-32s %6s %10s", "kernel", "n", "seconds")
+      for _, k in ipairs(kernels) do
+        lines[#lines + 1] = fmt("%-32s %6s %10.4f", tostring(k.name), tostring(k.calls or ""), k.seconds or 0)
+      end
+    end
+    say(concat(lines, "\n"))
+  end
+  return setmetatable(report, { __tostring = function(r)
+    return fmt("mnemo.profile: %.4f s in all, %d engine call%s taking %.4f s", r.total, #r.calls,
+      #r.calls == 1 and "" or "s", r.engine)
+  end })
+end
