@@ -14,7 +14,7 @@ CC     ?= gcc
 # Debian packages the build, the tests and the demo need.
 DEB_PACKAGES = build-essential pkg-config liblua5.4-dev libhdf5-dev hdf5-tools \
                libopenblas-dev libreadline-dev python3 python3-torch python3-h5py \
-               python3-numpy gnuplot-nox
+               python3-numpy gnuplot-nox base-files
 
 # Recursively expanded on purpose: pkg-config must be asked after `make deps`.
 PKGS     = lua5.4 hdf5-serial openblas readline
@@ -56,6 +56,13 @@ ENGINE_OBJ = $(MODEL_SRC:%.c=$(BUILD)/%.o) $(KERNEL_C_SRC:%.c=$(BUILD)/%.o) \
 FRONT_OBJ  = $(DSL_SRC:%.c=$(BUILD)/%.o) $(REPL_SRC:%.c=$(BUILD)/%.o) $(BUILD)/embedded_lua.o
 ENGINE_LIB = $(BUILD)/libmnemo_engine.a
 
+# The kernel templates of kernels/ are compiled into the engine as strings
+# (kernels/codegen.c fills their hooks and NVRTC compiles them at run time).
+ifeq ($(CUDA),1)
+CUDA_TEMPLATES = $(sort $(wildcard kernels/*.cuh))
+ENGINE_OBJ += $(BUILD)/embedded_cuda.o
+endif
+
 UNIT_SRC   = $(wildcard tests/unit/test_*.c)
 UNIT_BIN   = $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
@@ -79,7 +86,7 @@ $(BUILD)/%.o: %.c
 
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -Imodel -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -Imodel -c $< -o $@
 
 # The Lua sources of dsl/ are compiled into the binary as strings.
 $(BUILD)/embedded_lua.c: $(LUA_SRC) dsl/embed_lua.sh
@@ -87,6 +94,13 @@ $(BUILD)/embedded_lua.c: $(LUA_SRC) dsl/embed_lua.sh
 	sh dsl/embed_lua.sh $(LUA_SRC) > $@.tmp && mv $@.tmp $@
 
 $(BUILD)/embedded_lua.o: $(BUILD)/embedded_lua.c
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/embedded_cuda.c: $(CUDA_TEMPLATES) kernels/embed_cuda.sh
+	@mkdir -p $(dir $@)
+	sh kernels/embed_cuda.sh $(CUDA_TEMPLATES) > $@.tmp && mv $@.tmp $@
+
+$(BUILD)/embedded_cuda.o: $(BUILD)/embedded_cuda.c
 	$(CC) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/tests/%: tests/unit/%.c $(ENGINE_LIB)
@@ -107,7 +121,8 @@ deps:
 
 demo: deps
 	$(MAKE) all
-	./mnemo examples/tour.lua
+	@mkdir -p $(BUILD)/demo
+	$(abspath $(BIN)) examples/titans_mlp.lua full $(BUILD)/demo
 
 test: deps
 	$(MAKE) all

@@ -7,6 +7,9 @@
  * with `local mnemo = ...` and never needs require "mnemo". */
 #include "dsl.h"
 #include "../model/random.h"
+#ifdef MN_HAVE_CUDA
+#include "../kernels/cuda.h"
+#endif
 
 #include <string.h>
 
@@ -20,6 +23,7 @@ static void (*const registrars[])(lua_State *L) = {
     l_h5_register,
     l_compare_register,
     l_rule_register,
+    l_progress_register,
     l_expr_register, /* last: it wraps the math functions registered above */
 };
 
@@ -34,11 +38,103 @@ static int l_seed(lua_State *L)
     return 0;
 }
 
+/* ---- devices: what the CUDA layer (kernels/cuda.h) says, or, in a build
+ * without it, that there is none ---- */
+
+#ifdef MN_HAVE_CUDA
+static bool cuda_ok(void) { return mn_cuda_available(); }
+static const char *cuda_reason(void) { return mn_cuda_unavailable_reason(); }
+#else
+static bool cuda_ok(void) { return false; }
+/* The engine's own words for a cuda request in such a build (model/tensor.c). */
+static const char *cuda_reason(void) { return "no CUDA device in this build"; }
+#endif
+
 static int l_device(lua_State *L)
 {
-    lua_pushliteral(L, "cpu");
+    lua_pushstring(L, cuda_ok() ? "cuda" : "cpu");
     return 1;
 }
+
+static int l_cuda_available(lua_State *L)
+{
+    lua_pushboolean(L, cuda_ok());
+    if (cuda_ok()) return 1;
+    lua_pushstring(L, cuda_reason());
+    return 2;
+}
+
+#ifdef MN_HAVE_CUDA
+static void set_count(lua_State *L, const char *k, long long v)
+{
+    lua_pushinteger(L, (lua_Integer)v);
+    lua_setfield(L, -2, k);
+}
+#endif
+
+static int l_memory(lua_State *L)
+{
+    lua_newtable(L);
+    lua_pushboolean(L, cuda_ok());
+    lua_setfield(L, -2, "available");
+    if (!cuda_ok()) {
+        lua_pushstring(L, cuda_reason());
+        lua_setfield(L, -2, "reason");
+        return 1;
+    }
+#ifdef MN_HAVE_CUDA
+    mn_cuda_memory_stats s;
+    if (mn_cuda_memory(&s) != MN_OK) return l_raise(L);
+    lua_pushstring(L, mn_cuda_describe());
+    lua_setfield(L, -2, "device");
+    set_count(L, "allocated", (long long)s.allocated);
+    set_count(L, "cached", (long long)s.cached);
+    set_count(L, "peak_allocated", (long long)s.peak_allocated);
+    set_count(L, "device_free", (long long)s.device_free);
+    set_count(L, "device_total", (long long)s.device_total);
+    set_count(L, "alloc_calls", (long long)s.alloc_calls);
+    set_count(L, "cache_hits", (long long)s.cache_hits);
+    set_count(L, "cuda_mallocs", (long long)s.cuda_mallocs);
+#endif
+    return 1;
+}
+
+static int l_empty_cache(lua_State *L)
+{
+#ifdef MN_HAVE_CUDA
+    if (cuda_ok() && mn_cuda_empty_cache() != MN_OK) return l_raise(L);
+#endif
+    (void)L;
+    return 0;
+}
+
+static int l_synchronize(lua_State *L)
+{
+#ifdef MN_HAVE_CUDA
+    if (cuda_ok() && mn_cuda_synchronize() != MN_OK) return l_raise(L);
+#endif
+    (void)L;
+    return 0;
+}
+
+#ifdef MN_HAVE_CUDA
+/* mnemo._after_statement: the REPL calls it after each statement, so that
+ * a fault in a kernel launched asynchronously is reported where it happened
+ * (give or take a statement) rather than at some later, unrelated call. */
+static int l_after_statement(lua_State *L)
+{
+    if (mn_cuda_check_pending() != MN_OK) return l_raise(L);
+    return 0;
+}
+#endif
+
+static const struct { const char *name; lua_CFunction fn; const char *doc; } device_funcs[] = {
+    { "device", l_device, "mnemo.device() -> 'cuda' when a CUDA device is usable, else 'cpu'" },
+    { "cuda_available", l_cuda_available, "mnemo.cuda_available() -> true, or false and the reason (no driver, no device, ...)" },
+    { "memory", l_memory, "mnemo.memory() -> a table of GPU memory: available, device, allocated, cached, peak_allocated, device_free, device_total (bytes), alloc_calls, cache_hits, cuda_mallocs; without a device {available = false, reason = ...}" },
+    { "empty_cache", l_empty_cache, "mnemo.empty_cache() -> nil; gives the GPU memory cached for reuse back to the driver" },
+    { "synchronize", l_synchronize, "mnemo.synchronize() -> nil; waits for the GPU to finish, raising any error of its work" },
+};
 
 /* package.preload loader: upvalue 1 the index into mn_embedded_lua, upvalue
  * 2 the module table. Errors name the chunk ("mnemo.prelude:12: ..."). */
@@ -77,6 +173,9 @@ static void run_prelude(lua_State *L, int mod, int index)
 
 int luaopen_mnemo(lua_State *L)
 {
+#ifdef MN_HAVE_CUDA
+    mn_cuda_register(); /* once per process; without a device it records why */
+#endif
     lua_newtable(L);
     int mod = lua_gettop(L);
     for (size_t i = 0; i < sizeof registrars / sizeof registrars[0]; i++) {
@@ -87,13 +186,22 @@ int luaopen_mnemo(lua_State *L)
     lua_setfield(L, mod, "version");
     lua_pushcfunction(L, l_seed);
     lua_setfield(L, mod, "seed");
-    lua_pushcfunction(L, l_device);
-    lua_setfield(L, mod, "device");
+    for (size_t i = 0; i < sizeof device_funcs / sizeof device_funcs[0]; i++) {
+        lua_pushcfunction(L, device_funcs[i].fn);
+        lua_setfield(L, mod, device_funcs[i].name);
+    }
+#ifdef MN_HAVE_CUDA
+    lua_pushcfunction(L, l_after_statement);
+    lua_setfield(L, mod, "_after_statement");
+#endif
     if (lua_getfield(L, mod, "_docs") == LUA_TTABLE) {
         lua_pushliteral(L, "mnemo.seed(n) -> nil; reseeds the global generator behind rand and randn (the same n gives the same numbers on every machine)");
         lua_setfield(L, -2, "mnemo.seed");
-        lua_pushliteral(L, "mnemo.device() -> the default device: 'cpu'");
-        lua_setfield(L, -2, "mnemo.device");
+        for (size_t i = 0; i < sizeof device_funcs / sizeof device_funcs[0]; i++) {
+            lua_pushfstring(L, "mnemo.%s", device_funcs[i].name);
+            lua_pushstring(L, device_funcs[i].doc);
+            lua_rawset(L, -3);
+        }
         lua_pushliteral(L, "mnemo.version -> the version string");
         lua_setfield(L, -2, "mnemo.version");
     }

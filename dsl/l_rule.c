@@ -14,6 +14,9 @@
 #include "../model/h5.h"
 #include "../model/ops.h"
 #include "../model/random.h"
+#ifdef MN_HAVE_CUDA
+#include "../kernels/codegen.h"
+#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -297,6 +300,36 @@ static int rule_expressions(lua_State *L)
     return 1;
 }
 
+/* rule:source([{dk=, dv=, hidden=, precision=}]): the CUDA source the GPU
+ * engine compiles for this rule at those sizes (default dk 64, dv = dk,
+ * hidden = the rule's or 64, fp32). Needs no GPU. */
+static int rule_source(lua_State *L)
+{
+    const mn_rule *r = &check_rule(L, 1)->rule;
+    mn_dims d = {1, 1, 1, 64, 0, 0, 1};
+    mn_precision prec = MN_PREC_FP32;
+    if (!lua_isnoneornil(L, 2)) {
+        luaL_checktype(L, 2, LUA_TTABLE);
+        d.dk = field_int(L, 2, "dk", 64);
+        d.dh = field_int(L, 2, "hidden", 0);
+        d.dv = field_int(L, 2, "dv", 0);
+        lua_getfield(L, 2, "precision");
+        if (!lua_isnil(L, -1) && mn_precision_lookup(luaL_checkstring(L, -1), &prec) != MN_OK) l_raise(L);
+        lua_pop(L, 1);
+    }
+    if (d.dv == 0) d.dv = d.dk;
+    if (d.dh == 0) d.dh = r->hidden > 0 ? r->hidden : 64;
+#ifdef MN_HAVE_CUDA
+    char *src = mn_cuda_rule_source(r, &d, prec);
+    if (!src) return l_raise(L);
+    lua_pushstring(L, src);
+    free(src);
+    return 1;
+#else
+    return luaL_error(L, "source: this build has no CUDA code generator (built with CUDA=0)");
+#endif
+}
+
 static int rule_tostring(lua_State *L)
 {
     const mn_rule *r = &check_rule(L, 1)->rule;
@@ -554,7 +587,7 @@ static void segment_inputs(lua_State *L, int rule_idx, int opts, const mn_dims *
     in->want_y = true;
 }
 
-/* rule:run{k=, v=, q=, theta=, eta=, alpha=, init=, seed=, shared=, device=, trace=} */
+/* rule:run{k=, v=, q=, theta=, eta=, alpha=, init=, seed=, shared=, device=, precision=, trace=} */
 static int rule_run(lua_State *L)
 {
     l_rule *lr = check_rule(L, 1);
@@ -571,12 +604,18 @@ static int rule_run(lua_State *L)
     }
     dims_from(L, &lr->rule, k, v, w1, &d);
     mn_device dev = resolve_device(L, 2);
+    lua_getfield(L, 2, "precision");
+    mn_precision prec = MN_PREC_FP32;
+    if (!lua_isnil(L, -1) && mn_precision_lookup(luaL_checkstring(L, -1), &prec) != MN_OK) l_raise(L);
+    lua_pop(L, 1);
     resolve_init(L, 2, &lr->rule, &d, g->params, g->momenta);
     mn_segment_inputs in;
     segment_inputs(L, 1, 2, &d, lr->rule.step, &in);
     if (mn_memory_create(&g->state, &lr->rule, &d, g->params, g->momenta, dev) != MN_OK) l_raise(L);
+    g->state.precision = prec;
     if (mn_segment_run(&g->state, &in, &g->out) != MN_OK) l_raise(L);
-    if (mn_result_tree(&lr->rule, NULL, &g->state, &g->out, mn_device_name(dev), "fp32", true, &g->tree) != MN_OK)
+    if (mn_result_tree(&lr->rule, NULL, &g->state, &g->out, mn_device_name(dev), mn_precision_name(prec), true,
+                       &g->tree) != MN_OK)
         l_raise(L);
     l_push_tree(L, g->tree);
     guard_release(g); /* the result table holds its own tensor references now */
@@ -912,7 +951,7 @@ void l_rule_register(lua_State *L)
     int module = lua_gettop(L);
     static const luaL_Reg rule_methods[] = {
         {"run", rule_run}, {"memory", rule_memory}, {"experiment", rule_experiment}, {"attrs", rule_attrs},
-        {"expressions", rule_expressions}, {"with", rule_with}, {NULL, NULL}};
+        {"expressions", rule_expressions}, {"with", rule_with}, {"source", rule_source}, {NULL, NULL}};
     luaL_newmetatable(L, RULE_MT);
     lua_pushcfunction(L, rule_gc);
     lua_setfield(L, -2, "__gc");

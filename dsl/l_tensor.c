@@ -64,7 +64,19 @@ static int raise_in(lua_State *L, const char *fn)
     if (strncmp(msg, fn, n) == 0 && msg[n] == ':') return luaL_error(L, "%s", msg);
     return luaL_error(L, "%s: %s", fn, msg);
 }
-#define TRY_IN(L, fn, expr) do { if ((expr) != MN_OK) raise_in((L), (fn)); } while (0)
+/* Out of memory (the GPU's, mostly): tensors that Lua no longer references
+ * may still hold memory until the collector runs, so run a full collection
+ * and try once more before raising. expr must be safe to repeat: every use
+ * fills an empty tensor (left empty on failure) or copies into one. */
+#define TRY_IN(L, fn, expr)                                                    \
+    do {                                                                       \
+        mn_status try_in_st_ = (expr);                                         \
+        if (try_in_st_ == MN_ERR_OOM) {                                        \
+            lua_gc((L), LUA_GCCOLLECT, 0);                                     \
+            try_in_st_ = (expr);                                               \
+        }                                                                      \
+        if (try_in_st_ != MN_OK) raise_in((L), (fn));                          \
+    } while (0)
 
 int l_raise(lua_State *L)
 {
@@ -1279,8 +1291,9 @@ static int l_where(lua_State *L)
     mn_tensor *c = arg_tensor(L, f, 1);
     mn_tensor *ta = l_test_tensor(L, 2), *tb = l_test_tensor(L, 3);
     mn_dtype dt = ta ? ta->dtype : tb ? tb->dtype : MN_F32;
-    mn_tensor *a = lua_type(L, 2) == LUA_TNUMBER ? value_to_tensor(L, f, 2, dt, MN_CPU) : arg_tensor(L, f, 2);
-    mn_tensor *b = lua_type(L, 3) == LUA_TNUMBER ? value_to_tensor(L, f, 3, dt, MN_CPU) : arg_tensor(L, f, 3);
+    mn_device dev = device_of(c); /* numbers join c on its device */
+    mn_tensor *a = lua_type(L, 2) == LUA_TNUMBER ? value_to_tensor(L, f, 2, dt, dev) : arg_tensor(L, f, 2);
+    mn_tensor *b = lua_type(L, 3) == LUA_TNUMBER ? value_to_tensor(L, f, 3, dt, dev) : arg_tensor(L, f, 3);
     mn_tensor *out = l_push_empty_tensor(L);
     TRY_IN(L, "where", mn_where(out, c, a, b));
     return 1;

@@ -4,6 +4,10 @@
  * run itself fails. */
 #include "../model/experiment.h"
 #include "../model/h5.h"
+#include "../model/progress.h"
+#ifdef MN_HAVE_CUDA
+#include "../kernels/cuda.h"
+#endif
 
 #include <stdio.h>
 #include <string.h>
@@ -20,6 +24,28 @@ static int usage_error(const char *msg, const char *arg)
     fprintf(stderr, "mnemo run: %s%s%s\n", msg, arg ? " " : "", arg ? arg : "");
     fprintf(stderr, "try 'mnemo run --help'\n");
     return 2;
+}
+
+/* mn_experiment_run with the precision set between creating the state and
+ * running it (the engine reads st->precision). */
+static mn_status run_experiment(const mn_experiment *e, mn_device dev, mn_precision prec, mn_memory_state *final,
+                                mn_segment_outputs *out)
+{
+    MN_TRY(mn_memory_create(final, &e->rule, &e->dims, e->init, e->init_momenta, dev));
+    final->precision = prec;
+    mn_segment_inputs in = {0};
+    in.k = e->k;
+    in.v = e->v;
+    in.q = e->q;
+    in.theta = e->theta;
+    in.eta = e->eta;
+    in.alpha = e->alpha;
+    in.want_y = true;
+    mn_progress_stderr_begin("mnemo run", e->rule.step);
+    mn_status s = mn_segment_run(final, &in, out);
+    mn_progress_stderr_end();
+    if (s != MN_OK) mn_memory_free(final);
+    return s;
 }
 
 int mn_cli_run(int argc, char **argv)
@@ -58,6 +84,11 @@ int mn_cli_run(int argc, char **argv)
     else return usage_error("--device must be cpu or cuda, got", device);
     if (strcmp(precision, "fp32") != 0 && strcmp(precision, "tf32") != 0 && strcmp(precision, "bf16") != 0)
         return usage_error("--precision must be fp32, tf32 or bf16, got", precision);
+#ifdef MN_HAVE_CUDA
+    /* Only a cuda run needs the driver: a cpu run starts no faster with it.
+     * Without a device every cuda request fails with the reason it records. */
+    if (dev == MN_CUDA) mn_cuda_register();
+#endif
     if (dev == MN_CPU && strcmp(precision, "fp32") != 0) {
         fprintf(stderr, "mnemo run: --precision %s: the cpu engine computes in fp32 only\n", precision);
         return 2;
@@ -70,7 +101,9 @@ int mn_cli_run(int argc, char **argv)
     }
     mn_memory_state final;
     mn_segment_outputs out;
-    mn_status s = mn_experiment_run(&e, dev, &final, &out);
+    mn_precision prec = MN_PREC_FP32;
+    (void)mn_precision_lookup(precision, &prec); /* checked above */
+    mn_status s = run_experiment(&e, dev, prec, &final, &out);
     if (s != MN_OK) {
         /* Shape and gate errors come from the engine: say which file. */
         fprintf(stderr, "mnemo run: %s: %s\n", exp_path, mn_last_error());

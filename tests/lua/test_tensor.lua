@@ -653,7 +653,7 @@ do
   T.eq("every method has a doc", table.concat(undocumented, ","), "")
   T.ok("1-based indexing is documented", m._docs["Tensor:select"]:find("1-based", 1, true) ~= nil)
   T.eq("version", m.version, "0.1.0")
-  T.eq("device()", m.device(), "cpu")
+  T.eq("device()", m.device(), m.cuda_available() and "cuda" or "cpu")
   T.eq("is_tensor(t)", m.is_tensor(t), true)
   T.eq("is_tensor(1)", m.is_tensor(1), false)
   T.eq("tensor_bytes f32", m.tensor_bytes(m.zeros(2, 3)), 24)

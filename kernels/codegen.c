@@ -1,0 +1,195 @@
+/* codegen.c: the CUDA source of a rule (kernels/codegen.h). Every part of
+ * the rule, built-in parts too, comes from its expression IR
+ * (model/rule.h), with the rule's constants bound first so that literals are
+ * folded, exactly as the CPU engine evaluates them. The kernel template is
+ * kernels/rule_kernel.cuh, embedded at build time (kernels/embed_cuda.sh). */
+#include "codegen.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct { const char *name; const char *source; } mn_embedded_cuda_file;
+extern const mn_embedded_cuda_file mn_embedded_cuda[];
+
+static const char *embedded(const char *name)
+{
+    for (const mn_embedded_cuda_file *f = mn_embedded_cuda; f->name; f++)
+        if (strcmp(f->name, name) == 0) return f->source;
+    return NULL;
+}
+
+/* ---- growable text ---- */
+
+typedef struct {
+    char *s;
+    size_t len, cap;
+    bool failed;
+} text;
+
+static void put(text *t, const char *s)
+{
+    size_t n = strlen(s);
+    if (t->failed) return;
+    if (t->len + n + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap : 4096;
+        while (cap < t->len + n + 1) cap *= 2;
+        char *p = realloc(t->s, cap);
+        if (!p) {
+            t->failed = true;
+            return;
+        }
+        t->s = p;
+        t->cap = cap;
+    }
+    memcpy(t->s + t->len, s, n + 1);
+    t->len += n;
+}
+
+static void putf(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void putf(text *t, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    put(t, buf);
+}
+
+/* An expression in a comment line (takes the reference e); a "*" "/" pair
+ * in it would close the comment early. */
+static void put_comment_expr(text *t, const char *label, mn_expr *e)
+{
+    if (!e) return;
+    char *s = mn_expr_to_string(e);
+    mn_expr_unref(e);
+    if (!s) return;
+    for (char *p = s; (p = strstr(p, "*/")) != NULL;) p[1] = '|';
+    putf(t, " *   %s: ", label);
+    put(t, s);
+    put(t, "\n");
+    free(s);
+}
+
+/* One hook: "__device__ __forceinline__ TYPE NAME(PARAMS) { return EXPR; }",
+ * EXPR the bound expression in C. Takes the reference e. */
+static mn_status put_hook(text *t, const mn_rule *r, const char *type, const char *name, const char *params,
+                          mn_expr *e, const char *const *vars, int nvars, bool single)
+{
+    if (!e) return MN_ERR_ARG; /* the constructor recorded why */
+    const char *const *cn = (const char *const *)r->const_names;
+    mn_expr *bound = mn_expr_bind(e, cn, r->const_values, r->nconsts);
+    mn_expr_unref(e);
+    if (!bound) return MN_ERR_OOM;
+    char *c = mn_expr_to_c(bound, vars, vars, nvars, cn, r->const_values, r->nconsts, single);
+    mn_expr_unref(bound);
+    if (!c) return mn_fail_context(MN_ERR_ARG, "%s: ", name);
+    putf(t, "__device__ __forceinline__ %s %s(%s)\n{\n", type, name, params);
+    for (int i = 0; i < nvars; i++) putf(t, "    (void)%s;\n", vars[i]);
+    put(t, "    return ");
+    put(t, c);
+    put(t, ";\n}\n");
+    free(c);
+    return MN_OK;
+}
+
+static const char *const loss_vars[] = {"y", "v", "r"};
+static const char *const act_vars[] = {"z"};
+static const char *const scale_vars[] = {"n"};
+static const char *const elem_vars[] = {"g"};
+
+static mn_status put_hooks(text *t, const mn_rule *r)
+{
+    put(t, "\n/* ---- hooks from the rule's expressions (constants bound) ---- */\n");
+    MN_TRY(put_hook(t, r, "float", "mn_hook_loss", "float y, float v, float r", mn_rule_loss_expr(r), loss_vars, 3,
+                    true));
+    MN_TRY(put_hook(t, r, "float", "mn_hook_loss_grad", "float y, float v, float r", mn_rule_loss_grad_expr(r),
+                    loss_vars, 3, true));
+    MN_TRY(put_hook(t, r, "float", "mn_hook_act", "float z", mn_rule_activation_expr(r), act_vars, 1, true));
+    MN_TRY(put_hook(t, r, "float", "mn_hook_act_grad", "float z", mn_rule_activation_grad_expr(r), act_vars, 1,
+                    true));
+    /* The scale of a norm-type clip is one number per step: double, as the
+     * CPU engine computes it, so a huge norm does not overflow to Inf. */
+    bool scale = r->clip == MN_CLIP_NORM || r->clip == MN_CLIP_SOFTNORM || r->clip == MN_CLIP_SCALE;
+    bool elem = r->clip == MN_CLIP_VALUE || r->clip == MN_CLIP_ELEMENTWISE;
+    if (scale) MN_TRY(put_hook(t, r, "double", "mn_hook_clip_scale", "double n", mn_rule_clip_expr(r), scale_vars, 1, false));
+    else put(t, "__device__ __forceinline__ double mn_hook_clip_scale(double n) { (void)n; return 1.0; }\n");
+    if (elem) MN_TRY(put_hook(t, r, "float", "mn_hook_clip_elem", "float g", mn_rule_clip_expr(r), elem_vars, 1, true));
+    else put(t, "__device__ __forceinline__ float mn_hook_clip_elem(float g) { return g; }\n");
+    return MN_OK;
+}
+
+static mn_status build(text *t, const mn_rule *r, const mn_dims *d, mn_precision p)
+{
+    MN_TRY(mn_rule_validate(r));
+    if (r->layers >= 2 && d->dh < 1)
+        return mn_fail(MN_ERR_ARG, "cuda source: the rule has %d layers but hidden size %lld", r->layers,
+                       (long long)d->dh);
+    if (d->dk < 1 || d->dv < 1)
+        return mn_fail(MN_ERR_ARG, "cuda source: dk and dv must be >= 1, got %lld and %lld", (long long)d->dk,
+                       (long long)d->dv);
+    if (r->residual && d->dk != d->dv)
+        return mn_fail(MN_ERR_ARG, "cuda source: residual needs dk = dv, got dk=%lld, dv=%lld", (long long)d->dk,
+                       (long long)d->dv);
+    const char *tmpl = embedded("rule_kernel");
+    if (!tmpl) return mn_fail(MN_ERR_UNSUPPORTED, "cuda source: the kernel template is not in this build");
+    int clip_mode = 0;
+    if (r->clip == MN_CLIP_NORM || r->clip == MN_CLIP_SOFTNORM || r->clip == MN_CLIP_SCALE) clip_mode = 1;
+    else if (r->clip == MN_CLIP_VALUE || r->clip == MN_CLIP_ELEMENTWISE) clip_mode = 2;
+
+    put(t, "/* mnemo rule kernel, generated by kernels/codegen.c from the rule below.\n");
+    putf(t, " *   memory: %d layer%s, dk %lld, dv %lld, dh %lld%s%s%s\n", r->layers, r->layers == 1 ? "" : "s",
+         (long long)d->dk, (long long)d->dv, r->layers > 1 ? (long long)d->dh : 0LL,
+         r->layers > 1 ? ", activation " : "", r->layers > 1 ? mn_activation_name(r->activation) : "",
+         r->residual ? ", residual" : "");
+    putf(t, " *   loss %s, features %s, tokens %s; step %d, refresh %d, retrieve %s\n", mn_loss_name(r->loss),
+         r->feature_reduce == MN_REDUCE_MEAN ? "mean" : "sum", r->token_reduce == MN_REDUCE_MEAN ? "mean" : "sum",
+         r->step, mn_rule_refresh(r), r->retrieve == MN_RETRIEVE_AFTER ? "after" : "before");
+    putf(t, " *   clip %s (max %g, scope %s); precision %s\n", mn_clip_name(r->clip), r->clip_max,
+         r->clip_scope == MN_SCOPE_GLOBAL ? "global" : "tensor", mn_precision_name(p));
+    put_comment_expr(t, "loss", mn_rule_loss_expr(r));
+    put_comment_expr(t, "activation", r->layers > 1 ? mn_rule_activation_expr(r) : NULL);
+    put_comment_expr(t, "clip", r->clip != MN_CLIP_NONE ? mn_rule_clip_expr(r) : NULL);
+    put(t, " */\n");
+
+    putf(t, "#define MN_LAYERS %d\n#define MN_BIAS %d\n#define MN_RESIDUAL %d\n", r->layers, r->bias ? 1 : 0,
+         r->residual ? 1 : 0);
+    putf(t, "#define MN_DK %lld\n#define MN_DV %lld\n#define MN_DH %lld\n", (long long)d->dk, (long long)d->dv,
+         r->layers > 1 ? (long long)d->dh : 0LL);
+    putf(t, "#define MN_STEP %d\n#define MN_REFRESH %d\n#define MN_RETRIEVE_BEFORE %d\n", r->step,
+         mn_rule_refresh(r), r->retrieve == MN_RETRIEVE_BEFORE ? 1 : 0);
+    putf(t, "#define MN_TOKEN_MEAN %d\n", r->token_reduce == MN_REDUCE_MEAN ? 1 : 0);
+    /* R as the CPU engine computes it: 1.0 / (double)dv */
+    if (r->feature_reduce == MN_REDUCE_MEAN) putf(t, "#define MN_FEATURE_SCALE (1.0 / %lld.0)\n", (long long)d->dv);
+    else put(t, "#define MN_FEATURE_SCALE 1.0\n");
+    putf(t, "#define MN_CLIP_MODE %d /* 0 none, 1 scale by mn_hook_clip_scale(norm), 2 mn_hook_clip_elem(g) */\n",
+         clip_mode);
+    putf(t, "#define MN_CLIP_TENSOR %d\n", r->clip_scope == MN_SCOPE_TENSOR ? 1 : 0);
+    putf(t, "#define MN_PREC %d /* 0 fp32, 1 tf32, 2 bf16 operands of the products */\n",
+         p == MN_PREC_TF32 ? 1 : p == MN_PREC_BF16 ? 2 : 0);
+
+    /* Both preludes: C++ overloads keep float hooks in float and the double
+     * clip-scale hook in double. */
+    put(t, "\n");
+    put(t, mn_expr_c_prelude(true));
+    put(t, "#undef MN_EXPR_PRELUDE\n");
+    put(t, mn_expr_c_prelude(false));
+    MN_TRY(put_hooks(t, r));
+    put(t, "\n");
+    put(t, tmpl);
+    return MN_OK;
+}
+
+char *mn_cuda_rule_source(const mn_rule *r, const mn_dims *d, mn_precision p)
+{
+    text t = {0};
+    mn_status s = build(&t, r, d, p);
+    if (s == MN_OK && t.failed) s = mn_fail(MN_ERR_OOM, "cuda source: out of memory");
+    if (s != MN_OK) {
+        free(t.s);
+        return NULL;
+    }
+    return t.s;
+}

@@ -1,0 +1,21 @@
+/* codegen.h: CUDA source of the rule engine's kernels for one rule: the
+ * expression prelude, hooks generated from the rule's IR (loss and its
+ * derivative, activation and its derivative, clip), size and flag
+ * constants, and the kernel template kernels/rule_kernel.cuh. Plain C and
+ * no GPU needed, so the REPL can print the source (rule:source()) and CI can
+ * compile it with NVRTC (kernels/nvrtc.h). */
+#ifndef MN_CODEGEN_H
+#define MN_CODEGEN_H
+
+#include "../model/engine.h"
+
+/* The complete source for a rule at the given dims (dk, dv, dh; B, H, T
+ * unused) and precision, or NULL with mn_last_error() set. Caller frees.
+ * The same inputs give the same text, so the text is the cache key's core. */
+char *mn_cuda_rule_source(const mn_rule *r, const mn_dims *d, mn_precision p);
+
+/* Names of the kernels in that source (extern "C", unmangled). */
+#define MN_RULE_STEP_KERNEL "mn_rule_step_kernel"
+#define MN_RULE_READ_KERNEL "mn_rule_read_kernel"
+
+#endif

@@ -1,0 +1,32 @@
+/* cuda_ops.h: the CUDA backend's entry points, one per mn_backend member
+ * (model/ops.h says what the front end hands each of them). ops.cu holds the
+ * elementwise, reduction, copy and fill kernels; blas.c the matrix product.
+ * cuda.c assembles them into the backend it registers for MN_CUDA. */
+#ifndef MN_CUDA_OPS_H
+#define MN_CUDA_OPS_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "../model/ops.h"
+
+mn_status mn_cuda_unary(mn_op op, mn_tensor *out, const mn_tensor *a);
+mn_status mn_cuda_binary(mn_op op, mn_tensor *out, const mn_tensor *a, const mn_tensor *b);
+mn_status mn_cuda_where(mn_tensor *out, const mn_tensor *c, const mn_tensor *a, const mn_tensor *b);
+mn_status mn_cuda_reduce_dim(mn_op op, mn_tensor *out, const mn_tensor *a, int dim);
+mn_status mn_cuda_argreduce_dim(mn_op op, mn_tensor *out, const mn_tensor *a, int dim);
+mn_status mn_cuda_reduce_all(mn_op op, const mn_tensor *a, double *result);
+/* dst (any strides, cuda) = src (same shape, any strides, cuda), converting dtype. */
+mn_status mn_cuda_copy(mn_tensor *dst, const mn_tensor *src);
+mn_status mn_cuda_fill(mn_tensor *dst, double value);
+/* Batched [batch,m,k] x [batch,k,n] -> out [batch,m,n] contiguous (blas.c). */
+mn_status mn_cuda_matmul(mn_tensor *out, const mn_tensor *a, const mn_tensor *b);
+/* The i64 product (no cuBLAS type for it), same layout as mn_cuda_matmul (ops.cu). */
+mn_status mn_cuda_matmul_i64(mn_tensor *out, const mn_tensor *a, const mn_tensor *b);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

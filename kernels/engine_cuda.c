@@ -1,0 +1,186 @@
+/* engine_cuda.c: the rule engine on the GPU (mn_engine_backend for MN_CUDA).
+ * A segment is one launch of the generated step kernel (kernels/codegen.c,
+ * kernels/rule_kernel.cuh): one thread block per memory walks every step,
+ * with the state's W, S and anchor tensors in place and a workspace
+ * allocated for the segment. Loaded modules stay in memory by cache key, so
+ * a rule compiles (or loads from the disk cache) once per process. */
+#include "cuda_check.h"
+#include "codegen.h"
+#include "nvrtc.h"
+#include "rule_kernel.cuh" /* its first part is C: the argument struct and the workspace layout */
+#include "../model/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- loaded modules, by cache key ---- */
+
+typedef struct loaded_module {
+    char key[33];
+    cudaLibrary_t lib;
+    cudaKernel_t step, read;
+    struct loaded_module *next;
+} loaded_module;
+
+static loaded_module *modules;
+
+static mn_status load(const void *cubin, cudaLibrary_t *lib)
+{
+    return MN_CUDA_ST(cudaLibraryLoadData(lib, cubin, NULL, NULL, 0, NULL, NULL, 0));
+}
+
+/* The module for a rule at the state's dims and precision. */
+static mn_status rule_module(const mn_memory_state *st, loaded_module **out)
+{
+    MN_TRY(mn_cuda_ensure_device());
+    int arch = mn_cuda_arch();
+    char *src = mn_cuda_rule_source(&st->rule, &st->dims, st->precision);
+    if (!src) return MN_ERR_ARG;
+    char key[33];
+    void *cubin = NULL;
+    size_t size = 0;
+    char opts[256];
+    mn_cuda_cache_key(src, mn_nvrtc_options(arch, opts, sizeof opts), arch, mn_nvrtc_version(), key);
+    for (loaded_module *m = modules; m; m = m->next)
+        if (strcmp(m->key, key) == 0) {
+            free(src);
+            *out = m;
+            return MN_OK;
+        }
+    cudaLibrary_t lib;
+    mn_status s = mn_nvrtc_cubin(src, arch, false, key, &cubin, &size);
+    if (s == MN_OK && load(cubin, &lib) != MN_OK) {
+        /* a cached file this driver refuses: compile afresh and replace it */
+        free(cubin);
+        cubin = NULL;
+        s = mn_nvrtc_cubin(src, arch, true, key, &cubin, &size);
+        if (s == MN_OK) s = load(cubin, &lib);
+    }
+    free(cubin);
+    free(src);
+    MN_TRY(s);
+    loaded_module *m = calloc(1, sizeof *m);
+    if (!m) {
+        (void)cudaLibraryUnload(lib);
+        return mn_fail(MN_ERR_OOM, "out of memory for a loaded kernel");
+    }
+    memcpy(m->key, key, sizeof m->key);
+    m->lib = lib;
+    s = MN_CUDA_ST(cudaLibraryGetKernel(&m->step, lib, MN_RULE_STEP_KERNEL));
+    if (s == MN_OK) s = MN_CUDA_ST(cudaLibraryGetKernel(&m->read, lib, MN_RULE_READ_KERNEL));
+    if (s != MN_OK) {
+        (void)cudaLibraryUnload(lib);
+        free(m);
+        return s;
+    }
+    m->next = modules;
+    modules = m;
+    *out = m;
+    return MN_OK;
+}
+
+/* ---- launching ---- */
+
+static float *f32(const mn_tensor *t) { return t->storage ? (float *)mn_tensor_data(t) : NULL; }
+
+/* Arguments common to both kernels, and a workspace for memories blocks. */
+static mn_status prepare(const mn_memory_state *st, int64_t memories, mn_rule_kargs *a, void **work,
+                         size_t *work_bytes)
+{
+    const mn_rule *r = &st->rule;
+    const mn_dims *d = &st->dims;
+    if (memories > 2147483647LL)
+        return mn_fail(MN_ERR_UNSUPPORTED, "cuda engine: %lld memories (B x H) exceed one launch's grid",
+                       (long long)memories);
+    memset(a, 0, sizeof *a);
+    for (int p = 0; p < st->nparams; p++) {
+        const mn_tensor *ts[3] = {&st->params[p], &st->momenta[p], &st->anchor[p]};
+        for (int j = 0; j < 3; j++)
+            if (!ts[j]->storage || ts[j]->storage->device != MN_CUDA || !mn_tensor_is_contiguous(ts[j]))
+                return mn_fail(MN_ERR_ARG, "cuda engine: the memory state is not contiguous on cuda");
+        a->W[p] = f32(&st->params[p]);
+        a->S[p] = f32(&st->momenta[p]);
+        a->A[p] = f32(&st->anchor[p]);
+    }
+    mn_rule_layout lo;
+    mn_rule_layout_init(&lo, r->layers, r->bias, d->dk, d->dv, r->layers > 1 ? d->dh : 0,
+                        mn_rule_chunk_rows(r->step));
+    a->work_floats = lo.total;
+    *work_bytes = sizeof(float) * (size_t)lo.total * (size_t)memories;
+    return mn_cuda_alloc(*work_bytes, work);
+}
+
+/* Launch on the legacy default stream (every tensor op of the CUDA layer is
+ * ordered on it) and wait: a fault inside the kernel is reported by this
+ * call, not by whatever runs next. */
+static mn_status launch(cudaKernel_t k, int64_t memories, mn_rule_kargs *a)
+{
+    dim3 grid = {(unsigned)memories, 1, 1}, block = {MN_RULE_THREADS, 1, 1};
+    void *args[1] = {a};
+    MN_CUDA_CHECK(cudaLaunchKernel((const void *)k, grid, block, args, 0, 0));
+    MN_CUDA_CHECK_LAUNCH();
+    MN_CUDA_CHECK(cudaStreamSynchronize(0));
+    return MN_OK;
+}
+
+static mn_status cuda_segment_run(mn_memory_state *st, const mn_segment_inputs *in, mn_segment_outputs *out,
+                                  int64_t n, int64_t nsteps)
+{
+    int64_t memories = st->dims.B * st->dims.H;
+    if (n == 0 || memories == 0) {
+        st->steps_done += nsteps;
+        return MN_OK;
+    }
+    loaded_module *mod;
+    MN_TRY(rule_module(st, &mod));
+    mn_rule_kargs a;
+    void *work = NULL;
+    size_t work_bytes = 0;
+    MN_TRY(prepare(st, memories, &a, &work, &work_bytes));
+    a.k = f32(&in->k);
+    a.v = f32(&in->v);
+    a.q = f32(&in->q);
+    a.theta = f32(&in->theta);
+    a.eta = f32(&in->eta);
+    a.alpha = f32(&in->alpha);
+    a.y = in->want_y ? f32(&out->y) : NULL;
+    a.loss = f32(&out->loss);
+    a.grad_norm = f32(&out->grad_norm);
+    a.clip_scale = f32(&out->clip_scale);
+    a.skipped = f32(&out->skipped);
+    a.step_loss = f32(&out->step_loss);
+    a.weight_norm = f32(&out->weight_norm);
+    a.work = work;
+    a.n = n;
+    a.nsteps = nsteps;
+    a.steps_done = st->steps_done;
+    mn_status s = launch(mod->step, memories, &a);
+    mn_cuda_free(work, work_bytes);
+    if (s != MN_OK) return s;
+    st->steps_done += nsteps;
+    mn_report_progress(memories * nsteps, memories * nsteps);
+    return MN_OK;
+}
+
+static mn_status cuda_read(const mn_memory_state *st, const mn_tensor *q, mn_tensor *y)
+{
+    int64_t memories = st->dims.B * st->dims.H, rows = q->shape[2];
+    if (rows == 0 || memories == 0) return MN_OK;
+    loaded_module *mod;
+    MN_TRY(rule_module(st, &mod));
+    mn_rule_kargs a;
+    void *work = NULL;
+    size_t work_bytes = 0;
+    MN_TRY(prepare(st, memories, &a, &work, &work_bytes));
+    a.q = f32(q);
+    a.y = f32(y);
+    a.work = work;
+    a.n = rows;
+    mn_status s = launch(mod->read, memories, &a);
+    mn_cuda_free(work, work_bytes);
+    return s;
+}
+
+static const mn_engine_backend cuda_engine = {"cuda", cuda_segment_run, cuda_read};
+
+void mn_cuda_engine_register(void) { mn_register_engine(MN_CUDA, &cuda_engine); }

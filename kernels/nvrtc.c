@@ -1,0 +1,212 @@
+/* nvrtc.c: NVRTC compilation of generated kernels and the disk cache of
+ * their CUBINs (kernels/nvrtc.h). Only NVRTC and the C library: no CUDA
+ * runtime here, so CI compiles generated source without a GPU or driver. */
+#include "nvrtc.h"
+
+#include <nvrtc.h>
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* The message of the buffer is 2 KB: the start of a log says what failed. */
+#define LOG_IN_MESSAGE 1500
+
+static mn_status nvrtc_status(nvrtcResult r, const char *call, const char *file, int line)
+{
+    if (r == NVRTC_SUCCESS) return MN_OK;
+    return mn_fail(MN_ERR_DEVICE, "nvrtc: %s in %s at %s:%d", nvrtcGetErrorString(r), call, file, line);
+}
+#define NVRTC_ST(call) nvrtc_status((call), #call, __FILE__, __LINE__)
+
+int mn_nvrtc_version(void)
+{
+    int major = 0, minor = 0;
+    if (nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) return 0;
+    return 1000 * major + 10 * minor;
+}
+
+/* -default-device: every function is a device function, so the generated
+ * text needs no __device__ on helpers; no host headers are needed. */
+#define N_OPTIONS 4
+static void options_of(int arch, char arch_opt[32], const char *opts[N_OPTIONS])
+{
+    snprintf(arch_opt, 32, "--gpu-architecture=sm_%d", arch);
+    opts[0] = arch_opt;
+    opts[1] = "-default-device";
+    opts[2] = "--std=c++17";
+    opts[3] = "-lineinfo";
+}
+
+const char *mn_nvrtc_options(int arch, char *buf, size_t len)
+{
+    char arch_opt[32];
+    const char *opts[N_OPTIONS];
+    options_of(arch, arch_opt, opts);
+    snprintf(buf, len, "%s %s %s %s", opts[0], opts[1], opts[2], opts[3]);
+    return buf;
+}
+
+/* ---- the key: two unrelated 64-bit hashes of the same bytes ---- */
+
+typedef struct { uint64_t a, b; } hash128;
+
+static void hash_bytes(hash128 *h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h->a = (h->a ^ p[i]) * 0x100000001b3ULL; /* FNV-1a */
+        h->b = (h->b ^ p[i]) * 0x9e3779b97f4a7c15ULL;
+        h->b = (h->b << 29) | (h->b >> 35);
+    }
+}
+
+static uint64_t mix64(uint64_t x) /* splitmix64's finaliser */
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+void mn_cuda_cache_key(const char *src, const char *options, int arch, int nvrtc_version, char out[33])
+{
+    hash128 h = {0xcbf29ce484222325ULL, 0x243f6a8885a308d3ULL};
+    char tail[64];
+    /* lengths first: no two (src, options) pairs give the same byte stream */
+    int tn = snprintf(tail, sizeof tail, "|%zu|%zu|sm_%d|nvrtc %d", strlen(src), strlen(options), arch, nvrtc_version);
+    hash_bytes(&h, src, strlen(src));
+    hash_bytes(&h, options, strlen(options));
+    hash_bytes(&h, tail, (size_t)tn);
+    snprintf(out, 33, "%016llx%016llx", (unsigned long long)mix64(h.a), (unsigned long long)mix64(h.b ^ h.a));
+}
+
+/* ---- compiling ---- */
+
+static char *program_log(nvrtcProgram prog)
+{
+    size_t n = 0;
+    if (nvrtcGetProgramLogSize(prog, &n) != NVRTC_SUCCESS || n <= 1) return NULL;
+    char *log = malloc(n);
+    if (log && nvrtcGetProgramLog(prog, log) != NVRTC_SUCCESS) {
+        free(log);
+        return NULL;
+    }
+    return log;
+}
+
+/* Compile src; on success *cubin (when wanted) gets the CUBIN. */
+static mn_status compile(const char *src, int arch, char **log_out, void **cubin, size_t *size)
+{
+    if (log_out) *log_out = NULL;
+    if (arch < 50) return mn_fail(MN_ERR_DEVICE, "nvrtc: no device architecture to compile for (sm_%d)", arch);
+    nvrtcProgram prog;
+    MN_TRY(NVRTC_ST(nvrtcCreateProgram(&prog, src, "mnemo_rule.cu", 0, NULL, NULL)));
+    char arch_opt[32];
+    const char *opts[N_OPTIONS];
+    options_of(arch, arch_opt, opts);
+    nvrtcResult res = nvrtcCompileProgram(prog, N_OPTIONS, opts);
+    char *log = program_log(prog);
+    mn_status st = MN_OK;
+    if (res != NVRTC_SUCCESS) {
+        st = mn_fail(MN_ERR_DEVICE, "nvrtc: the generated kernel did not compile for sm_%d (%s):\n%.*s%s", arch,
+                     nvrtcGetErrorString(res), LOG_IN_MESSAGE, log ? log : "(no log)",
+                     log && strlen(log) > LOG_IN_MESSAGE ? "\n[log cut; print the source with rule:source()]" : "");
+    } else if (cubin) {
+        size_t n = 0;
+        st = NVRTC_ST(nvrtcGetCUBINSize(prog, &n));
+        if (st == MN_OK) {
+            *cubin = malloc(n);
+            if (!*cubin) st = mn_fail(MN_ERR_OOM, "nvrtc: out of memory for a %zu-byte CUBIN", n);
+        }
+        if (st == MN_OK) st = NVRTC_ST(nvrtcGetCUBIN(prog, *cubin));
+        if (st == MN_OK) *size = n;
+        else if (*cubin) {
+            free(*cubin);
+            *cubin = NULL;
+        }
+    }
+    (void)nvrtcDestroyProgram(&prog);
+    if (log_out) *log_out = log;
+    else free(log);
+    return st;
+}
+
+mn_status mn_cuda_compile_check(const char *src, int arch, char **log)
+{
+    return compile(src, arch, log, NULL, NULL);
+}
+
+/* ---- the disk cache ---- */
+
+/* The cache directory, created if missing; false when there is none. */
+static bool cache_dir(char *buf, size_t len)
+{
+    const char *root = getenv("MNEMO_CACHE");
+    int n;
+    if (root && root[0]) n = snprintf(buf, len, "%s/kernels", root);
+    else {
+        const char *home = getenv("HOME");
+        if (!home || !home[0]) return false;
+        n = snprintf(buf, len, "%s/.cache/mnemo/kernels", home);
+    }
+    if (n < 0 || (size_t)n >= len) return false;
+    for (char *p = buf + 1; *p; p++) { /* mkdir -p */
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+            *p = '/';
+            return false;
+        }
+        *p = '/';
+    }
+    return mkdir(buf, 0755) == 0 || errno == EEXIST;
+}
+
+static bool read_file(const char *path, void **data, size_t *size)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    bool ok = fseek(f, 0, SEEK_END) == 0;
+    long n = ok ? ftell(f) : -1;
+    ok = n > 0 && fseek(f, 0, SEEK_SET) == 0;
+    char *buf = ok ? malloc((size_t)n) : NULL;
+    ok = buf && fread(buf, 1, (size_t)n, f) == (size_t)n;
+    fclose(f);
+    if (!ok) {
+        free(buf);
+        return false;
+    }
+    *data = buf;
+    *size = (size_t)n;
+    return true;
+}
+
+/* Write then rename: a concurrent reader sees the old file or the whole new one. */
+static void write_file(const char *path, const void *data, size_t size)
+{
+    char tmp[4200];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) return;
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return;
+    bool ok = fwrite(data, 1, size, f) == size;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) unlink(tmp);
+}
+
+mn_status mn_nvrtc_cubin(const char *src, int arch, bool fresh, char key[33], void **cubin, size_t *size)
+{
+    char opts[256], dir[4096], path[4200];
+    mn_cuda_cache_key(src, mn_nvrtc_options(arch, opts, sizeof opts), arch, mn_nvrtc_version(), key);
+    bool have_dir = cache_dir(dir, sizeof dir);
+    if (have_dir) snprintf(path, sizeof path, "%s/%s.cubin", dir, key);
+    if (have_dir && !fresh && read_file(path, cubin, size)) return MN_OK;
+    MN_TRY(compile(src, arch, NULL, cubin, size));
+    if (have_dir) write_file(path, *cubin, *size);
+    return MN_OK;
+}

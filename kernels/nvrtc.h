@@ -1,0 +1,34 @@
+/* nvrtc.h: generated CUDA source to CUBIN: compile with NVRTC for the
+ * device's own sm (no GPU needed), and the disk cache of CUBINs. The cache
+ * key is a hash of the source, the compile options, the arch and the NVRTC
+ * version. Disk cache: $MNEMO_CACHE/kernels, else
+ * ~/.cache/mnemo/kernels; files <key>.cubin, written to a temporary name
+ * and renamed, so a reader never sees half a file. Plain C. */
+#ifndef MN_NVRTC_H
+#define MN_NVRTC_H
+
+#include "../model/mn.h"
+
+/* NVRTC's version as 1000 * major + 10 * minor (13000 for 13.0). */
+int mn_nvrtc_version(void);
+
+/* The options generated kernels are compiled with for arch (90 -> sm_90),
+ * space-separated, into buf (at least 128 bytes). */
+const char *mn_nvrtc_options(int arch, char *buf, size_t len);
+
+/* 32 hex digits (128 bits) of src, options, arch and NVRTC version. */
+void mn_cuda_cache_key(const char *src, const char *options, int arch, int nvrtc_version, char out[33]);
+
+/* Compile only (no GPU needed). On failure MN_ERR_DEVICE with the start of
+ * NVRTC's log in the message. *log, when log is not NULL, receives the
+ * whole log (NULL when empty); the caller frees it. */
+mn_status mn_cuda_compile_check(const char *src, int arch, char **log);
+
+/* The CUBIN of src for arch: from the disk cache (unless fresh: a cached
+ * file that failed to load is replaced), else compiled now and written to
+ * the disk cache. key receives the cache key; the caller frees *cubin.
+ * Loading it is the engine's (kernels/engine_cuda.c), which keeps loaded
+ * modules in memory by key. A cache that cannot be written is skipped. */
+mn_status mn_nvrtc_cubin(const char *src, int arch, bool fresh, char key[33], void **cubin, size_t *size);
+
+#endif

@@ -1,0 +1,412 @@
+/* rule_kernel.cuh: the kernel template of the rule engine on the GPU (SPEC.md
+ * section 2, computed exactly as model/engine_cpu.c does it). One persistent
+ * thread block per memory walks the steps of a segment; W, S and the anchor
+ * stay in the state's global tensors, the activations of a chunk of the
+ * step's rows and the step's gradients live in a per-block slice of a global
+ * workspace. Phases are separated by __syncthreads; each thread owns output
+ * elements of the small products (fp32 accumulate, operands rounded by
+ * mn_round for tf32/bf16) and norms are block reductions in double.
+ *
+ * Two parts. The first is plain C and is also included by the host
+ * (kernels/engine_cuda.c), so the argument struct and the workspace layout
+ * have one definition. The second is compiled by NVRTC only, after the
+ * code generator (kernels/codegen.c) has put in front of it:
+ *   the MN_* size and flag constants (MN_LAYERS, MN_DK, MN_STEP, ...),
+ *   the expression prelude (mn_f_*), and the hooks taken from the rule's IR:
+ *   mn_hook_loss(y, v, r), mn_hook_loss_grad(y, v, r), mn_hook_act(z),
+ *   mn_hook_act_grad(z), mn_hook_clip_scale(n), mn_hook_clip_elem(g).
+ * A faster path may replace the step body and keep the hooks as they are. */
+#ifndef MN_RULE_KERNEL_ARGS
+#define MN_RULE_KERNEL_ARGS
+
+#define MN_RULE_MAX_LAYERS 8
+#define MN_RULE_MAX_PARAMS 16
+#ifndef MN_RULE_THREADS
+#define MN_RULE_THREADS 256 /* a multiple of 32 (block sums go by warps) */
+#endif
+/* Rows of a step processed at once: bounds the workspace for long steps. */
+#define MN_RULE_CHUNK_MAX 64
+
+#ifdef __CUDACC_RTC__
+#define MN_SHARED_FN __device__ __forceinline__
+#else
+#define MN_SHARED_FN static inline
+#endif
+
+/* Passed by value to both kernels. Parameter pointers are the [B,H,...]
+ * bases of the state's tensors; memory m's slice starts m * numel later. */
+typedef struct mn_rule_kargs {
+    float *W[MN_RULE_MAX_PARAMS], *S[MN_RULE_MAX_PARAMS], *A[MN_RULE_MAX_PARAMS];
+    const float *k, *v, *q;                /* q NULL: q = k (read: q is the input) */
+    const float *theta, *eta, *alpha;      /* [B,H,n], [B,H,S], [B,H,S] */
+    float *y;                              /* [B,H,n,dv] or NULL */
+    float *loss, *grad_norm, *clip_scale, *skipped, *step_loss, *weight_norm;
+    float *work;                           /* workspace, work_floats per block */
+    long long work_floats;
+    long long n, nsteps, steps_done;
+} mn_rule_kargs;
+
+/* Offsets (in floats) within one block's workspace slice. */
+typedef struct mn_rule_layout {
+    long long z[MN_RULE_MAX_LAYERS], h[MN_RULE_MAX_LAYERS]; /* hidden layers: pre-activation, phi(z) */
+    long long y;                                            /* model output of the chunk */
+    long long da, db;                                       /* backward ping-pong; loss terms */
+    long long g[MN_RULE_MAX_PARAMS];                        /* the step's gradient per parameter */
+    long long total;
+} mn_rule_layout;
+
+MN_SHARED_FN long long mn_rule_param_numel(int layers, int bias, long long dk, long long dv, long long dh, int p)
+{
+    int per = bias ? 2 : 1, layer = p / per;
+    long long in = layer == 0 ? dk : dh, out = layer == layers - 1 ? dv : dh;
+    return (bias && p % 2 == 1) ? out : out * in;
+}
+
+MN_SHARED_FN long long mn_rule_chunk_rows(long long step)
+{
+    return step < MN_RULE_CHUNK_MAX ? step : MN_RULE_CHUNK_MAX;
+}
+
+MN_SHARED_FN void mn_rule_layout_init(mn_rule_layout *lo, int layers, int bias, long long dk, long long dv,
+                                      long long dh, long long rows)
+{
+    long long off = 0, wide = dk > dv ? dk : dv;
+    if (layers > 1 && dh > wide) wide = dh;
+    for (int i = 0; i < MN_RULE_MAX_LAYERS; i++) lo->z[i] = lo->h[i] = 0;
+    for (int i = 0; i + 1 < layers; i++) {
+        lo->z[i] = off;
+        off += rows * dh;
+        lo->h[i] = off;
+        off += rows * dh;
+    }
+    lo->y = off;
+    off += rows * dv;
+    lo->da = off;
+    off += rows * wide;
+    lo->db = off;
+    off += rows * wide;
+    int np = layers * (bias ? 2 : 1);
+    for (int p = 0; p < MN_RULE_MAX_PARAMS; p++) lo->g[p] = 0;
+    for (int p = 0; p < np; p++) {
+        lo->g[p] = off;
+        off += mn_rule_param_numel(layers, bias, dk, dv, dh, p);
+    }
+    lo->total = (off + 3) & ~3LL; /* every block's slice 16-byte aligned */
+}
+
+#endif /* MN_RULE_KERNEL_ARGS */
+
+#ifdef __CUDACC_RTC__
+
+#define MN_PER (MN_BIAS ? 2 : 1)
+#define MN_NPARAMS (MN_LAYERS * MN_PER)
+#define MN_IN(i) ((i) == 0 ? MN_DK : MN_DH)
+#define MN_OUT(i) ((i) == MN_LAYERS - 1 ? MN_DV : MN_DH)
+#define MN_ROWS (MN_STEP < MN_RULE_CHUNK_MAX ? MN_STEP : MN_RULE_CHUNK_MAX)
+#define MN_DBL_MAX 1.7976931348623157e308
+
+/* Operand rounding of the precision mode (what tensor cores compute with). */
+#if MN_PREC == 1
+__device__ __forceinline__ float mn_round(float x)
+{
+    unsigned u;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(x));
+    return __uint_as_float(u);
+}
+#elif MN_PREC == 2
+/* bfloat16, round to nearest even; NaN stays NaN (the carry could make Inf). */
+__device__ __forceinline__ float mn_round(float x)
+{
+    unsigned u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return x;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return __uint_as_float(u & 0xffff0000u);
+}
+#else
+__device__ __forceinline__ float mn_round(float x) { return x; }
+#endif
+
+/* This block's workspace slices. */
+struct mn_ws {
+    float *z[MN_LAYERS], *h[MN_LAYERS], *y, *da, *db, *g[MN_NPARAMS];
+};
+
+__device__ __forceinline__ void mn_ws_init(mn_ws *ws, float *base)
+{
+    mn_rule_layout lo;
+    mn_rule_layout_init(&lo, MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, MN_ROWS);
+#pragma unroll
+    for (int i = 0; i < MN_LAYERS; i++) {
+        ws->z[i] = base + lo.z[i];
+        ws->h[i] = base + lo.h[i];
+    }
+    ws->y = base + lo.y;
+    ws->da = base + lo.da;
+    ws->db = base + lo.db;
+#pragma unroll
+    for (int p = 0; p < MN_NPARAMS; p++) ws->g[p] = base + lo.g[p];
+}
+
+/* Sum of v over the block, returned to every thread. Starts with a barrier,
+ * so back-to-back calls never overwrite partials still being read. */
+__device__ double mn_block_sum(double v)
+{
+    __shared__ double part[MN_RULE_THREADS / 32];
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        double t = lane < MN_RULE_THREADS / 32 ? part[lane] : 0.0;
+        for (int off = 16; off > 0; off >>= 1) t += __shfl_down_sync(0xffffffffu, t, off);
+        if (lane == 0) part[0] = t;
+    }
+    __syncthreads();
+    return part[0];
+}
+
+/* out[rows x dv] = M(x[rows x dk]; P), keeping z and h of the hidden layers
+ * in the workspace for mn_backward. out may be global (retrieval) or ws->y.
+ * Ends with a barrier. */
+__device__ void mn_forward(float *const *P, const float *x, int rows, float *out, const mn_ws *ws)
+{
+    const float *in = x;
+#pragma unroll
+    for (int i = 0; i < MN_LAYERS; i++) {
+        const int ni = MN_IN(i), no = MN_OUT(i);
+        const float *Wi = P[i * MN_PER];
+        const float *bi = MN_BIAS ? P[i * MN_PER + 1] : 0;
+        const bool last = i == MN_LAYERS - 1;
+        for (int e = threadIdx.x; e < rows * no; e += MN_RULE_THREADS) {
+            const int r = e / no, o = e % no;
+            const float *xr = in + (long long)r * ni, *wr = Wi + (long long)o * ni;
+            float acc = 0.0f;
+#pragma unroll 4
+            for (int j = 0; j < ni; j++) acc += mn_round(xr[j]) * mn_round(wr[j]);
+            if (MN_BIAS) acc += bi[o];
+            if (last) {
+                if (MN_RESIDUAL) acc += x[(long long)r * MN_DK + o];
+                out[e] = acc;
+            } else {
+                ws->z[i][e] = acc;
+                ws->h[i][e] = mn_hook_act(acc);
+            }
+        }
+        __syncthreads();
+        if (!last) in = ws->h[i];
+    }
+}
+
+/* Adds the gradients of this chunk to ws->g, given dL/dy in ws->da (rows x dv)
+ * after mn_forward on the same x at the same P. Ends with a barrier. */
+__device__ void mn_backward(float *const *P, const float *x, int rows, const mn_ws *ws)
+{
+    float *dz = ws->da, *other = ws->db;
+#pragma unroll
+    for (int i = MN_LAYERS - 1; i >= 0; i--) {
+        const int ni = MN_IN(i), no = MN_OUT(i);
+        const float *in = i == 0 ? x : ws->h[i > 0 ? i - 1 : 0];
+        float *gw = ws->g[i * MN_PER];
+        /* dW = dz^T in */
+        for (int e = threadIdx.x; e < no * ni; e += MN_RULE_THREADS) {
+            const int o = e / ni, j = e % ni;
+            float acc = 0.0f;
+            for (int r = 0; r < rows; r++) acc += mn_round(dz[r * no + o]) * mn_round(in[(long long)r * ni + j]);
+            gw[e] += acc;
+        }
+        if (MN_BIAS) {
+            float *gb = ws->g[i * MN_PER + 1];
+            for (int o = threadIdx.x; o < no; o += MN_RULE_THREADS) {
+                double acc = 0.0;
+                for (int r = 0; r < rows; r++) acc += dz[r * no + o];
+                gb[o] += (float)acc;
+            }
+        }
+        if (i == 0) break;
+        /* dh = dz W, then through the activation of layer i-1 */
+        const float *Wi = P[i * MN_PER];
+        const float *zp = ws->z[i > 0 ? i - 1 : 0];
+        for (int e = threadIdx.x; e < rows * ni; e += MN_RULE_THREADS) {
+            const int r = e / ni, j = e % ni;
+            float acc = 0.0f;
+            for (int o = 0; o < no; o++) acc += mn_round(dz[r * no + o]) * mn_round(Wi[(long long)o * ni + j]);
+            other[e] = acc * mn_hook_act_grad(zp[e]);
+        }
+        __syncthreads();
+        float *t = dz;
+        dz = other;
+        other = t;
+    }
+    __syncthreads();
+}
+
+/* Pointers to memory m's slice of each parameter tensor. */
+__device__ __forceinline__ void mn_memory_params(float *const *base, long long m, float **out)
+{
+#pragma unroll
+    for (int p = 0; p < MN_NPARAMS; p++)
+        out[p] = base[p] + m * mn_rule_param_numel(MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, p);
+}
+
+#define MN_NUMEL(p) mn_rule_param_numel(MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, (p))
+
+/* One segment: every step of memory blockIdx.x (model/engine_cpu.c run_memory). */
+extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kernel(const mn_rule_kargs a)
+{
+    const long long m = blockIdx.x, n = a.n, nsteps = a.nsteps;
+    const int tid = threadIdx.x;
+    mn_ws ws;
+    mn_ws_init(&ws, a.work + m * a.work_floats);
+    float *W[MN_NPARAMS], *Sm[MN_NPARAMS], *A[MN_NPARAMS];
+    mn_memory_params(a.W, m, W);
+    mn_memory_params(a.S, m, Sm);
+    mn_memory_params(a.A, m, A);
+    const float *k = a.k + m * n * MN_DK, *v = a.v + m * n * MN_DV;
+    const float *q = a.q ? a.q + m * n * MN_DK : 0;
+    const float *theta = a.theta + m * n, *eta = a.eta + m * nsteps, *alpha = a.alpha + m * nsteps;
+    float *y_out = a.y ? a.y + m * n * MN_DV : 0;
+    float *loss_out = a.loss + m * n;
+    const double R = MN_FEATURE_SCALE;
+
+    for (long long sl = 0; sl < nsteps; sl++) {
+        const long long s_global = a.steps_done + sl, t0 = sl * MN_STEP;
+        const int rows = (int)(t0 + MN_STEP <= n ? MN_STEP : n - t0);
+        /* Gradient point: the weights at the start of this step's refresh block. */
+        float *const *P = W;
+        bool at_current = MN_REFRESH == MN_STEP;
+        if (MN_REFRESH != MN_STEP) {
+            if (MN_REFRESH > 0 && s_global % (MN_REFRESH > 0 ? MN_REFRESH / MN_STEP : 1) == 0) {
+#pragma unroll
+                for (int p = 0; p < MN_NPARAMS; p++)
+                    for (long long e = tid; e < MN_NUMEL(p); e += MN_RULE_THREADS) A[p][e] = W[p][e];
+                at_current = true;
+            }
+            P = A;
+        }
+        const double tscale = MN_TOKEN_MEAN ? 1.0 / (double)rows : 1.0;
+        const int before_rows = MN_RETRIEVE_BEFORE ? rows : rows - 1;
+#pragma unroll
+        for (int p = 0; p < MN_NPARAMS; p++)
+            for (long long e = tid; e < MN_NUMEL(p); e += MN_RULE_THREADS) ws.g[p][e] = 0.0f;
+        __syncthreads();
+
+        for (int r0 = 0; r0 < rows; r0 += MN_ROWS) {
+            const int cr = rows - r0 < MN_ROWS ? rows - r0 : MN_ROWS;
+            const long long t = t0 + r0;
+            const float *x = k + t * MN_DK;
+            mn_forward(P, x, cr, ws.y, &ws);
+            /* loss terms (ws.db) and dL/dy (ws.da), token weights theta * (1/rows for mean) */
+            for (int e = tid; e < cr * MN_DV; e += MN_RULE_THREADS) {
+                const int r = e / MN_DV;
+                const float yy = ws.y[e], vv = v[t * MN_DV + e], rr = yy - vv;
+                const float wt = (float)((double)theta[t + r] * tscale);
+                ws.db[e] = mn_hook_loss(yy, vv, rr);
+                ws.da[e] = (float)((double)wt * R * (double)mn_hook_loss_grad(yy, vv, rr));
+                /* retrieval at W^(s) = P for the rows that see the weights before the step */
+                if (y_out && !q && at_current && r0 + r < before_rows) y_out[t * MN_DV + e] = yy;
+            }
+            __syncthreads();
+            for (int r = tid; r < cr; r += MN_RULE_THREADS) {
+                double acc = 0.0;
+                for (int j = 0; j < MN_DV; j++) acc += ws.db[r * MN_DV + j];
+                loss_out[t + r] = (float)(R * acc);
+            }
+            __syncthreads();
+            mn_backward(P, x, cr, &ws);
+        }
+
+        double sumsq[MN_NPARAMS], total = 0.0;
+#pragma unroll
+        for (int p = 0; p < MN_NPARAMS; p++) {
+            double acc = 0.0;
+            for (long long e = tid; e < MN_NUMEL(p); e += MN_RULE_THREADS) acc += (double)ws.g[p][e] * ws.g[p][e];
+            sumsq[p] = mn_block_sum(acc);
+            total += sumsq[p];
+        }
+        const double gnorm = sqrt(total);
+        /* retrieval at W^(s) where the forward above was not at W^(s) on q */
+        if (y_out && before_rows > 0 && (q || !at_current)) {
+            const float *xq = q ? q : k;
+            for (int r0 = 0; r0 < before_rows; r0 += MN_ROWS) {
+                const int cr = before_rows - r0 < MN_ROWS ? before_rows - r0 : MN_ROWS;
+                mn_forward(W, xq + (t0 + r0) * MN_DK, cr, y_out + (t0 + r0) * MN_DV, &ws);
+            }
+        }
+
+        const bool finite = total <= MN_DBL_MAX; /* false for NaN and Inf */
+        double cs = 0.0, wsq = 0.0;
+        if (finite) {
+            double scale[MN_NPARAMS];
+            cs = 1.0;
+#if MN_CLIP_MODE == 1
+            double smallest = __longlong_as_double(0x7ff0000000000000LL); /* +Inf */
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++) {
+                scale[p] = mn_hook_clip_scale(MN_CLIP_TENSOR ? sqrt(sumsq[p]) : gnorm);
+                if (scale[p] < smallest || scale[p] != scale[p]) smallest = scale[p];
+            }
+            cs = smallest;
+#else
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++) scale[p] = 1.0;
+#endif
+            const float e_s = eta[sl], keep = 1.0f - alpha[sl];
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++) {
+                const float fs = (float)scale[p];
+                for (long long e = tid; e < MN_NUMEL(p); e += MN_RULE_THREADS) {
+                    float g = ws.g[p][e];
+#if MN_CLIP_MODE == 1
+                    g *= fs;
+#elif MN_CLIP_MODE == 2
+                    g = mn_hook_clip_elem(g);
+#endif
+                    const float s = e_s * Sm[p][e] - g;
+                    Sm[p][e] = s;
+                    const float w = keep * W[p][e] + s;
+                    W[p][e] = w;
+                    wsq += (double)w * w;
+                }
+                (void)fs;
+            }
+        } else {
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++)
+                for (long long e = tid; e < MN_NUMEL(p); e += MN_RULE_THREADS) wsq += (double)W[p][e] * W[p][e];
+        }
+        wsq = mn_block_sum(wsq); /* its barriers also publish the new W */
+        if (tid == 0) {
+            const long long o = m * nsteps + sl;
+            double lsum = 0.0;
+            for (int r = 0; r < rows; r++) lsum += loss_out[t0 + r];
+            a.step_loss[o] = (float)(lsum / (double)rows);
+            a.grad_norm[o] = (float)gnorm;
+            a.skipped[o] = finite ? 0.0f : 1.0f;
+            a.clip_scale[o] = (float)cs;
+            a.weight_norm[o] = (float)sqrt(wsq);
+        }
+        if (y_out && !MN_RETRIEVE_BEFORE) {
+            const long long last = t0 + rows - 1;
+            mn_forward(W, (q ? q : k) + last * MN_DK, 1, y_out + last * MN_DV, &ws);
+        }
+    }
+}
+
+/* Retrieval only: y = M(q; W) for every row (model/engine_cpu.c cpu_read). */
+extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_read_kernel(const mn_rule_kargs a)
+{
+    const long long m = blockIdx.x, n = a.n;
+    mn_ws ws;
+    mn_ws_init(&ws, a.work + m * a.work_floats);
+    float *W[MN_NPARAMS];
+    mn_memory_params(a.W, m, W);
+    const float *q = a.q + m * n * MN_DK;
+    float *y = a.y + m * n * MN_DV;
+    for (long long r0 = 0; r0 < n; r0 += MN_ROWS) {
+        const int cr = (int)(n - r0 < MN_ROWS ? n - r0 : MN_ROWS);
+        mn_forward(W, q + r0 * MN_DK, cr, y + r0 * MN_DV, &ws);
+    }
+}
+
+#endif /* __CUDACC_RTC__ */

@@ -1,0 +1,256 @@
+#!/bin/sh
+# run_gpu_tests.sh: every test that needs a GPU, on a machine with one, from
+# a build made elsewhere and carried over (tests/gpu/pack.sh there, then here
+# `. tests/gpu/env.sh && sh tests/gpu/run_gpu_tests.sh`):
+#   - the unit-test binaries and the Lua tests (the CUDA ones run for real),
+#   - the rule engine from Lua on cuda against cpu (run, memory in pieces,
+#     read, precision modes, rule:source),
+#   - the conformance suite (tests/reference) on cuda in fp32, tf32 and bf16,
+#     and in fp32 on sequences up to 400 tokens (steps longer than the
+#     kernel's 64-row chunk), all at once (they share the kernel cache,
+#     written atomically),
+#   - compute-sanitizer (memcheck; racecheck, initcheck, synccheck on fewer)
+#     on a few `mnemo run` calls,
+#   - one mid-size run timed on cuda and cpu, and compared.
+# Logs go to $OUT (default: a temporary folder): summary.log (every
+# PASS/FAIL/SKIP line), conformance_{fp32,tf32,bf16,long}.log, gpu_logs.tgz
+# with the rest (few files: the device tool brings back at most 8). Ends with
+# "N passed, N failed" (exit 1 on failure).
+# Environment: MNEMO (the binary; env.sh sets it), PYTHON (one with torch and
+# h5py; default python3, else /usr/bin/python3), MNEMO_CONFORMANCE_COUNT
+# (default 200), CONFORMANCE_TIMEOUT (seconds per precision, default 440).
+cd "$(dirname "$0")/../.." || exit 2
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+MNEMO=${MNEMO:-$PWD/.carry/bin/mnemo}
+export MNEMO
+BIN_DIR=$(dirname "$MNEMO")
+WORK=$(mktemp -d)
+LOGS=$WORK/logs
+mkdir -p "$LOGS"
+export MNEMO_CACHE=${MNEMO_CACHE:-$WORK/cache}
+summary=$OUT/summary.log
+: > "$summary"
+start=$(date +%s)
+
+PYTHON=${PYTHON:-}
+for p in python3 /usr/bin/python3; do
+    [ -n "$PYTHON" ] && break
+    "$p" -c 'import torch, h5py, numpy' 2>/dev/null && PYTHON=$p
+done
+SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+
+# run_one LABEL COMMAND...: run, keep the output in $LOGS/LABEL.log, count its
+# lines (a non-zero exit without a FAIL line, or no lines at all, is a FAIL).
+run_one() {
+    label=$1; shift
+    logf=$LOGS/$(echo "$label" | tr '/ ' '__').log
+    echo "== $label"
+    "$@" > "$logf" 2>&1
+    rc=$?
+    count "$label" "$logf" "$rc"
+}
+
+count() { # label logfile rc
+    grep -E '^(PASS|FAIL|SKIP) ' "$2" | tee -a "$summary" | grep -v '^PASS ' | head -40
+    n_any=$(grep -cE '^(PASS|FAIL|SKIP) ' "$2")
+    n_fail=$(grep -c '^FAIL ' "$2")
+    echo "   $(grep -c '^PASS ' "$2") passed, $n_fail failed ($2)"
+    if [ "$3" -ne 0 ] && [ "$n_fail" -eq 0 ]; then
+        echo "FAIL $1: exited with status $3" | tee -a "$summary"
+        tail -5 "$2"
+    elif [ "$n_any" -eq 0 ]; then
+        echo "FAIL $1: printed no test lines" | tee -a "$summary"
+        tail -5 "$2"
+    fi
+}
+
+echo "== device"
+nvidia-smi -L 2>&1 | head -4
+"$MNEMO" -e 'print(mnemo.device(), mnemo.cuda_available())' 2>&1 | head -3
+echo "python: $PYTHON; sanitizer: $SANITIZER; logs: $OUT"
+
+# ---- conformance, in the background: the longest part ----
+if [ -n "$PYTHON" ]; then
+    for prec in fp32 tf32 bf16; do
+        ( MNEMO_DEVICE=cuda MNEMO_PRECISION=$prec timeout "${CONFORMANCE_TIMEOUT:-440}" \
+              "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_$prec.log" 2>&1
+          echo $? > "$WORK/conformance_$prec.rc" ) &
+    done
+    # long sequences: steps of more than 64 tokens take the kernel's chunked path
+    ( MNEMO_DEVICE=cuda MNEMO_PRECISION=fp32 MNEMO_CONFORMANCE_SEED=7 MNEMO_CONFORMANCE_MAX_T=400 \
+          MNEMO_CONFORMANCE_COUNT=${LONG_CONFORMANCE_COUNT:-40} timeout "${CONFORMANCE_TIMEOUT:-440}" \
+          "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_long.log" 2>&1
+      echo $? > "$WORK/conformance_long.rc" ) &
+fi
+
+# ---- unit and Lua tests ----
+for t in "$BIN_DIR"/test_*; do
+    [ -x "$t" ] && run_one "unit/$(basename "$t")" "$t"
+done
+for t in tests/lua/test_*.lua; do
+    [ -f "$t" ] && run_one "lua/$(basename "$t")" "$MNEMO" "$t"
+done
+
+# ---- the rule engine from Lua: cuda against cpu ----
+cat > "$WORK/engine.lua" <<'EOF'
+local T = dofile("tests/lua/check.lua")
+local m = mnemo
+local function num(x) return type(x) == "number" and x or x:item() end
+local function rel(a, b) -- |a - b| / |b|, on the cpu
+  a, b = a:cpu(), b:cpu()
+  local nb = num(b:norm())
+  return num((a - b):norm()) / (nb > 0 and nb or 1)
+end
+m.seed(11)
+local B, H, Tn, dk, dv = 2, 3, 40, 6, 5
+local k, v = m.randn(B, H, Tn, dk) * 0.4, m.randn(B, H, Tn, dv) * 0.5
+local q = m.randn(B, H, Tn, dk) * 0.4
+local rules = {
+  linear = m.rule { theta = 0.05, eta = 0.5, alpha = 0.01 },
+  mlp = m.rule { layers = 2, hidden = 7, activation = "gelu", step = 4, refresh = 8, theta = 0.05, eta = 0.6,
+                 clip = "norm", clip_max = 0.5, retrieve = "before" },
+  deep = m.rule { layers = 3, hidden = 9, activation = "z*tanh(softplus(z))", loss = "log(1 + r^2)", step = 70,
+                  token_reduce = "mean", clip = "elementwise", clip_expr = "m*tanh(g/m)", constants = { m = 0.01 },
+                  theta = 0.3 },
+}
+for name, r in pairs(rules) do
+  local c = r:run { k = k, v = v, q = q, seed = 3 }
+  for _, prec in ipairs { "fp32", "tf32", "bf16" } do
+    local g = r:run { k = k, v = v, q = q, seed = 3, device = "cuda", precision = prec }
+    local tol = ({ fp32 = 1e-5, tf32 = 5e-3, bf16 = 3e-2 })[prec]
+    T.ok(("engine/run/%s/%s/y"):format(name, prec), rel(g.outputs.y, c.outputs.y) < tol,
+         ("rel %g"):format(rel(g.outputs.y, c.outputs.y)))
+    T.ok(("engine/run/%s/%s/W1"):format(name, prec), rel(g.final.W1, c.final.W1) < tol,
+         ("rel %g"):format(rel(g.final.W1, c.final.W1)))
+    T.ok(("engine/run/%s/%s/loss"):format(name, prec), rel(g.outputs.loss, c.outputs.loss) < tol,
+         ("rel %g"):format(rel(g.outputs.loss, c.outputs.loss)))
+  end
+end
+-- a memory fed in pieces on cuda equals one run on cpu; read at the end
+local r = rules.mlp
+local whole = r:run { k = k, v = v, seed = 5 }
+local mem = r:memory { B = B, H = H, dk = dk, dv = dv, seed = 5, device = "cuda" }
+local o1 = mem:run(k[{ {}, {}, { 1, 16 } }], v[{ {}, {}, { 1, 16 } }])
+local o2 = mem:run(k[{ {}, {}, { 17, Tn } }], v[{ {}, {}, { 17, Tn } }])
+local y = m.cat({ o1.y:cpu(), o2.y:cpu() }, 3)
+T.ok("engine/memory_pieces/y", rel(y, whole.outputs.y) < 1e-5, ("rel %g"):format(rel(y, whole.outputs.y)))
+T.ok("engine/memory_pieces/W2", rel(mem:state().W2, whole.final.W2) < 1e-5)
+local cm = r:memory { B = B, H = H, dk = dk, dv = dv, seed = 5 }
+cm:run(k, v)
+T.ok("engine/read", rel(mem:read(q), cm:read(q)) < 1e-5, ("rel %g"):format(rel(mem:read(q), cm:read(q))))
+local src = r:source { dk = dk, dv = dv }
+T.ok("engine/source", src:find("mn_rule_step_kernel", 1, true) ~= nil and src:find("mn_hook_act_grad", 1, true) ~= nil)
+T.done()
+EOF
+run_one "engine/lua" "$MNEMO" "$WORK/engine.lua"
+
+# ---- compute-sanitizer on a few runs ----
+if [ -n "$PYTHON" ] && [ -x "$SANITIZER" ]; then
+    "$PYTHON" tests/reference/gen_experiments.py --seed 4 --count 9 --out "$WORK/san" > /dev/null 2>&1
+    san() { # tool file
+        tool=$1; f=$2; name=sanitizer/$tool/$(basename "$f" .h5)
+        "$SANITIZER" --tool "$tool" --error-exitcode 9 "$MNEMO" run "$f" -o "$WORK/san_$tool.h5" --device cuda \
+            > "$LOGS/san_${tool}_$(basename "$f" .h5).log" 2>&1
+        rc=$?
+        # racecheck sums up as "RACECHECK SUMMARY: 0 hazards displayed (0 errors, ..."
+        if [ $rc -eq 0 ] && grep -qE '(ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards displayed \(0 errors)' \
+            "$LOGS/san_${tool}_$(basename "$f" .h5).log"; then
+            echo "PASS $name"
+        else
+            echo "FAIL $name: exit $rc"
+            grep -E 'ERROR SUMMARY|Invalid|Uninitialized|hazard|Barrier|mnemo run' \
+                "$LOGS/san_${tool}_$(basename "$f" .h5).log" | head -8
+        fi
+    }
+    {
+        for f in "$WORK"/san/exp_0000[0-5].h5; do san memcheck "$f"; done
+        for f in "$WORK"/san/exp_0000[67].h5; do san racecheck "$f"; done
+        for f in "$WORK"/san/exp_0000[78].h5; do san initcheck "$f"; done
+        san synccheck "$WORK/san/exp_00008.h5"
+    } > "$LOGS/sanitizer.log" 2>&1
+    count sanitizer "$LOGS/sanitizer.log" 0
+else
+    echo "SKIP sanitizer: no python with h5py or no compute-sanitizer" | tee -a "$summary"
+fi
+
+# ---- one mid-size run, timed ----
+if [ -n "$PYTHON" ]; then
+    "$PYTHON" - "$WORK/mid.h5" <<'EOF' > "$LOGS/mid.log" 2>&1
+import sys
+import numpy as np
+sys.path.insert(0, "tests/reference")
+import gen_experiments
+B, H, T, dk, dv, dh, c = 8, 16, 1024, 64, 64, 128, 16
+rng = np.random.default_rng(5)
+f32 = np.float32
+cfg = {"rule": {"layers": 2, "hidden": dh, "activation": "silu", "step": c, "loss": "mse"},
+       "constants": {}, "strings": "vlen", "seed": 0, "index": 0,
+       "desc": "mid-size: B=%d H=%d T=%d dk=%d dv=%d L=2 dh=%d c=%d" % (B, H, T, dk, dv, dh, c),
+       "inputs": {"k": (rng.standard_normal((B, H, T, dk)) / np.sqrt(dk)).astype(f32),
+                  "v": rng.standard_normal((B, H, T, dv)).astype(f32)},
+       "gates": {"theta": np.array(0.02 / c, f32), "eta": np.array(0.9, f32), "alpha": np.array(0.001, f32)},
+       "init": {"W1": (rng.standard_normal((H, dh, dk)) / np.sqrt(dk)).astype(f32),
+                "b1": np.zeros((dh,), f32),
+                "W2": (rng.standard_normal((H, dv, dh)) / np.sqrt(dh)).astype(f32),
+                "b2": np.zeros((dv,), f32)}}
+gen_experiments.write_config(sys.argv[1], cfg)
+print(cfg["desc"])
+EOF
+    secs() { # command...: wall seconds
+        t0=$(date +%s.%N); "$@" > /dev/null 2>&1; rc=$?; t1=$(date +%s.%N)
+        echo "$t0 $t1" | awk '{printf "%.3f", $2 - $1}'; return $rc
+    }
+    {
+        cat "$LOGS/mid.log"
+        rm -rf "$WORK/midcache"
+        t_first=$(MNEMO_CACHE=$WORK/midcache secs "$MNEMO" run "$WORK/mid.h5" -o "$WORK/mid_gpu.h5" --device cuda)
+        t_warm=$(MNEMO_CACHE=$WORK/midcache secs "$MNEMO" run "$WORK/mid.h5" -o "$WORK/mid_gpu.h5" --device cuda)
+        t_tf32=$(secs "$MNEMO" run "$WORK/mid.h5" -o "$WORK/mid_tf32.h5" --device cuda --precision tf32)
+        t_cpu=$(secs "$MNEMO" run "$WORK/mid.h5" -o "$WORK/mid_cpu.h5" --device cpu)
+        echo "timing mid-size (whole mnemo run, wall s): cuda first $t_first (compile), cuda cached $t_warm, cuda tf32 $t_tf32, cpu $t_cpu"
+        # the step kernel alone, as Nsight Compute measures it
+        NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+        if [ -x "$NCU" ]; then
+            for prec in fp32 tf32; do
+                d=$("$NCU" --kernel-name mn_rule_step_kernel --metrics gpu__time_duration.sum --csv \
+                    "$MNEMO" run "$WORK/mid.h5" -o "$WORK/mid_ncu.h5" --device cuda --precision $prec 2>&1 |
+                    grep gpu__time_duration | awk -F'","' '{print $NF, $(NF-1)}' | tr -d '"' | head -1)
+                echo "timing mid-size step kernel ($prec, ncu): ${d:-not measured}"
+            done
+        fi
+        if "$MNEMO" compare "$WORK/mid_gpu.h5" "$WORK/mid_cpu.h5" --rtol 1e-4; then echo "PASS timing/mid_cuda_vs_cpu"
+        else echo "FAIL timing/mid_cuda_vs_cpu: differs (table above)"; fi
+        if "$MNEMO" compare -q "$WORK/mid_tf32.h5" "$WORK/mid_cpu.h5" --rtol 5e-3; then echo "PASS timing/mid_tf32_vs_cpu"
+        else echo "FAIL timing/mid_tf32_vs_cpu: differs"; fi
+    } > "$LOGS/timing.log" 2>&1
+    grep -E '^timing|mid-size' "$LOGS/timing.log"
+    count timing "$LOGS/timing.log" 0
+fi
+
+# ---- collect the conformance runs ----
+if [ -n "$PYTHON" ]; then
+    wait
+    for prec in fp32 tf32 bf16 long; do
+        echo "== conformance/cuda-$prec"
+        tail -1 "$OUT/conformance_$prec.log" | grep -v '^PASS'
+        rc=$(cat "$WORK/conformance_$prec.rc" 2>/dev/null || echo 99)
+        [ "$rc" = 124 ] && echo "FAIL conformance/cuda-$prec: stopped after ${CONFORMANCE_TIMEOUT:-440} s" | tee -a "$summary"
+        count "conformance/cuda-$prec" "$OUT/conformance_$prec.log" "$rc"
+        grep -A3 '^FAIL ' "$OUT/conformance_$prec.log" | head -40
+    done
+else
+    echo "FAIL conformance: no python with torch and h5py (set PYTHON)" | tee -a "$summary"
+fi
+
+tar -czf "$OUT/gpu_logs.tgz" -C "$LOGS" . 2>/dev/null
+rm -rf "$WORK"
+passed=$(grep -c '^PASS ' "$summary")
+failed=$(grep -c '^FAIL ' "$summary")
+skipped=$(grep -c '^SKIP ' "$summary")
+echo
+if [ "$failed" -gt 0 ]; then echo "Failures:"; grep '^FAIL ' "$summary" | head -60; echo; fi
+echo "elapsed $(( $(date +%s) - start )) s; logs in $OUT"
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]

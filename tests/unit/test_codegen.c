@@ -1,0 +1,291 @@
+/* test_codegen.c: the generated CUDA source of the rule engine compiles with
+ * NVRTC for sm_90 (no GPU needed) for rules covering every loss, activation
+ * and clip kind, custom expressions with constants, 1-3 layers, residual,
+ * both retrieve modes, refresh 0 / c / a multiple, long steps (chunked rows)
+ * and the three precisions; constants are folded into literals; the cache
+ * key changes with each of its inputs; a broken source fails with NVRTC's
+ * log; and the disk cache writes and reads a CUBIN. */
+#include "check.h"
+
+#ifdef MN_HAVE_CUDA
+#include "engine.h"
+#include "../../kernels/codegen.h"
+#include "../../kernels/nvrtc.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct {
+    const char *name;
+    int layers, bias, residual;
+    mn_activation act;
+    const char *act_expr;
+    mn_loss loss;
+    const char *loss_expr;
+    mn_clip clip;
+    mn_clip_scope scope;
+    const char *clip_expr;
+    int step, refresh;
+    mn_retrieve retrieve;
+    mn_precision prec;
+    int dk, dv, dh;
+    bool feature_sum, token_mean;
+} rule_case;
+
+static const rule_case cases[] = {
+    {"linear_mse", 1, 0, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NONE, MN_SCOPE_GLOBAL, NULL, 1, -1,
+     MN_RETRIEVE_AFTER, MN_PREC_FP32, 8, 8, 0, false, false},
+    {"linear_l1_norm_tf32", 1, 0, 0, MN_ACT_SILU, NULL, MN_LOSS_L1, NULL, MN_CLIP_NORM, MN_SCOPE_GLOBAL, NULL, 4, 0,
+     MN_RETRIEVE_BEFORE, MN_PREC_TF32, 16, 4, 0, true, true},
+    {"mlp2_gelu_huber_softnorm_tensor", 2, 1, 0, MN_ACT_GELU, NULL, MN_LOSS_HUBER, NULL, MN_CLIP_SOFTNORM,
+     MN_SCOPE_TENSOR, NULL, 3, 6, MN_RETRIEVE_AFTER, MN_PREC_FP32, 5, 7, 9, false, false},
+    {"mlp2_relu_lp_value_bf16", 2, 0, 1, MN_ACT_RELU, NULL, MN_LOSS_LP, NULL, MN_CLIP_VALUE, MN_SCOPE_GLOBAL, NULL, 2,
+     2, MN_RETRIEVE_BEFORE, MN_PREC_BF16, 6, 6, 12, false, true},
+    {"mlp3_tanh_dot_residual", 3, 1, 1, MN_ACT_TANH, NULL, MN_LOSS_DOT, NULL, MN_CLIP_NONE, MN_SCOPE_GLOBAL, NULL, 1,
+     0, MN_RETRIEVE_AFTER, MN_PREC_TF32, 4, 4, 16, true, false},
+    {"mlp2_identity_custom_scale", 2, 1, 0, MN_ACT_IDENTITY, NULL, MN_LOSS_CUSTOM, "w*(y - v)^2 + c3*abs(r)^3",
+     MN_CLIP_SCALE, MN_SCOPE_GLOBAL, "exp(-n/(n + m))", 5, 10, MN_RETRIEVE_AFTER, MN_PREC_FP32, 3, 2, 5, false, false},
+    {"mlp3_custom_act_elementwise", 3, 0, 0, MN_ACT_CUSTOM, "max(z, a*z)", MN_LOSS_CUSTOM,
+     "where(abs(r) <= delta, 0.5*r^2, delta*(abs(r) - 0.5*delta))", MN_CLIP_ELEMENTWISE, MN_SCOPE_GLOBAL,
+     "m*tanh(g/m)", 1, 1, MN_RETRIEVE_BEFORE, MN_PREC_BF16, 8, 3, 4, false, true},
+    {"mlp2_silu_custom_act_scale_tensor", 2, 1, 0, MN_ACT_CUSTOM, "z*tanh(softplus(z))", MN_LOSS_CUSTOM,
+     "log(1 + r^2)", MN_CLIP_SCALE, MN_SCOPE_TENSOR, "where(n > m, m/n, 1)", 7, 0, MN_RETRIEVE_AFTER, MN_PREC_TF32,
+     2, 9, 3, true, false},
+    {"linear_long_step_chunked", 1, 1, 1, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NORM, MN_SCOPE_TENSOR, NULL,
+     150, 300, MN_RETRIEVE_BEFORE, MN_PREC_FP32, 32, 32, 0, false, true},
+    {"mlp2_wide_gelu_custom_expr_act", 2, 1, 0, MN_ACT_CUSTOM, "sqrt(z^2 + 1) + 0.5*z", MN_LOSS_MSE, NULL,
+     MN_CLIP_NONE, MN_SCOPE_GLOBAL, NULL, 64, 64, MN_RETRIEVE_AFTER, MN_PREC_BF16, 128, 128, 256, false, false},
+};
+
+static mn_status make_rule(const rule_case *c, mn_rule *r)
+{
+    mn_rule_init(r);
+    r->layers = c->layers;
+    r->bias = c->bias;
+    r->residual = c->residual;
+    r->activation = c->act;
+    r->loss = c->loss;
+    r->clip = c->clip;
+    r->clip_scope = c->scope;
+    r->clip_max = 0.5;
+    r->loss_delta = 0.7;
+    r->loss_p = 1.5;
+    r->step = c->step;
+    r->refresh = c->refresh;
+    r->retrieve = c->retrieve;
+    r->hidden = c->dh;
+    if (c->feature_sum) r->feature_reduce = MN_REDUCE_SUM;
+    if (c->token_mean) r->token_reduce = MN_REDUCE_MEAN;
+    MN_TRY(mn_rule_set_const(r, "w", 0.7));
+    MN_TRY(mn_rule_set_const(r, "c3", 0.1));
+    MN_TRY(mn_rule_set_const(r, "a", 0.1));
+    MN_TRY(mn_rule_set_const(r, "m", 0.25));
+    MN_TRY(mn_rule_set_const(r, "delta", 0.3));
+    if (c->act_expr) MN_TRY(mn_expr_parse(c->act_expr, &r->activation_expr));
+    if (c->loss_expr) MN_TRY(mn_expr_parse(c->loss_expr, &r->loss_expr));
+    if (c->clip_expr) MN_TRY(mn_expr_parse(c->clip_expr, &r->clip_expr));
+    return mn_rule_validate(r);
+}
+
+static mn_dims dims_of(const rule_case *c)
+{
+    mn_dims d = {2, 3, 10, c->dk, c->dv, c->dh, 0};
+    return d;
+}
+
+/* The first lines of a log, on one FAIL line's continuation. */
+static void print_log(const char *log)
+{
+    if (!log) return;
+    int lines = 0;
+    for (const char *p = log; *p && lines < 20; lines++) {
+        const char *e = strchr(p, '\n');
+        int n = e ? (int)(e - p) : (int)strlen(p);
+        printf("    %.*s\n", n, p);
+        p = e ? e + 1 : p + n;
+    }
+}
+
+static void test_compile_cases(void)
+{
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const rule_case *c = &cases[i];
+        char name[160];
+        mn_rule r;
+        snprintf(name, sizeof name, "codegen/rule/%s", c->name);
+        if (make_rule(c, &r) != MN_OK) {
+            printf("FAIL %s: the rule is invalid: %s\n", name, mn_last_error());
+            check_failures_++;
+            mn_rule_free(&r);
+            continue;
+        }
+        mn_dims d = dims_of(c);
+        char *src = mn_cuda_rule_source(&r, &d, c->prec);
+        if (!src) {
+            printf("FAIL %s: no source: %s\n", name, mn_last_error());
+            check_failures_++;
+            mn_rule_free(&r);
+            continue;
+        }
+        bool hooks = strstr(src, "mn_hook_loss_grad(float y, float v, float r)") &&
+                     strstr(src, "mn_hook_act_grad(float z)") && strstr(src, "mn_hook_clip_scale(double n)") &&
+                     strstr(src, "mn_hook_clip_elem(float g)") && strstr(src, "mn_rule_step_kernel");
+        CHECK(name, hooks);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        char *log = NULL;
+        mn_status s = mn_cuda_compile_check(src, 90, &log);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        snprintf(name, sizeof name, "codegen/nvrtc_sm90/%s (%.2f s)", c->name, secs);
+        if (s == MN_OK) printf("PASS %s\n", name);
+        else {
+            printf("FAIL %s: %s\n", name, mn_last_error());
+            print_log(log);
+            check_failures_++;
+        }
+        free(log);
+        free(src);
+        mn_rule_free(&r);
+    }
+}
+
+/* Constants are literals in the hooks; the source follows every input. */
+static void test_source_contents(void)
+{
+    mn_rule r;
+    const rule_case *c = &cases[5]; /* loss w*(y - v)^2 + c3*abs(r)^3 */
+    mn_status s = make_rule(c, &r);
+    mn_dims d = dims_of(c);
+    char *src = s == MN_OK ? mn_cuda_rule_source(&r, &d, MN_PREC_FP32) : NULL;
+    const char *hook = src ? strstr(src, "mn_hook_loss(float y") : NULL;
+    const char *body = hook ? strstr(hook, "return ") : NULL;
+    CHECK("codegen/constants_folded", body && strstr(body, "0.7f") && strstr(body, "0.1f") &&
+                                          strncmp(body, "return w", 8) != 0);
+    char *tf = s == MN_OK ? mn_cuda_rule_source(&r, &d, MN_PREC_TF32) : NULL;
+    mn_dims d2 = d;
+    d2.dk += 1;
+    char *wider = s == MN_OK ? mn_cuda_rule_source(&r, &d2, MN_PREC_FP32) : NULL;
+    char *again = s == MN_OK ? mn_cuda_rule_source(&r, &d, MN_PREC_FP32) : NULL;
+    mn_rule_set_const(&r, "w", 0.75);
+    char *other = s == MN_OK ? mn_cuda_rule_source(&r, &d, MN_PREC_FP32) : NULL;
+    CHECK("codegen/source_deterministic", src && again && strcmp(src, again) == 0);
+    CHECK("codegen/source_follows_precision", src && tf && strcmp(src, tf) != 0 && strstr(tf, "#define MN_PREC 1"));
+    CHECK("codegen/source_follows_dims", src && wider && strcmp(src, wider) != 0);
+    CHECK("codegen/source_follows_constants", src && other && strcmp(src, other) != 0 && strstr(other, "0.75f"));
+    free(src);
+    free(tf);
+    free(wider);
+    free(again);
+    free(other);
+    mn_rule_free(&r);
+
+    /* a rule that does not validate has no source, and says why */
+    mn_rule bad;
+    mn_rule_init(&bad);
+    bad.loss = MN_LOSS_CUSTOM; /* no expression */
+    mn_dims db = {1, 1, 1, 4, 4, 0, 1};
+    char *none = mn_cuda_rule_source(&bad, &db, MN_PREC_FP32);
+    CHECK("codegen/invalid_rule_no_source", none == NULL);
+    CHECK_STR_CONTAINS("codegen/invalid_rule_message", mn_last_error(), "loss_expr");
+    free(none);
+    mn_rule_free(&bad);
+}
+
+static void test_cache_key(void)
+{
+    const char *src = "extern \"C\" __global__ void k() {}";
+    char base[33], k1[33], k2[33], k3[33], k4[33], k5[33], k6[33];
+    mn_cuda_cache_key(src, "-a -b", 90, 13000, base);
+    mn_cuda_cache_key(src, "-a -b", 90, 13000, k1);
+    mn_cuda_cache_key("extern \"C\" __global__ void k() { }", "-a -b", 90, 13000, k2);
+    mn_cuda_cache_key(src, "-a -c", 90, 13000, k3);
+    mn_cuda_cache_key(src, "-a -b", 100, 13000, k4);
+    mn_cuda_cache_key(src, "-a -b", 90, 13010, k5);
+    /* moving bytes between source and options changes the key too */
+    mn_cuda_cache_key("extern \"C\" __global__ void k() {}-", "a -b", 90, 13000, k6);
+    CHECK("codegen/cache_key_stable", strcmp(base, k1) == 0 && strlen(base) == 32);
+    CHECK("codegen/cache_key_source", strcmp(base, k2) != 0);
+    CHECK("codegen/cache_key_options", strcmp(base, k3) != 0);
+    CHECK("codegen/cache_key_arch", strcmp(base, k4) != 0);
+    CHECK("codegen/cache_key_nvrtc_version", strcmp(base, k5) != 0);
+    CHECK("codegen/cache_key_boundaries", strcmp(base, k6) != 0);
+    char opts[256];
+    CHECK_STR_CONTAINS("codegen/options_arch", mn_nvrtc_options(90, opts, sizeof opts), "--gpu-architecture=sm_90");
+    CHECK("codegen/nvrtc_version", mn_nvrtc_version() >= 12000);
+}
+
+static void test_broken_source(void)
+{
+    const char *src = "extern \"C\" __global__ void k(float *x) { x[0] = undefined_name_here; }\n";
+    char *log = NULL;
+    mn_status s = mn_cuda_compile_check(src, 90, &log);
+    CHECK("codegen/broken_source_fails", s == MN_ERR_DEVICE);
+    CHECK_STR_CONTAINS("codegen/broken_source_log", log, "undefined_name_here");
+    CHECK_STR_CONTAINS("codegen/broken_source_message", mn_last_error(), "undefined_name_here");
+    CHECK_STR_CONTAINS("codegen/broken_source_message_says", mn_last_error(), "did not compile for sm_90");
+    free(log);
+}
+
+/* The disk cache under $MNEMO_CACHE: a compile writes <key>.cubin, the next
+ * request reads the same bytes back. */
+static void test_disk_cache(void)
+{
+    char dir[] = "/tmp/mnemo-codegen-XXXXXX";
+    if (!mkdtemp(dir)) {
+        SKIP("codegen/disk_cache", "no temporary directory");
+        return;
+    }
+    setenv("MNEMO_CACHE", dir, 1);
+    const char *src = "extern \"C\" __global__ void k(float *x) { x[threadIdx.x] *= 2.0f; }\n";
+    char key[33], key2[33], path[512];
+    void *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    mn_status s = mn_nvrtc_cubin(src, 90, false, key, &a, &na);
+    snprintf(path, sizeof path, "%s/kernels/%s.cubin", dir, key);
+    struct stat sb;
+    CHECK("codegen/disk_cache_written", s == MN_OK && stat(path, &sb) == 0 && (size_t)sb.st_size == na);
+    /* a planted file under the key is what the next request returns */
+    FILE *f = fopen(path, "wb");
+    if (f) {
+        fputs("planted", f);
+        fclose(f);
+    }
+    s = mn_nvrtc_cubin(src, 90, false, key2, &b, &nb);
+    CHECK("codegen/disk_cache_read", s == MN_OK && strcmp(key, key2) == 0 && nb == 7 && memcmp(b, "planted", 7) == 0);
+    free(b);
+    b = NULL;
+    s = mn_nvrtc_cubin(src, 90, true, key2, &b, &nb);
+    CHECK("codegen/disk_cache_fresh_replaces", s == MN_OK && nb == na && memcmp(a, b, na) == 0 &&
+                                                   stat(path, &sb) == 0 && (size_t)sb.st_size == na);
+    free(a);
+    free(b);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/kernels", dir);
+    rmdir(path);
+    rmdir(dir);
+    unsetenv("MNEMO_CACHE");
+}
+
+int main(void)
+{
+    test_cache_key();
+    test_broken_source();
+    test_source_contents();
+    test_disk_cache();
+    test_compile_cases();
+    return CHECK_DONE();
+}
+
+#else
+
+int main(void)
+{
+    SKIP("codegen", "built without CUDA (no NVRTC)");
+    return CHECK_DONE();
+}
+
+#endif
