@@ -588,29 +588,38 @@ static void segment_inputs(lua_State *L, int rule_idx, int opts, const mn_dims *
 }
 
 /* rule:run{k=, v=, q=, theta=, eta=, alpha=, init=, seed=, shared=, device=, precision=, trace=} */
-static int rule_run(lua_State *L)
+/* What rule:run and rule:experiment share: the inputs of the call table at
+ * index 2 (k, v, q, gates) and the initial state, with the guard that owns
+ * the C side. Leaves its tensors on the stack. */
+static run_guard *prepare_call(lua_State *L, const l_rule *lr, mn_dims *d, mn_segment_inputs *in)
 {
-    l_rule *lr = check_rule(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
     run_guard *g = push_guard(L);
     mn_tensor *k = input_tensor(L, 2, "k", true);
     mn_tensor *v = input_tensor(L, 2, "v", true);
-    mn_dims d;
     lua_getfield(L, 2, "init");
     mn_tensor *w1 = NULL;
     if (lua_istable(L, -1)) {
         lua_getfield(L, -1, "W1");
         w1 = l_test_tensor(L, -1);
     }
-    dims_from(L, &lr->rule, k, v, w1, &d);
+    dims_from(L, &lr->rule, k, v, w1, d);
+    resolve_init(L, 2, &lr->rule, d, g->params, g->momenta);
+    segment_inputs(L, 1, 2, d, lr->rule.step, in);
+    return g;
+}
+
+static int rule_run(lua_State *L)
+{
+    l_rule *lr = check_rule(L, 1);
+    mn_dims d;
+    mn_segment_inputs in;
+    run_guard *g = prepare_call(L, lr, &d, &in);
     mn_device dev = resolve_device(L, 2);
     lua_getfield(L, 2, "precision");
     mn_precision prec = MN_PREC_FP32;
     if (!lua_isnil(L, -1) && mn_precision_lookup(luaL_checkstring(L, -1), &prec) != MN_OK) l_raise(L);
     lua_pop(L, 1);
-    resolve_init(L, 2, &lr->rule, &d, g->params, g->momenta);
-    mn_segment_inputs in;
-    segment_inputs(L, 1, 2, &d, lr->rule.step, &in);
     if (mn_memory_create(&g->state, &lr->rule, &d, g->params, g->momenta, dev) != MN_OK) l_raise(L);
     g->state.precision = prec;
     if (mn_segment_run(&g->state, &in, &g->out) != MN_OK) l_raise(L);
@@ -626,21 +635,9 @@ static int rule_run(lua_State *L)
 static int rule_experiment(lua_State *L)
 {
     l_rule *lr = check_rule(L, 1);
-    luaL_checktype(L, 2, LUA_TTABLE);
-    run_guard *g = push_guard(L);
-    mn_tensor *k = input_tensor(L, 2, "k", true);
-    mn_tensor *v = input_tensor(L, 2, "v", true);
     mn_dims d;
-    lua_getfield(L, 2, "init");
-    mn_tensor *w1 = NULL;
-    if (lua_istable(L, -1)) {
-        lua_getfield(L, -1, "W1");
-        w1 = l_test_tensor(L, -1);
-    }
-    dims_from(L, &lr->rule, k, v, w1, &d);
-    resolve_init(L, 2, &lr->rule, &d, g->params, g->momenta);
     mn_segment_inputs in;
-    segment_inputs(L, 1, 2, &d, lr->rule.step, &in);
+    run_guard *g = prepare_call(L, lr, &d, &in);
     lua_createtable(L, 0, 5);
     lua_pushinteger(L, 1);
     lua_setfield(L, -2, "mnemo_schema");

@@ -278,9 +278,11 @@ void mn_experiment_free(mn_experiment *e)
     memset(e, 0, sizeof *e);
 }
 
-mn_status mn_experiment_run(const mn_experiment *e, mn_device dev, mn_memory_state *final, mn_segment_outputs *out)
+mn_status mn_experiment_run(const mn_experiment *e, mn_device dev, mn_precision prec, mn_memory_state *final,
+                            mn_segment_outputs *out)
 {
     MN_TRY(mn_memory_create(final, &e->rule, &e->dims, e->init, e->init_momenta, dev));
+    final->precision = prec; /* read by the engine at run time */
     mn_segment_inputs in = {0};
     in.k = e->k;
     in.v = e->v;

@@ -28,8 +28,9 @@ mn_status mn_experiment_from_tree(const mn_node *root, const char *file, mn_expe
 mn_status mn_experiment_load(const char *path, mn_experiment *out);
 void mn_experiment_free(mn_experiment *e);
 
-/* Runs the experiment as one segment from its initial state. */
-mn_status mn_experiment_run(const mn_experiment *e, mn_device dev, mn_memory_state *final,
+/* Runs the experiment as one segment from its initial state, with the
+ * products in the given precision. */
+mn_status mn_experiment_run(const mn_experiment *e, mn_device dev, mn_precision prec, mn_memory_state *final,
                             mn_segment_outputs *out);
 
 /* A result tree (SPEC section 5): root attrs, /rule, /outputs, /final. With

@@ -26,28 +26,6 @@ static int usage_error(const char *msg, const char *arg)
     return 2;
 }
 
-/* mn_experiment_run with the precision set between creating the state and
- * running it (the engine reads st->precision). */
-static mn_status run_experiment(const mn_experiment *e, mn_device dev, mn_precision prec, mn_memory_state *final,
-                                mn_segment_outputs *out)
-{
-    MN_TRY(mn_memory_create(final, &e->rule, &e->dims, e->init, e->init_momenta, dev));
-    final->precision = prec;
-    mn_segment_inputs in = {0};
-    in.k = e->k;
-    in.v = e->v;
-    in.q = e->q;
-    in.theta = e->theta;
-    in.eta = e->eta;
-    in.alpha = e->alpha;
-    in.want_y = true;
-    mn_progress_stderr_begin("mnemo run", e->rule.step);
-    mn_status s = mn_segment_run(final, &in, out);
-    mn_progress_stderr_end();
-    if (s != MN_OK) mn_memory_free(final);
-    return s;
-}
-
 int mn_cli_run(int argc, char **argv)
 {
     const char *exp_path = NULL, *out_path = NULL, *device = "cpu", *precision = "fp32";
@@ -103,7 +81,9 @@ int mn_cli_run(int argc, char **argv)
     mn_segment_outputs out;
     mn_precision prec = MN_PREC_FP32;
     (void)mn_precision_lookup(precision, &prec); /* checked above */
-    mn_status s = run_experiment(&e, dev, prec, &final, &out);
+    mn_progress_stderr_begin("mnemo run", e.rule.step);
+    mn_status s = mn_experiment_run(&e, dev, prec, &final, &out);
+    mn_progress_stderr_end();
     if (s != MN_OK) {
         /* Shape and gate errors come from the engine: say which file. */
         fprintf(stderr, "mnemo run: %s: %s\n", exp_path, mn_last_error());
