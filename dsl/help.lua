@@ -177,6 +177,93 @@ mnemo.rule{...} -> a Rule
   errors. Methods: rule:run{k=, v=, ...}, rule:memory{...},
   rule:experiment{...}, rule:attrs(), rule:expressions(), rule:with{...}.
   See help("rules").]],
+  ["Rule:run"] = [[
+rule:run{k =, v = [, q =] [, theta =, eta =, alpha =] [, init =] [, seed =] [, device =] [, precision =]} -> result
+  One run over k [B,H,T,dk] and v [B,H,T,dv] ([T,d] or [H,T,d] also do)
+  from the initial state: init is "xavier" (default), "normal", "zeros", a
+  table {W1 =, b1 =, ..., S_W1 =, ...} or an .h5 path (its /init or /final);
+  seed fixes the initialiser. Gates given here override the rule's. The
+  result is a table in the result schema of SPEC.md section 5: outputs (y,
+  loss, grad_norm, clip_scale, skipped), final (W1, ..., S_W1, ...), trace
+  (step_loss, weight_norm per step), rule; mnemo.save writes it.
+  device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there.]],
+  ["Rule:memory"] = [[
+rule:memory{dk = [, dv =] [, B = 1, H = 1] [, init =] [, seed =] [, device =]} -> a Memory
+  A stateful memory that keeps its weights and momenta between calls:
+  mem:write(k, v), mem:run(k, v [, q]), mem:read(q), mem:reset(),
+  mem:state(), mem.steps. Feeding a sequence in pieces that are multiples
+  of the step gives the same result as one rule:run.]],
+  ["Rule:experiment"] = [[
+rule:experiment{k =, v =, ...} -> table
+  The same arguments as rule:run, returned as a table in the experiment
+  schema (SPEC.md section 5) with gates resolved and the initial state
+  drawn: mnemo.save("exp.h5", rule:experiment{...}) then `mnemo run` or the
+  Python reference reads it.]],
+  ["Rule:attrs"] = [[
+rule:attrs() -> table
+  The rule's /rule attributes (every field, defaults included), as written
+  to files; rule.NAME reads one of them, e.g. rule.step.]],
+  ["Rule:expressions"] = [[
+rule:expressions() -> table
+  Every part of the rule as an expression string, built-in parts too: loss
+  f(y, v, r), loss_grad (df/dy), activation phi(z), activation_grad, and
+  clip (the scale in n, or the elementwise map of g). These are what the
+  engines evaluate and what the GPU code is generated from.]],
+  ["Rule:with"] = [[
+rule:with{field = value, ...} -> a new Rule
+  A copy with some fields replaced, e.g. for a sweep:
+  for _, eta in ipairs{0, 0.5, 0.9} do rule:with{eta = eta}:run{...} end]],
+  ["Rule:source"] = [[
+rule:source([{dk =, dv =, B =, H =, T =, precision =}]) -> string
+  The CUDA source generated for this rule (hooks from its expressions plus
+  the kernel template), as NVRTC compiles it. Needs no GPU.]],
+  ["Memory:write"] = [[
+mem:write(k, v [, gates]) or mem:write{k =, v =, theta =, ...} -> per-step table
+  Feeds a block of tokens: one step per `step` tokens (a shorter block ends
+  with a short step). Returns loss [B,H,n] and, per step, grad_norm,
+  clip_scale, skipped, step_loss, weight_norm.]],
+  ["Memory:run"] = [[
+mem:run(k, v [, q] [, gates]) -> per-step table with y
+  As mem:write, and also retrieves y for each token (q defaults to k) with
+  the rule's retrieve mode.]],
+  ["Memory:read"] = [[
+mem:read(q) -> y
+  Retrieval only, with the current weights: y = M(q; W).]],
+  ["Memory:reset"] = [[
+mem:reset()
+  Back to the initial weights, zero momenta, step 0.]],
+  ["Memory:state"] = [[
+mem:state() -> {W1 =, b1 =, ..., S_W1 =, ...}
+  Copies of the current weights and momenta ([B,H,...] tensors).]],
+  ["Memory:close"] = [[
+mem:close()
+  Frees the memory's buffers now (also done by the garbage collector).]],
+  ["Expr:diff"] = [[
+e:diff(name) -> an Expr
+  The symbolic derivative in the variable name, simplified:
+  (mnemo.var("r")^2):diff("r") is 2 * r.]],
+  ["Expr:simplify"] = [[
+e:simplify() -> an Expr
+  Constant folding and the algebraic identities (x*1, x+0, --x, ...).]],
+  ["Expr:eval"] = [[
+e:eval{name = number, ...} -> number
+  Evaluates in double precision; every name must be given.]],
+  ["Expr:c"] = [[
+e:c([{names...}] [, single]) -> string
+  The expression as one C/CUDA expression over mn_f_* functions, as the
+  code generator emits it (single = true for float).]],
+  ["Expr:lt"] = [[
+e:lt(x) -> an Expr
+  1 where e < x, else 0 (also le, gt, ge; Lua's < cannot build expressions).]],
+  ["Expr:le"] = [[
+e:le(x) -> an Expr
+  1 where e <= x, else 0.]],
+  ["Expr:gt"] = [[
+e:gt(x) -> an Expr
+  1 where e > x, else 0.]],
+  ["Expr:ge"] = [[
+e:ge(x) -> an Expr
+  1 where e >= x, else 0.]],
   ["mnemo.load_experiment"] = [[
 mnemo.load_experiment(path) -> rule, data
   Reads an experiment file (SPEC.md section 5): the Rule, and a table of

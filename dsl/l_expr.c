@@ -248,6 +248,8 @@ void l_expr_register(lua_State *L)
     luaL_setfuncs(L, meta, 0);
     luaL_newlib(L, methods);
     lua_pushvalue(L, -1);
+    lua_setfield(L, module, "Expr");
+    lua_pushvalue(L, -1);
     lua_setfield(L, -3, "__index");
     lua_setfield(L, -2, "__methods");
     lua_pop(L, 1);

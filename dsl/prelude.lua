@@ -24,6 +24,30 @@ local function is_tensor(v)
   return mt ~= nil and type(v) == "userdata" and debug.getmetatable(v) == mt
 end
 
+-- The other classes a researcher meets, by the module field that holds
+-- their methods (mnemo.Rule, mnemo.Memory, mnemo.Expr).
+local CLASSES = { "Rule", "Memory", "Expr" }
+
+local function class_methods(class)
+  local t, res = rawget(M, class), {}
+  if type(t) == "table" then
+    for k, v in pairs(t) do
+      if type(k) == "string" and type(v) == "function" and k:sub(1, 1) ~= "_" then res[k] = v end
+    end
+  end
+  return res
+end
+
+-- The class of a userdata value, by its metatable's __methods table.
+local function class_of(x)
+  if type(x) ~= "userdata" then return nil end
+  local mt = debug.getmetatable(x)
+  local methods = type(mt) == "table" and rawget(mt, "__methods") or nil
+  for _, class in ipairs(CLASSES) do
+    if methods ~= nil and methods == rawget(M, class) then return class end
+  end
+end
+
 -- The methods of a tensor, as a {name = function} table.
 local function tensor_methods()
   local mt, res = tensor_mt(), {}
@@ -189,6 +213,9 @@ local function function_names()
   for k, v in pairs(tensor_methods()) do
     if k:sub(1, 1) ~= "_" then add(v, "Tensor:" .. k) end
   end
+  for _, class in ipairs(CLASSES) do
+    for k, v in pairs(class_methods(class)) do add(v, class .. ":" .. k) end
+  end
   for _, sub in ipairs(SUBMODULES) do
     for k, v in pairs(submodule_functions(sub)) do add(v, "mnemo." .. sub .. "." .. k) end
   end
@@ -255,6 +282,9 @@ local function all_keys()
     if type(k) == "string" and k:sub(1, 1) ~= "_" and type(v) == "function" then add("mnemo." .. k) end
   end
   for k in pairs(tensor_methods()) do if k:sub(1, 1) ~= "_" then add("Tensor:" .. k) end end
+  for _, class in ipairs(CLASSES) do
+    for k in pairs(class_methods(class)) do add(class .. ":" .. k) end
+  end
   for _, sub in ipairs(SUBMODULES) do
     for k in pairs(submodule_functions(sub)) do add("mnemo." .. sub .. "." .. k) end
   end
@@ -380,6 +410,13 @@ local function list_methods(header)
     "\nfields: t.shape, t.dtype, t.device, t.ndim")
 end
 
+local function list_class(class, header)
+  local names = {}
+  for k in pairs(class_methods(class)) do names[#names + 1] = k end
+  sort(names)
+  say(header .. class .. " methods (help(\"" .. class .. ":NAME\") for one):\n" .. columns(names))
+end
+
 local LUA_LIBS = { "string", "table", "math", "io", "os", "coroutine", "utf8", "debug" }
 
 -- "print" or "string.format" when f is one of Lua's own functions.
@@ -429,13 +466,17 @@ local function help_name(s)
     end
   end
   if word == "Tensor" or word == "tensor" then return list_methods("Tensor: ") end
+  for _, class in ipairs(CLASSES) do
+    if word == class then return list_class(class, "") end
+  end
   if H.topics and H.topics[word] then return say(H.topics[word]) end
   local keys = {}
   local method = word:match("^[%w_]+[:.]([%w_]+)$")
   if word:match("^mnemo%.") then
     keys = { word }
   elseif method then
-    keys = { "Tensor:" .. method, "Tensor." .. method, "mnemo." .. method }
+    local class = word:match("^([%w_]+)[:.]")
+    keys = { class .. ":" .. method, "Tensor:" .. method, "Tensor." .. method, "mnemo." .. method }
   else
     keys = { "mnemo." .. word, "Tensor:" .. word, "Tensor." .. word }
   end
@@ -458,6 +499,14 @@ function M.help(...)
   if is_tensor(x) then
     say(summary_line(tostring(x)))
     return list_methods("")
+  end
+  local class = class_of(x)
+  if class then
+    say(tostring(x))
+    return list_class(class, "")
+  end
+  for _, c in ipairs(CLASSES) do
+    if x ~= nil and x == rawget(M, c) then return list_class(c, "") end
   end
   if type(x) == "table" then
     for _, sub in ipairs(SUBMODULES) do
@@ -489,6 +538,11 @@ function M._help_missing()
   for k in pairs(tensor_methods()) do
     if k:sub(1, 1) ~= "_" and not entry_text("Tensor:" .. k) then
       missing[#missing + 1] = "Tensor:" .. k
+    end
+  end
+  for _, class in ipairs(CLASSES) do
+    for k in pairs(class_methods(class)) do
+      if not entry_text(class .. ":" .. k) then missing[#missing + 1] = class .. ":" .. k end
     end
   end
   for _, sub in ipairs(SUBMODULES) do
