@@ -347,7 +347,7 @@ static int rule_tostring(lua_State *L)
     char param[48] = "";
     if (r->loss == MN_LOSS_HUBER) snprintf(param, sizeof param, "delta %g, ", r->loss_delta);
     if (r->loss == MN_LOSS_LP) snprintf(param, sizeof param, "p %g, ", r->loss_p);
-    snprintf(line, sizeof line, "\n  loss %s (%s features: %s, tokens: %s)", mn_loss_name(r->loss), param,
+    snprintf(line, sizeof line, "\n  loss %s (%sfeatures: %s, tokens: %s)", mn_loss_name(r->loss), param,
              r->feature_reduce == MN_REDUCE_MEAN ? "mean" : "sum", r->token_reduce == MN_REDUCE_MEAN ? "mean" : "sum");
     luaL_addstring(&b, line);
     snprintf(line, sizeof line, "\n  step %d, refresh %d, retrieve %s", r->step, mn_rule_refresh(r),
