@@ -188,7 +188,7 @@ rule:run{k =, v = [, q =] [, theta =, eta =, alpha =] [, init =] [, seed =] [, d
   (step_loss, weight_norm per step), rule; mnemo.save writes it.
   device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there.]],
   ["Rule:memory"] = [[
-rule:memory{dk = [, dv =] [, B = 1, H = 1] [, init =] [, seed =] [, device =]} -> a Memory
+rule:memory{dk = [, dv =] [, B = 1, H = 1] [, init =] [, seed =] [, device =] [, precision =]} -> a Memory
   A stateful memory that keeps its weights and momenta between calls:
   mem:write(k, v), mem:run(k, v [, q]), mem:read(q), mem:reset(),
   mem:state(), mem.steps. Feeding a sequence in pieces that are multiples

@@ -496,6 +496,15 @@ static void resolve_init(lua_State *L, int opts, const mn_rule *r, const mn_dims
     }
 }
 
+static mn_precision resolve_precision(lua_State *L, int opts)
+{
+    lua_getfield(L, opts, "precision");
+    mn_precision prec = MN_PREC_FP32;
+    if (!lua_isnil(L, -1) && mn_precision_lookup(luaL_checkstring(L, -1), &prec) != MN_OK) l_raise(L);
+    lua_pop(L, 1);
+    return prec;
+}
+
 static mn_device resolve_device(lua_State *L, int opts)
 {
     lua_getfield(L, opts, "device");
@@ -619,10 +628,7 @@ static int rule_run(lua_State *L)
     mn_segment_inputs in;
     run_guard *g = prepare_call(L, lr, &d, &in);
     mn_device dev = resolve_device(L, 2);
-    lua_getfield(L, 2, "precision");
-    mn_precision prec = MN_PREC_FP32;
-    if (!lua_isnil(L, -1) && mn_precision_lookup(luaL_checkstring(L, -1), &prec) != MN_OK) l_raise(L);
-    lua_pop(L, 1);
+    mn_precision prec = resolve_precision(L, 2);
     if (mn_memory_create(&g->state, &lr->rule, &d, g->params, g->momenta, dev) != MN_OK) l_raise(L);
     g->state.precision = prec;
     if (mn_segment_run(&g->state, &in, &g->out) != MN_OK) l_raise(L);
@@ -755,6 +761,7 @@ static int rule_memory(lua_State *L)
     memset(m, 0, sizeof *m);
     luaL_setmetatable(L, MEMORY_MT);
     if (mn_memory_create(&m->state, &lr->rule, &d, g->params, g->momenta, dev) != MN_OK) l_raise(L);
+    m->state.precision = resolve_precision(L, 2);
     m->ready = true;
     for (int i = 0; i < m->state.nparams; i++)
         if (mn_tensor_clone(&m->initial[i], &m->state.params[i]) != MN_OK) l_raise(L);

@@ -17,7 +17,8 @@ static const char run_usage[] =
     "  Runs the experiment file EXP.h5 (SPEC.md section 5) and writes the result file RES.h5.\n"
     "  --device     engine to run on (default: cpu)\n"
     "  --precision  matrix precision (default fp32; tf32 and bf16 need cuda)\n"
-    "  --trace      also write /trace (per-step mean loss and weight norm)\n";
+    "  --trace      also write /trace (per-step mean loss and weight norm)\n"
+    "  -q, --quiet  no progress line (it only shows on a terminal, for runs over a second)\n";
 
 static int usage_error(const char *msg, const char *arg)
 {
@@ -29,7 +30,7 @@ static int usage_error(const char *msg, const char *arg)
 int mn_cli_run(int argc, char **argv)
 {
     const char *exp_path = NULL, *out_path = NULL, *device = "cpu", *precision = "fp32";
-    bool trace = false;
+    bool trace = false, quiet = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -46,6 +47,8 @@ int mn_cli_run(int argc, char **argv)
             precision = argv[i];
         } else if (strcmp(a, "--trace") == 0) {
             trace = true;
+        } else if (strcmp(a, "-q") == 0 || strcmp(a, "--quiet") == 0) {
+            quiet = true;
         } else if (a[0] == '-' && a[1]) {
             return usage_error("unknown option", a);
         } else if (!exp_path) {
@@ -81,9 +84,9 @@ int mn_cli_run(int argc, char **argv)
     mn_segment_outputs out;
     mn_precision prec = MN_PREC_FP32;
     (void)mn_precision_lookup(precision, &prec); /* checked above */
-    mn_progress_stderr_begin("mnemo run", e.rule.step);
+    if (!quiet) mn_progress_stderr_begin("mnemo run", e.rule.step);
     mn_status s = mn_experiment_run(&e, dev, prec, &final, &out);
-    mn_progress_stderr_end();
+    if (!quiet) mn_progress_stderr_end();
     if (s != MN_OK) {
         /* Shape and gate errors come from the engine: say which file. */
         fprintf(stderr, "mnemo run: %s: %s\n", exp_path, mn_last_error());
