@@ -47,7 +47,8 @@ mn_status mn_mlp_work_init(mn_mlp_work *w, const mn_mlp_shape *s, const mn_rule 
     for (int i = 0; i + 1 < s->layers; i++) {
         w->z[i] = malloc(sizeof(float) * max_rows * s->out[i]);
         w->h[i] = malloc(sizeof(float) * max_rows * s->out[i]);
-        ok = ok && w->z[i] && w->h[i];
+        w->aux[i] = malloc(sizeof(float) * max_rows * s->out[i]);
+        ok = ok && w->z[i] && w->h[i] && w->aux[i];
     }
     w->dz = malloc(sizeof(float) * max_rows * wide);
     w->dh = malloc(sizeof(float) * max_rows * wide);
@@ -86,6 +87,7 @@ void mn_mlp_work_free(mn_mlp_work *w)
     for (int i = 0; i < MN_MAX_LAYERS; i++) {
         free(w->z[i]);
         free(w->h[i]);
+        free(w->aux[i]);
     }
     free(w->dz);
     free(w->dh);
@@ -96,14 +98,37 @@ void mn_mlp_work_free(mn_mlp_work *w)
     memset(w, 0, sizeof *w);
 }
 
-/* h = phi(z) over n elements. */
-static void activate(const mn_mlp_shape *s, mn_mlp_work *w, const float *z, float *h, int64_t n)
+/* Sigmoid in float, split by sign so that expf never overflows; NaN stays NaN. */
+static inline float sigmoidf(float x)
+{
+    if (x >= 0) return 1.0f / (1.0f + expf(-x));
+    float e = expf(x);
+    return e / (1.0f + e);
+}
+
+/* h = phi(z) over n elements; aux keeps what phi' needs. The engine is fp32
+ * (SPEC.md section 3), so the built-in activations compute in float. */
+static void activate(const mn_mlp_shape *s, mn_mlp_work *w, const float *z, float *h, float *aux, int64_t n)
 {
     switch (s->activation) {
-    case MN_ACT_SILU: for (int64_t i = 0; i < n; i++) h[i] = (float)mn_op_silu(z[i]); break;
-    case MN_ACT_GELU: for (int64_t i = 0; i < n; i++) h[i] = (float)mn_op_gelu(z[i]); break;
+    case MN_ACT_SILU:
+        for (int64_t i = 0; i < n; i++) {
+            float sg = sigmoidf(z[i]);
+            aux[i] = sg;
+            h[i] = z[i] * sg;
+        }
+        break;
+    case MN_ACT_GELU:
+        for (int64_t i = 0; i < n; i++) {
+            float cdf = 0.5f * erfcf(-z[i] * 0.70710678118654752440f);
+            aux[i] = cdf;
+            h[i] = z[i] * cdf;
+        }
+        break;
     case MN_ACT_RELU: for (int64_t i = 0; i < n; i++) h[i] = (float)mn_op_relu(z[i]); break;
-    case MN_ACT_TANH: for (int64_t i = 0; i < n; i++) h[i] = (float)mn_op_tanh(z[i]); break;
+    case MN_ACT_TANH:
+        for (int64_t i = 0; i < n; i++) h[i] = aux[i] = tanhf(z[i]);
+        break;
     case MN_ACT_IDENTITY: memcpy(h, z, sizeof(float) * n); break;
     case MN_ACT_CUSTOM: {
         for (int64_t i = 0; i < n; i++) w->dbuf_in[i] = z[i];
@@ -116,32 +141,23 @@ static void activate(const mn_mlp_shape *s, mn_mlp_work *w, const float *z, floa
     }
 }
 
-/* dz = dh * phi'(z) over n elements (dz may alias dh). */
-static void activate_backward(const mn_mlp_shape *s, mn_mlp_work *w, const float *z, const float *dh,
-                              float *dz, int64_t n)
+/* dz = dh * phi'(z) over n elements (dz may alias dh), from the forward's aux. */
+static void activate_backward(const mn_mlp_shape *s, mn_mlp_work *w, const float *z, const float *aux,
+                              const float *dh, float *dz, int64_t n)
 {
     switch (s->activation) {
     case MN_ACT_SILU:
-        for (int64_t i = 0; i < n; i++) {
-            double sg = mn_op_sigmoid(z[i]);
-            dz[i] = (float)(dh[i] * sg * (1.0 + z[i] * (1.0 - sg)));
-        }
+        /* silu' = s (1 + z (1 - s)) */
+        for (int64_t i = 0; i < n; i++) dz[i] = dh[i] * aux[i] * (1.0f + z[i] * (1.0f - aux[i]));
         break;
     case MN_ACT_GELU:
-        /* Phi(z) + z phi(z) */
-        for (int64_t i = 0; i < n; i++) {
-            double x = z[i];
-            double cdf = 0.5 * (1.0 + erf(x * 0.70710678118654752440));
-            double pdf = 0.39894228040143267794 * exp(-0.5 * x * x);
-            dz[i] = (float)(dh[i] * (cdf + x * pdf));
-        }
+        /* gelu' = Phi(z) + z phi(z) */
+        for (int64_t i = 0; i < n; i++)
+            dz[i] = dh[i] * (aux[i] + z[i] * 0.39894228040143267794f * expf(-0.5f * z[i] * z[i]));
         break;
     case MN_ACT_RELU: for (int64_t i = 0; i < n; i++) dz[i] = z[i] > 0 ? dh[i] : 0.0f; break;
     case MN_ACT_TANH:
-        for (int64_t i = 0; i < n; i++) {
-            double t = tanh(z[i]);
-            dz[i] = (float)(dh[i] * (1.0 - t * t));
-        }
+        for (int64_t i = 0; i < n; i++) dz[i] = dh[i] * (1.0f - aux[i] * aux[i]);
         break;
     case MN_ACT_IDENTITY:
         if (dz != dh) memcpy(dz, dh, sizeof(float) * n);
@@ -180,7 +196,7 @@ void mn_mlp_forward(const mn_mlp_shape *s, mn_mlp_work *w, float *const *params,
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)out, (int)inn, 1.0f, in,
                     (int)inn, W, (int)inn, b ? 1.0f : 0.0f, z, (int)out);
         if (!last) {
-            activate(s, w, z, w->h[i], rows * out);
+            activate(s, w, z, w->h[i], w->aux[i], rows * out);
             in = w->h[i];
         }
     }
@@ -214,7 +230,7 @@ void mn_mlp_backward(const mn_mlp_shape *s, mn_mlp_work *w, float *const *params
         float *dh = dz == w->dh ? w->dz : w->dh;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)inn, (int)out, 1.0f, dz,
                     (int)out, W, (int)inn, 0.0f, dh, (int)inn);
-        activate_backward(s, w, w->z[i - 1], dh, dh, rows * inn);
+        activate_backward(s, w, w->z[i - 1], w->aux[i - 1], dh, dh, rows * inn);
         dz = dh;
     }
 }

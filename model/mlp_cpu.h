@@ -23,6 +23,9 @@ typedef struct mn_mlp_work {
     int64_t max_rows;
     float *z[MN_MAX_LAYERS];   /* pre-activations of hidden layers */
     float *h[MN_MAX_LAYERS];   /* h[i] = phi(z[i]) */
+    float *aux[MN_MAX_LAYERS]; /* what phi' needs, kept from the forward: sigmoid(z) for
+                                * silu, tanh(z) for tanh, Phi(z) for gelu (so the backward
+                                * needs no second exp per element) */
     float *dz, *dh;            /* backward scratch, max_rows x max width */
     double *dbuf_in, *dbuf_out;/* custom activation evaluation */
     mn_expr_program *act, *act_grad;
