@@ -23,6 +23,11 @@ void l_expr_register(lua_State *L);
 void l_rule_register(lua_State *L);
 void l_compare_register(lua_State *L);
 void l_progress_register(lua_State *L); /* dsl/l_progress.c: progress lines, a wall clock */
+void l_kernel_info_register(lua_State *L); /* dsl/l_kernel_info.c: mnemo._profile_kernel_hook */
+
+/* rule:kernel_info{...} for the rule r, options at index opts (dsl/l_kernel_info.c). */
+struct mn_rule;
+int l_rule_kernel_info(lua_State *L, const struct mn_rule *r, int opts);
 
 /* Ownership before allocation: push a userdata holding an empty tensor with
  * the Tensor metatable; fill it afterwards (its __gc releases whatever it

@@ -217,6 +217,23 @@ rule:with{field = value, ...} -> a new Rule
 rule:source([{dk =, dv =, B =, H =, T =, precision =}]) -> string
   The CUDA source generated for this rule (hooks from its expressions plus
   the kernel template), as NVRTC compiles it. Needs no GPU.]],
+  ["Rule:kernel_info"] = [[
+rule:kernel_info([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =}])
+    -> info
+  What the GPU kernels of this rule use, as ptxas reports them when NVRTC
+  compiles them (no GPU needed; sm_90 unless arch = or a GPU says
+  otherwise): info.registers (per thread), shared_bytes (static, per
+  block), stack_bytes, spill_stores, spill_loads (bytes per thread; spills
+  mean too many registers), barriers, max_threads (launch bounds),
+  block_threads (what the engine launches) of the step kernel, where runs
+  spend their time; info.kernels lists every kernel, step first. Also arch,
+  key (the kernel cache key), compile_ms (NVRTC's time), cached (true when
+  this call compiled nothing), grid (B*H blocks, one per memory), dk, dv,
+  precision. On a GPU of that arch, occupancy = {blocks_per_sm, warps_per_sm,
+  max_warps_per_sm, fraction, sms, waves} and gpu = {registers,
+  shared_bytes, local_bytes, max_threads} (the driver's view); nil without
+  one. Prints as a table.
+  e.g. rule:kernel_info{dk = 128, precision = "bf16"}]],
   ["Memory:write"] = [[
 mem:write(k, v [, gates]) or mem:write{k =, v =, theta =, ...} -> per-step table
   Feeds a block of tokens: one step per `step` tokens (a shorter block ends
@@ -296,8 +313,11 @@ mnemo.profile(fn [, {quiet = false}]) -> a report
   a small table (unless quiet) and returns {total =, engine =, other =,
   calls = {{what =, seconds =, tokens =}, ...}, by = {["rule:run"] = {calls
   =, seconds =, tokens =}}, kernels =, results = fn's results (packed)}.
-  Per-kernel GPU times come through mnemo._profile_kernel_hook when the
-  CUDA layer sets it (report.kernels).
+  With a GPU, runs on cuda also report the GPU time of each kernel
+  launched (report.kernels = {{name =, calls =, seconds =, mean_ms =, grid
+  =, block =}, ...}, most time first; .launches the last 64 one by one),
+  timed with CUDA events only while profile runs (through
+  mnemo._profile_kernel_hook).
   e.g. mnemo.profile(function() rule:run{k = d.k, v = d.v} end)]],
 
   ["mnemo.data.recall"] = [[

@@ -330,6 +330,10 @@ static int rule_source(lua_State *L)
 #endif
 }
 
+/* rule:kernel_info{dk=, dv=, hidden=, B=, H=, precision=, arch=}: resources
+ * and occupancy of the rule's GPU kernels (dsl/l_kernel_info.c). */
+static int rule_kernel_info(lua_State *L) { return l_rule_kernel_info(L, &check_rule(L, 1)->rule, 2); }
+
 static int rule_tostring(lua_State *L)
 {
     const mn_rule *r = &check_rule(L, 1)->rule;
@@ -958,7 +962,8 @@ void l_rule_register(lua_State *L)
     int module = lua_gettop(L);
     static const luaL_Reg rule_methods[] = {
         {"run", rule_run}, {"memory", rule_memory}, {"experiment", rule_experiment}, {"attrs", rule_attrs},
-        {"expressions", rule_expressions}, {"with", rule_with}, {"source", rule_source}, {NULL, NULL}};
+        {"expressions", rule_expressions}, {"with", rule_with}, {"source", rule_source},
+        {"kernel_info", rule_kernel_info}, {NULL, NULL}};
     luaL_newmetatable(L, RULE_MT);
     lua_pushcfunction(L, rule_gc);
     lua_setfield(L, -2, "__gc");

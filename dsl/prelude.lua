@@ -708,9 +708,10 @@ with_progress(rawget(M, "Memory"), "run", "mem:run", function(m) return m.rule e
 
 -- The hook for per-kernel GPU times, for the CUDA layer to fill in: when
 -- mnemo._profile_kernel_hook is a function, mnemo.profile calls it as
--- hook("start") before fn and hook("stop") after; "stop" returns an array of
--- {name =, calls =, seconds =}, which profile prints and returns as
--- report.kernels. Unset (nil) in a CPU build.
+-- hook("start") before fn and hook("stop") after (also when fn fails);
+-- "stop" returns an array of {name =, calls =, seconds =} (the CUDA layer's
+-- also give mean_ms, grid, block, and .launches), which profile prints and
+-- returns as report.kernels. Unset (nil) without a GPU (dsl/l_kernel_info.c).
 M._profile_kernel_hook = rawget(M, "_profile_kernel_hook")
 
 -- Tokens an engine call handles: B*H*T of its k (or q for mem:read).
@@ -771,11 +772,16 @@ function M.profile(fn, opts)
     end
   end
   local hook = rawget(M, "_profile_kernel_hook")
-  if type(hook) == "function" then hook("start") end
+  local hooked = type(hook) == "function"
+  if hooked then hook("start") end
+  local unhook <close> = setmetatable({}, { __close = function()
+    if hooked then hooked = false; hook("stop") end -- fn failed: switch the timing off
+  end })
   local t0 = clock()
   local results = table.pack(fn())
   local total = clock() - t0
-  local kernels = type(hook) == "function" and hook("stop") or nil
+  local kernels = nil
+  if hooked then hooked = false; kernels = hook("stop") end
 
   local by, order, engine = {}, {}, 0
   for _, c in ipairs(calls) do
@@ -803,9 +809,11 @@ function M.profile(fn, opts)
     lines[#lines + 1] = fmt("%-10s %6d %10.4f%s", "total", #calls, total,
       wall and "" or "   (cpu seconds: no wall clock in this build)")
     if type(kernels) == "table" and #kernels > 0 then
-      lines[#lines + 1] = fmt("%-32s %6s %10s", "kernel", "n", "seconds")
+      local function dims(d) return type(d) == "table" and concat(d, "x"):gsub("x1x1$", ""):gsub("x1$", "") or "" end
+      lines[#lines + 1] = fmt("%-32s %6s %10s %10s  %s", "kernel (GPU time)", "n", "seconds", "mean ms", "grid, block")
       for _, k in ipairs(kernels) do
-        lines[#lines + 1] = fmt("%-32s %6s %10.4f", tostring(k.name), tostring(k.calls or ""), k.seconds or 0)
+        lines[#lines + 1] = fmt("%-32s %6s %10.4f %10s  %s", tostring(k.name), tostring(k.calls or ""), k.seconds or 0,
+          k.mean_ms and fmt("%.3f", k.mean_ms) or "", k.grid and dims(k.grid) .. ", " .. dims(k.block) or "")
       end
     end
     say(concat(lines, "\n"))

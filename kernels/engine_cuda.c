@@ -3,13 +3,18 @@
  * kernels/rule_kernel.cuh): one thread block per memory walks every step,
  * with the state's W, S and anchor tensors in place and a workspace
  * allocated for the segment. Loaded modules stay in memory by cache key, so
- * a rule compiles (or loads from the disk cache) once per process. */
+ * a rule compiles (or loads from the disk cache) once per process.
+ * Inspection (kernels/kernel_info.h): the driver's attributes and the
+ * occupancy of a rule's loaded kernels, and, when profiling is on, each
+ * launch timed with CUDA events. */
 #include "cuda_check.h"
 #include "codegen.h"
+#include "kernel_info.h"
 #include "nvrtc.h"
 #include "rule_kernel.cuh" /* its first part is C: the argument struct and the workspace layout */
 #include "../model/engine.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,12 +34,12 @@ static mn_status load(const void *cubin, cudaLibrary_t *lib)
     return MN_CUDA_ST(cudaLibraryLoadData(lib, cubin, NULL, NULL, 0, NULL, NULL, 0));
 }
 
-/* The module for a rule at the state's dims and precision. */
-static mn_status rule_module(const mn_memory_state *st, loaded_module **out)
+/* The module for a rule at the given dims and precision. */
+static mn_status rule_module(const mn_rule *r, const mn_dims *d, mn_precision p, loaded_module **out)
 {
     MN_TRY(mn_cuda_ensure_device());
     int arch = mn_cuda_arch();
-    char *src = mn_cuda_rule_source(&st->rule, &st->dims, st->precision);
+    char *src = mn_cuda_rule_source(r, d, p);
     if (!src) return MN_ERR_ARG;
     char key[33];
     void *cubin = NULL;
@@ -79,6 +84,113 @@ static mn_status rule_module(const mn_memory_state *st, loaded_module **out)
     return MN_OK;
 }
 
+/* ---- inspection: attributes and occupancy of a rule's kernels ---- */
+
+static mn_status kernel_occupancy(cudaKernel_t kernel, mn_kernel_info *k)
+{
+    /* a cudaKernel_t passes for a function symbol in these two calls */
+    struct cudaFuncAttributes fa;
+    MN_CUDA_CHECK(cudaFuncGetAttributes(&fa, (const void *)kernel));
+    int blocks = 0, threads_per_sm = 0;
+    MN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void *)kernel, MN_RULE_THREADS, 0));
+    MN_CUDA_CHECK(cudaDeviceGetAttribute(&threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, 0));
+    k->on_device = true;
+    k->device_registers = fa.numRegs;
+    k->device_max_threads = fa.maxThreadsPerBlock;
+    k->device_shared_bytes = (long)fa.sharedSizeBytes;
+    k->device_local_bytes = (long)fa.localSizeBytes;
+    k->block_threads = MN_RULE_THREADS;
+    k->blocks_per_sm = blocks;
+    k->warps_per_sm = blocks * ((MN_RULE_THREADS + 31) / 32);
+    k->max_warps_per_sm = threads_per_sm / 32;
+    k->occupancy = k->max_warps_per_sm > 0 ? (double)k->warps_per_sm / k->max_warps_per_sm : 0.0;
+    k->sms = mn_cuda_sm_count();
+    return MN_OK;
+}
+
+mn_status mn_cuda_rule_kernel_occupancy(const mn_rule *r, const mn_dims *d, mn_precision p, mn_kernel_set *set)
+{
+    loaded_module *m;
+    MN_TRY(rule_module(r, d, p, &m));
+    const struct { const char *name; cudaKernel_t k; } ks[] = {{MN_RULE_STEP_KERNEL, m->step},
+                                                              {MN_RULE_READ_KERNEL, m->read}};
+    for (size_t i = 0; i < sizeof ks / sizeof *ks; i++) {
+        mn_kernel_info *k = mn_kernel_set_find(set, ks[i].name);
+        if (k) MN_TRY(kernel_occupancy(ks[i].k, k));
+    }
+    return MN_OK;
+}
+
+/* ---- profiling: launches timed with two events, when switched on ---- */
+
+static struct {
+    bool on, events;
+    cudaEvent_t start, stop;
+    mn_kernel_launch ring[MN_PROFILE_RING];
+    long long recorded;
+    mn_kernel_total totals[MN_PROFILE_KERNELS];
+    int ntotals;
+} prof;
+
+mn_status mn_cuda_profile_set(bool on)
+{
+    if (on && !prof.events) {
+        MN_TRY(mn_cuda_ensure_device());
+        MN_CUDA_CHECK(cudaEventCreate(&prof.start));
+        mn_status s = MN_CUDA_ST(cudaEventCreate(&prof.stop));
+        if (s != MN_OK) {
+            (void)cudaEventDestroy(prof.start);
+            return s;
+        }
+        prof.events = true;
+    }
+    prof.on = on;
+    return MN_OK;
+}
+
+bool mn_cuda_profile_on(void) { return prof.on; }
+
+static void profile_record(const char *name, double ms, dim3 grid, dim3 block)
+{
+    mn_kernel_launch *l = &prof.ring[prof.recorded % MN_PROFILE_RING];
+    snprintf(l->name, sizeof l->name, "%s", name);
+    l->ms = ms;
+    l->grid[0] = grid.x, l->grid[1] = grid.y, l->grid[2] = grid.z;
+    l->block[0] = block.x, l->block[1] = block.y, l->block[2] = block.z;
+    prof.recorded++;
+    int i = 0;
+    while (i < prof.ntotals && strcmp(prof.totals[i].name, name) != 0) i++;
+    if (i == MN_PROFILE_KERNELS) { /* full: the last slot takes the rest */
+        i = MN_PROFILE_KERNELS - 1;
+        snprintf(prof.totals[i].name, sizeof prof.totals[i].name, "(other kernels)");
+    } else if (i == prof.ntotals) {
+        prof.ntotals++;
+        memset(&prof.totals[i], 0, sizeof prof.totals[i]);
+        snprintf(prof.totals[i].name, sizeof prof.totals[i].name, "%s", name);
+    }
+    mn_kernel_total *t = &prof.totals[i];
+    t->calls++;
+    t->ms += ms;
+    memcpy(t->grid, l->grid, sizeof t->grid);
+    memcpy(t->block, l->block, sizeof t->block);
+}
+
+int mn_cuda_profile_recent(mn_kernel_launch *out, int max, long long *total)
+{
+    long long have = prof.recorded < MN_PROFILE_RING ? prof.recorded : MN_PROFILE_RING;
+    if (have > max) have = max;
+    for (long long i = 0; i < have; i++) out[i] = prof.ring[(prof.recorded - have + i) % MN_PROFILE_RING];
+    if (total) *total = prof.recorded;
+    return (int)have;
+}
+
+int mn_cuda_profile_totals(mn_kernel_total *out, int max)
+{
+    int n = prof.ntotals < max ? prof.ntotals : max;
+    memcpy(out, prof.totals, sizeof *out * (size_t)n);
+    return n;
+}
+
 /* ---- launching ---- */
 
 static float *f32(const mn_tensor *t) { return t->storage ? (float *)mn_tensor_data(t) : NULL; }
@@ -112,14 +224,25 @@ static mn_status prepare(const mn_memory_state *st, int64_t memories, mn_rule_ka
 
 /* Launch on the legacy default stream (every tensor op of the CUDA layer is
  * ordered on it) and wait: a fault inside the kernel is reported by this
- * call, not by whatever runs next. */
-static mn_status launch(cudaKernel_t k, int64_t memories, mn_rule_kargs *a)
+ * call, not by whatever runs next. With profiling on, events either side
+ * time it (the wait is there anyway). */
+static mn_status launch(const loaded_module *m, bool step, int64_t memories, mn_rule_kargs *a)
 {
     dim3 grid = {(unsigned)memories, 1, 1}, block = {MN_RULE_THREADS, 1, 1};
     void *args[1] = {a};
-    MN_CUDA_CHECK(cudaLaunchKernel((const void *)k, grid, block, args, 0, 0));
+    bool timed = prof.on && prof.events;
+    if (timed) MN_CUDA_CHECK(cudaEventRecord(prof.start, 0));
+    MN_CUDA_CHECK(cudaLaunchKernel((const void *)(step ? m->step : m->read), grid, block, args, 0, 0));
     MN_CUDA_CHECK_LAUNCH();
+    if (timed) MN_CUDA_CHECK(cudaEventRecord(prof.stop, 0));
     MN_CUDA_CHECK(cudaStreamSynchronize(0));
+    if (timed) {
+        float ms = 0;
+        MN_CUDA_CHECK(cudaEventElapsedTime(&ms, prof.start, prof.stop));
+        char name[48];
+        snprintf(name, sizeof name, "%s [%.8s]", step ? MN_RULE_STEP_KERNEL : MN_RULE_READ_KERNEL, m->key);
+        profile_record(name, ms, grid, block);
+    }
     return MN_OK;
 }
 
@@ -132,7 +255,7 @@ static mn_status cuda_segment_run(mn_memory_state *st, const mn_segment_inputs *
         return MN_OK;
     }
     loaded_module *mod;
-    MN_TRY(rule_module(st, &mod));
+    MN_TRY(rule_module(&st->rule, &st->dims, st->precision, &mod));
     mn_rule_kargs a;
     void *work = NULL;
     size_t work_bytes = 0;
@@ -154,7 +277,7 @@ static mn_status cuda_segment_run(mn_memory_state *st, const mn_segment_inputs *
     a.n = n;
     a.nsteps = nsteps;
     a.steps_done = st->steps_done;
-    mn_status s = launch(mod->step, memories, &a);
+    mn_status s = launch(mod, true, memories, &a);
     mn_cuda_free(work, work_bytes);
     if (s != MN_OK) return s;
     st->steps_done += nsteps;
@@ -167,7 +290,7 @@ static mn_status cuda_read(const mn_memory_state *st, const mn_tensor *q, mn_ten
     int64_t memories = st->dims.B * st->dims.H, rows = q->shape[2];
     if (rows == 0 || memories == 0) return MN_OK;
     loaded_module *mod;
-    MN_TRY(rule_module(st, &mod));
+    MN_TRY(rule_module(&st->rule, &st->dims, st->precision, &mod));
     mn_rule_kargs a;
     void *work = NULL;
     size_t work_bytes = 0;
@@ -176,7 +299,7 @@ static mn_status cuda_read(const mn_memory_state *st, const mn_tensor *q, mn_ten
     a.y = f32(y);
     a.work = work;
     a.n = rows;
-    mn_status s = launch(mod->read, memories, &a);
+    mn_status s = launch(mod, false, memories, &a);
     mn_cuda_free(work, work_bytes);
     return s;
 }

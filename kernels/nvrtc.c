@@ -1,6 +1,7 @@
-/* nvrtc.c: NVRTC compilation of generated kernels and the disk cache of
- * their CUBINs (kernels/nvrtc.h). Only NVRTC and the C library: no CUDA
- * runtime here, so CI compiles generated source without a GPU or driver. */
+/* nvrtc.c: NVRTC compilation of generated kernels, the disk cache of their
+ * CUBINs, and the kernels' resources as ptxas reported them, kept in memory
+ * and beside each CUBIN (kernels/nvrtc.h). Only NVRTC and the C library: no
+ * CUDA runtime here, so CI compiles generated source without a GPU or driver. */
 #include "nvrtc.h"
 
 #include <nvrtc.h>
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The message of the buffer is 2 KB: the start of a log says what failed. */
@@ -31,8 +33,10 @@ int mn_nvrtc_version(void)
 }
 
 /* -default-device: every function is a device function, so the generated
- * text needs no __device__ on helpers; no host headers are needed. */
-#define N_OPTIONS 4
+ * text needs no __device__ on helpers; no host headers are needed.
+ * --ptxas-options=-v: the log reports each kernel's registers, shared
+ * memory, stack and spills (rule:kernel_info) at no cost to the code. */
+#define N_OPTIONS 5
 static void options_of(int arch, char arch_opt[32], const char *opts[N_OPTIONS])
 {
     snprintf(arch_opt, 32, "--gpu-architecture=sm_%d", arch);
@@ -40,6 +44,7 @@ static void options_of(int arch, char arch_opt[32], const char *opts[N_OPTIONS])
     opts[1] = "-default-device";
     opts[2] = "--std=c++17";
     opts[3] = "-lineinfo";
+    opts[4] = "--ptxas-options=-v";
 }
 
 const char *mn_nvrtc_options(int arch, char *buf, size_t len)
@@ -47,7 +52,7 @@ const char *mn_nvrtc_options(int arch, char *buf, size_t len)
     char arch_opt[32];
     const char *opts[N_OPTIONS];
     options_of(arch, arch_opt, opts);
-    snprintf(buf, len, "%s %s %s %s", opts[0], opts[1], opts[2], opts[3]);
+    snprintf(buf, len, "%s %s %s %s %s", opts[0], opts[1], opts[2], opts[3], opts[4]);
     return buf;
 }
 
@@ -100,8 +105,28 @@ static char *program_log(nvrtcProgram prog)
     return log;
 }
 
-/* Compile src; on success *cubin (when wanted) gets the CUBIN. */
-static mn_status compile(const char *src, int arch, char **log_out, void **cubin, size_t *size)
+static char *program_ptx(nvrtcProgram prog)
+{
+    size_t n = 0;
+    if (nvrtcGetPTXSize(prog, &n) != NVRTC_SUCCESS || n <= 1) return NULL;
+    char *ptx = malloc(n);
+    if (ptx && nvrtcGetPTX(prog, ptx) != NVRTC_SUCCESS) {
+        free(ptx);
+        return NULL;
+    }
+    return ptx;
+}
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return 1e3 * (double)t.tv_sec + 1e-6 * (double)t.tv_nsec;
+}
+
+/* Compile src; on success *cubin (when wanted) gets the CUBIN, and *info
+ * (when wanted) the kernels' resources from the log and the PTX. */
+static mn_status compile(const char *src, int arch, char **log_out, void **cubin, size_t *size, mn_kernel_set *info)
 {
     if (log_out) *log_out = NULL;
     if (arch < 50) return mn_fail(MN_ERR_DEVICE, "nvrtc: no device architecture to compile for (sm_%d)", arch);
@@ -110,7 +135,9 @@ static mn_status compile(const char *src, int arch, char **log_out, void **cubin
     char arch_opt[32];
     const char *opts[N_OPTIONS];
     options_of(arch, arch_opt, opts);
+    double t0 = now_ms();
     nvrtcResult res = nvrtcCompileProgram(prog, N_OPTIONS, opts);
+    double ms = now_ms() - t0;
     char *log = program_log(prog);
     mn_status st = MN_OK;
     if (res != NVRTC_SUCCESS) {
@@ -131,6 +158,15 @@ static mn_status compile(const char *src, int arch, char **log_out, void **cubin
             *cubin = NULL;
         }
     }
+    if (st == MN_OK && info) {
+        memset(info, 0, sizeof *info);
+        info->arch = arch;
+        info->compile_ms = ms;
+        info->n = log ? mn_ptxas_parse(log, info->k, MN_KERNEL_INFO_MAX, NULL) : 0;
+        char *ptx = program_ptx(prog);
+        mn_ptx_launch_bounds(ptx, info->k, info->n);
+        free(ptx);
+    }
     (void)nvrtcDestroyProgram(&prog);
     if (log_out) *log_out = log;
     else free(log);
@@ -139,7 +175,7 @@ static mn_status compile(const char *src, int arch, char **log_out, void **cubin
 
 mn_status mn_cuda_compile_check(const char *src, int arch, char **log)
 {
-    return compile(src, arch, log, NULL, NULL);
+    return compile(src, arch, log, NULL, NULL, NULL);
 }
 
 /* ---- the disk cache ---- */
@@ -199,6 +235,87 @@ static void write_file(const char *path, const void *data, size_t size)
     if (!ok || rename(tmp, path) != 0) unlink(tmp);
 }
 
+/* ---- kernel resources: in memory by key, and <key>.info beside the CUBIN ---- */
+
+typedef struct info_entry {
+    mn_kernel_set set;
+    struct info_entry *next;
+} info_entry;
+
+static info_entry *infos;
+
+static void remember(const mn_kernel_set *set)
+{
+    info_entry *e = infos;
+    while (e && strcmp(e->set.key, set->key) != 0) e = e->next;
+    if (!e) {
+        if (!(e = calloc(1, sizeof *e))) return; /* only a cache */
+        e->next = infos;
+        infos = e;
+    }
+    e->set = *set;
+}
+
+static bool recall(const char *key, mn_kernel_set *out)
+{
+    for (info_entry *e = infos; e; e = e->next)
+        if (strcmp(e->set.key, key) == 0) {
+            *out = e->set;
+            return true;
+        }
+    return false;
+}
+
+#define INFO_HEADER "mnemo kernel info 1\n"
+
+static void write_info(const char *path, const mn_kernel_set *set)
+{
+    char buf[256 * (MN_KERNEL_INFO_MAX + 1)];
+    int n = snprintf(buf, sizeof buf, INFO_HEADER "arch %d\ncompile_ms %.3f\n", set->arch, set->compile_ms);
+    for (int i = 0; i < set->n && n > 0 && (size_t)n < sizeof buf; i++) {
+        const mn_kernel_info *k = &set->k[i];
+        n += snprintf(buf + n, sizeof buf - (size_t)n,
+                      "kernel %s registers %d shared %ld stack %ld spill_stores %ld spill_loads %ld barriers %d "
+                      "max_threads %d\n",
+                      k->name, k->registers, k->shared_bytes, k->stack_bytes, k->spill_stores, k->spill_loads,
+                      k->barriers, k->max_threads);
+    }
+    if (n > 0 && (size_t)n < sizeof buf) write_file(path, buf, (size_t)n);
+}
+
+/* False for a missing or malformed file (then the caller compiles). */
+static bool read_info(const char *path, mn_kernel_set *out)
+{
+    void *data = NULL;
+    size_t size = 0;
+    if (!read_file(path, &data, &size)) return false;
+    char *text = realloc(data, size + 1);
+    if (!text) {
+        free(data);
+        return false;
+    }
+    text[size] = 0;
+    memset(out, 0, sizeof *out);
+    bool ok = strncmp(text, INFO_HEADER, strlen(INFO_HEADER)) == 0;
+    int fields = 0;
+    for (char *line = text + strlen(INFO_HEADER); ok && line && *line;) {
+        char *nl = strchr(line, '\n');
+        if (nl) *nl = 0;
+        mn_kernel_info *k = &out->k[out->n];
+        if (sscanf(line, "arch %d", &out->arch) == 1 || sscanf(line, "compile_ms %lf", &out->compile_ms) == 1) fields++;
+        else if (out->n < MN_KERNEL_INFO_MAX &&
+                 sscanf(line, "kernel %63s registers %d shared %ld stack %ld spill_stores %ld spill_loads %ld "
+                              "barriers %d max_threads %d",
+                        k->name, &k->registers, &k->shared_bytes, &k->stack_bytes, &k->spill_stores, &k->spill_loads,
+                        &k->barriers, &k->max_threads) == 8)
+            out->n++;
+        else ok = false;
+        line = nl ? nl + 1 : NULL;
+    }
+    free(text);
+    return ok && fields == 2 && out->n > 0;
+}
+
 mn_status mn_nvrtc_cubin(const char *src, int arch, bool fresh, char key[33], void **cubin, size_t *size)
 {
     char opts[256], dir[4096], path[4200];
@@ -206,7 +323,45 @@ mn_status mn_nvrtc_cubin(const char *src, int arch, bool fresh, char key[33], vo
     bool have_dir = cache_dir(dir, sizeof dir);
     if (have_dir) snprintf(path, sizeof path, "%s/%s.cubin", dir, key);
     if (have_dir && !fresh && read_file(path, cubin, size)) return MN_OK;
-    MN_TRY(compile(src, arch, NULL, cubin, size));
-    if (have_dir) write_file(path, *cubin, *size);
+    mn_kernel_set info;
+    MN_TRY(compile(src, arch, NULL, cubin, size, &info));
+    memcpy(info.key, key, sizeof info.key);
+    remember(&info);
+    if (have_dir) {
+        write_file(path, *cubin, *size);
+        snprintf(path, sizeof path, "%s/%s.info", dir, key);
+        write_info(path, &info);
+    }
+    return MN_OK;
+}
+
+mn_status mn_nvrtc_kernel_info(const char *src, int arch, mn_kernel_set *out)
+{
+    char opts[256], dir[4096], path[4200], key[33];
+    mn_cuda_cache_key(src, mn_nvrtc_options(arch, opts, sizeof opts), arch, mn_nvrtc_version(), key);
+    if (recall(key, out)) {
+        out->cached = true;
+        return MN_OK;
+    }
+    bool have_dir = cache_dir(dir, sizeof dir);
+    if (have_dir) snprintf(path, sizeof path, "%s/%s.info", dir, key);
+    if (have_dir && read_info(path, out)) {
+        memcpy(out->key, key, sizeof out->key);
+        remember(out);
+        out->cached = true;
+        return MN_OK;
+    }
+    void *cubin = NULL;
+    size_t size = 0;
+    MN_TRY(compile(src, arch, NULL, &cubin, &size, out));
+    memcpy(out->key, key, sizeof out->key);
+    out->cached = false;
+    remember(out);
+    if (have_dir) { /* the CUBIN too: a run of the same rule then loads it */
+        write_info(path, out);
+        snprintf(path, sizeof path, "%s/%s.cubin", dir, key);
+        write_file(path, cubin, size);
+    }
+    free(cubin);
     return MN_OK;
 }

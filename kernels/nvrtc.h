@@ -2,18 +2,22 @@
  * device's own sm (no GPU needed), and the disk cache of CUBINs. The cache
  * key is a hash of the source, the compile options, the arch and the NVRTC
  * version. Disk cache: $MNEMO_CACHE/kernels, else
- * ~/.cache/mnemo/kernels; files <key>.cubin, written to a temporary name
- * and renamed, so a reader never sees half a file. Plain C. */
+ * ~/.cache/mnemo/kernels; files <key>.cubin, and <key>.info with the
+ * kernels' resources as ptxas reported them (kernels/kernel_info.h), each
+ * written to a temporary name and renamed, so a reader never sees half a
+ * file. Plain C. */
 #ifndef MN_NVRTC_H
 #define MN_NVRTC_H
 
 #include "../model/mn.h"
+#include "kernel_info.h"
 
 /* NVRTC's version as 1000 * major + 10 * minor (13000 for 13.0). */
 int mn_nvrtc_version(void);
 
 /* The options generated kernels are compiled with for arch (90 -> sm_90),
- * space-separated, into buf (at least 128 bytes). */
+ * space-separated, into buf (at least 128 bytes). They include
+ * --ptxas-options=-v, so every compile's log reports the kernels' resources. */
 const char *mn_nvrtc_options(int arch, char *buf, size_t len);
 
 /* 32 hex digits (128 bits) of src, options, arch and NVRTC version. */
@@ -30,5 +34,12 @@ mn_status mn_cuda_compile_check(const char *src, int arch, char **log);
  * Loading it is the engine's (kernels/engine_cuda.c), which keeps loaded
  * modules in memory by key. A cache that cannot be written is skipped. */
 mn_status mn_nvrtc_cubin(const char *src, int arch, bool fresh, char key[33], void **cubin, size_t *size);
+
+/* The resources of the kernels of src for arch (registers, shared memory,
+ * stack, spills, launch bounds; no device fields): remembered from an
+ * earlier compile in this process, else from <key>.info in the disk cache
+ * (out->cached true for both), else compiled now, which also writes the
+ * CUBIN and its .info to the disk cache. out->key is the cache key. */
+mn_status mn_nvrtc_kernel_info(const char *src, int arch, mn_kernel_set *out);
 
 #endif

@@ -264,6 +264,9 @@ static void test_disk_cache(void)
     free(a);
     free(b);
     unlink(path);
+    snprintf(path, sizeof path, "%s/kernels/%s.info", dir, key); /* the kernels' resources, beside it */
+    CHECK("codegen/disk_cache_info_written", stat(path, &sb) == 0 && sb.st_size > 0);
+    unlink(path);
     snprintf(path, sizeof path, "%s/kernels", dir);
     rmdir(path);
     rmdir(dir);
