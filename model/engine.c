@@ -52,25 +52,16 @@ static const char *shape_str(const mn_tensor *t, char *buf)
     return mn_shape_string(t, buf, 128);
 }
 
-/* A copy of src as a contiguous f32 tensor on dev, broadcast to shape. */
+/* A copy of src as a contiguous f32 tensor on dev, broadcast to shape. The
+ * broadcast and the dtype conversion happen on dev (copy_into moves the
+ * unexpanded source there first), so a per-token gate or a CPU k never goes
+ * through a full-size host copy on its way to the GPU. */
 static mn_status materialize(mn_tensor *out, const mn_tensor *src, int ndim, const int64_t *shape,
                              mn_device dev)
 {
-    mn_tensor view = {0}, host = {0};
-    MN_TRY(mn_view_expand(&view, src, ndim, shape));
-    mn_status st = mn_tensor_empty(&host, MN_F32, ndim, shape, MN_CPU);
-    if (st == MN_OK) st = mn_tensor_copy_into(&host, &view);
-    mn_tensor_release(&view);
-    if (st != MN_OK) {
-        mn_tensor_release(&host);
-        return st;
-    }
-    if (dev == MN_CPU) {
-        *out = host;
-        return MN_OK;
-    }
-    st = mn_tensor_to_device(out, &host, dev);
-    mn_tensor_release(&host);
+    MN_TRY(mn_tensor_empty(out, MN_F32, ndim, shape, dev));
+    mn_status st = mn_tensor_copy_into(out, src);
+    if (st != MN_OK) mn_tensor_release(out);
     return st;
 }
 
