@@ -31,7 +31,7 @@ Files (HDF5, readable by h5py)
   d = mnemo.load("out.h5")         the same tree back, tensors and all
 
 Devices
-  mnemo.device()                   the device in use ("cpu" or "cuda")
+  mnemo.device()                   "cuda" when a GPU is usable, else "cpu"
   x:cuda(), x:cpu(), x:to("f64")
 
 Update rules and runs                 (this part of the tour is growing)
@@ -305,7 +305,9 @@ mnemo.compare(a, b [, {rtol =, atol =, all =, quiet =}]) -> a report
   the numbers. The shell form is `mnemo compare A.h5 B.h5`.]],
   ["mnemo.device"] = [[
 mnemo.device() -> "cpu" or "cuda"
-  The device used by default for new tensors and runs.]],
+  "cuda" when a CUDA device is usable, else "cpu". New tensors and runs stay
+  on the cpu unless asked: t:cuda(), mnemo.zeros(n, {device = "cuda"}),
+  rule:run{..., device = "cuda"}.]],
   ["mnemo.profile"] = [[
 mnemo.profile(fn [, {quiet = false}]) -> a report
   Runs fn() and times the engine calls it makes (rule:run, mem:write,
