@@ -85,13 +85,12 @@ def main():
             label = "conformance/%s/seed%d/exp_%05d" % (device + "-" + precision, s, i)
             jobs.append((label, exp, cfg["desc"]))
         for label, exp, desc in jobs:
-            if precision == "bf16" and " loss=l1 " in " %s " % desc:
-                # l1's gradient is the sign of each residual; residuals within
-                # bf16 rounding of zero flip sign, which moves the momentum by
-                # whole gradient steps (measured: 4 of 203 configs, 4% to 37%
-                # off on S_W1 alone). Not a bug to hunt: reported, not passed.
-                print("SKIP %s: l1 loss in bf16 (residual signs flip within bf16 rounding)" % label)
-                continue
+            # l1's gradient is the sign of each residual; in bf16, residuals
+            # within rounding of zero flip sign and move the momentum by whole
+            # gradient steps (measured: 4 of 203 configs, 4% to 37% off on
+            # S_W1 alone). Such a config is reported, not passed, when only
+            # /final rows differ; a difference in any output still fails.
+            kinked_bf16 = precision == "bf16" and " loss=l1 " in " %s " % desc
             ref = exp.replace(".exp.h5", ".ref.h5")
             res = exp.replace(".exp.h5", ".res.h5")
             try:
@@ -109,8 +108,13 @@ def main():
                 continue
             cmp = subprocess.run([binary, "compare", "-q", res, ref, "--rtol", repr(rtol)],
                                  capture_output=True, text=True)
+            failing = [r for r in cmp.stdout.splitlines() if r.startswith("/") and not r.rstrip().endswith("pass")]
             if cmp.returncode == 0:
                 print("PASS %s" % label)
+            elif kinked_bf16 and failing and all(r.startswith("/final/") for r in failing):
+                print("SKIP %s: l1 loss in bf16, only final weights/momenta differ (residual signs flip "
+                      "within bf16 rounding): %s" % (label, "; ".join(" ".join(r.split()[:1] + r.split()[3:4])
+                                                                 for r in failing)))
             else:
                 failures += 1
                 rows = "\n".join("    " + r for r in (cmp.stdout + cmp.stderr).strip().splitlines())
