@@ -89,16 +89,16 @@ $(BUILD)/%.cu.o: %.cu
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -Imodel -c $< -o $@
 
 # The Lua sources of dsl/ are compiled into the binary as strings.
-$(BUILD)/embedded_lua.c: $(LUA_SRC) dsl/embed_lua.sh
+$(BUILD)/embedded_lua.c: $(LUA_SRC) dsl/embed_sources.sh
 	@mkdir -p $(dir $@)
-	sh dsl/embed_lua.sh $(LUA_SRC) > $@.tmp && mv $@.tmp $@
+	sh dsl/embed_sources.sh lua $(LUA_SRC) > $@.tmp && mv $@.tmp $@
 
 $(BUILD)/embedded_lua.o: $(BUILD)/embedded_lua.c
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/embedded_cuda.c: $(CUDA_TEMPLATES) kernels/embed_cuda.sh
+$(BUILD)/embedded_cuda.c: $(CUDA_TEMPLATES) dsl/embed_sources.sh
 	@mkdir -p $(dir $@)
-	sh kernels/embed_cuda.sh $(CUDA_TEMPLATES) > $@.tmp && mv $@.tmp $@
+	sh dsl/embed_sources.sh cuda $(CUDA_TEMPLATES) > $@.tmp && mv $@.tmp $@
 
 $(BUILD)/embedded_cuda.o: $(BUILD)/embedded_cuda.c
 	$(CC) $(CFLAGS) -c $< -o $@

@@ -1,7 +1,7 @@
 /* l_mnemo.c: luaopen_mnemo, the `mnemo` module: the module table, the
  * registrars of every Lua-facing part (tensors, HDF5, ...), version, seed and
  * device, and the Lua files embedded at build time (the .lua files of dsl/, through
- * dsl/embed_lua.sh): each is package.preload["mnemo.<name>"], and the one
+ * dsl/embed_sources.sh): each is package.preload["mnemo.<name>"], and the one
  * named "prelude" runs before luaopen_mnemo returns.
  * Every embedded chunk is called with (mnemo, "mnemo.<name>"), so it starts
  * with `local mnemo = ...` and never needs require "mnemo". */
@@ -13,7 +13,7 @@
 
 #include <string.h>
 
-/* The table that dsl/embed_lua.sh generates ({NULL, NULL} ends it). */
+/* The table that dsl/embed_sources.sh generates ({NULL, NULL} ends it). */
 typedef struct { const char *name; const char *source; } mn_embedded_lua_file;
 extern const mn_embedded_lua_file mn_embedded_lua[];
 

@@ -2,7 +2,7 @@
  * the rule, built-in parts too, comes from its expression IR
  * (model/rule.h), with the rule's constants bound first so that literals are
  * folded, exactly as the CPU engine evaluates them. The kernel template is
- * kernels/rule_kernel.cuh, embedded at build time (kernels/embed_cuda.sh). */
+ * kernels/rule_kernel.cuh, embedded at build time (dsl/embed_sources.sh). */
 #include "codegen.h"
 
 #include <stdarg.h>
