@@ -109,6 +109,23 @@ static const char *const act_vars[] = {"z"};
 static const char *const g_vars[] = {"g"};
 static const char *const n_vars[] = {"n"};
 
+/* True when the string at the top of the stack is a bare word that is not
+ * one of the part's variables or the rule's constants: it was meant as a
+ * built-in name (a typo such as "hubr"), not as an expression. */
+static bool misspelt_name(lua_State *L, const char *const *vars, int nvars, const mn_rule *r)
+{
+    if (lua_type(L, -1) != LUA_TSTRING) return false;
+    const char *s = lua_tostring(L, -1);
+    if (!(s[0] == '_' || ((s[0] | 32) >= 'a' && (s[0] | 32) <= 'z'))) return false;
+    for (const char *p = s; *p; p++)
+        if (!(*p == '_' || (*p >= '0' && *p <= '9') || ((*p | 32) >= 'a' && (*p | 32) <= 'z'))) return false;
+    for (int i = 0; i < nvars; i++)
+        if (strcmp(s, vars[i]) == 0) return false;
+    for (int i = 0; i < r->nconsts; i++)
+        if (strcmp(s, r->const_names[i]) == 0) return false;
+    return true;
+}
+
 /* Fill r from the table at t; raises on any error (r is owned by a
  * userdata, so its expressions are freed by the GC). */
 static void rule_from_table(lua_State *L, int t, mn_rule *r)
@@ -152,6 +169,8 @@ static void rule_from_table(lua_State *L, int t, mn_rule *r)
     lua_getfield(L, t, "activation");
     if (lua_type(L, -1) == LUA_TSTRING && mn_activation_lookup(lua_tostring(L, -1), &r->activation) == MN_OK) {
         if (r->activation == MN_ACT_CUSTOM) r->activation_expr = custom_part(L, t, "activation_expr", act_vars, 1, r);
+    } else if (misspelt_name(L, act_vars, 1, r)) {
+        luaL_error(L, "mnemo.rule: %s", mn_last_error()); /* the lookup's "unknown activation ... (one of: ...)" */
     } else if (!lua_isnil(L, -1)) {
         r->activation = MN_ACT_CUSTOM;
         r->activation_expr = custom_part(L, t, "activation", act_vars, 1, r);
@@ -161,6 +180,8 @@ static void rule_from_table(lua_State *L, int t, mn_rule *r)
     lua_getfield(L, t, "loss");
     if (lua_type(L, -1) == LUA_TSTRING && mn_loss_lookup(lua_tostring(L, -1), &r->loss) == MN_OK) {
         if (r->loss == MN_LOSS_CUSTOM) r->loss_expr = custom_part(L, t, "loss_expr", loss_vars, 3, r);
+    } else if (misspelt_name(L, loss_vars, 3, r)) {
+        luaL_error(L, "mnemo.rule: %s", mn_last_error()); /* the lookup's "unknown loss ... (one of: ...)" */
     } else if (!lua_isnil(L, -1)) {
         r->loss = MN_LOSS_CUSTOM;
         r->loss_expr = custom_part(L, t, "loss", loss_vars, 3, r);

@@ -105,7 +105,13 @@ os.remove(path)
 
 -- Errors: each names its culprit, and nothing breaks the session.
 T.raises("unknown field", function() m.rule { thetaa = 1 } end, "unknown field 'thetaa'")
-T.raises("unknown loss name", function() m.rule { loss = "hubr", theta = 1 } end, "hubr")
+T.raises("unknown loss name lists the built-ins", function() m.rule { loss = "hubr", theta = 1 } end,
+  "unknown loss 'hubr' (one of: mse, l1, huber, lp, dot, custom)")
+T.raises("unknown activation name lists the built-ins", function() m.rule { activation = "sliu", theta = 1 } end,
+  "unknown activation 'sliu' (one of: silu, gelu")
+T.ok("a bare variable is still an expression", m.rule { activation = "z", theta = 1 }.activation_expr == "z")
+T.ok("a bare constant is still an expression",
+  m.rule { loss = "w", constants = { w = 2 }, theta = 1 }.loss_expr == "w")
 T.raises("bad expression says where", function() m.rule { loss = "abs(r) + $", theta = 1 } end, "position 10")
 T.raises("unknown name in an expression", function() m.rule { loss = "q * r", theta = 1 } end, "unknown name 'q'")
 T.raises("refresh not a multiple of step", function() m.rule { step = 4, refresh = 6, theta = 1 } end,
