@@ -1,0 +1,668 @@
+/* engine_large.c: the large-memory path of the CUDA rule engine
+ * (kernels/engine_large.h). The same outputs as the general path
+ * (kernels/engine_cuda.c, kernels/rule_kernel.cuh, SPEC.md section 2), made
+ * differently: the products go to cuBLAS, batched over the M = B*H memories
+ * (cublasGemmStridedBatchedEx, in the state's precision), the work between
+ * them to the generated kernels of kernels/large_kernels.cuh, and each step
+ * is one CUDA graph replayed.
+ *
+ * One step s (rows = c, or fewer for a short last step; P is the gradient
+ * point: W when refresh = c, else the anchor A):
+ *
+ *   params (REFRESH)     refresh neither 0 nor c: A = W at a refresh block's first step
+ *   for each chunk of at most CR rows:
+ *     stage              rows of k -> X, the first product's operand
+ *     hidden layer i     GEMM Z = X_i P_i^T;  act: z = Z + b kept, H_i = phi(z)
+ *     last layer         GEMM Y = H P_L^T
+ *     loss               y = Y + b (+ k): loss[t], D = dL/dy, y copied out where it is retrieval
+ *     layer i, L..1      GEMM G_Wi (+)= D^T X_i;  cols: G_bL (+)= column sums of D (last layer, bias)
+ *                        GEMM D' = D P_i;  cols: D' *= phi'(z), G_b(i-1) (+)= column sums
+ *   norm                 |G| per parameter, non-finite guard, clip scales, grad_norm, skipped,
+ *                        clip_scale, step_loss
+ *   retrieval at W^(s)   y wanted and (q given or P is not W): stage, forward at W, out
+ *   update               clip, S = eta S - G, W = (1 - alpha) W + S, weight_norm
+ *   row, per layer       retrieve = after: the step's last row at W^(s+1)
+ *
+ * The step index lives on the device (large_kernels.cuh), so every full
+ * step is the same sequence of launches: the first runs directly (cuBLAS
+ * and the lazily loaded modules warm up outside a capture), the second is
+ * captured on our stream into a graph, instantiated once for the segment and
+ * replayed for it and the rest; a short last step runs directly. If capture
+ * or instantiation fails, the steps run directly. A 2-layer MLP with biases,
+ * q = k, refresh = c, retrieve = after and y wanted is 14 launches a step
+ * (5 GEMMs; stage, act, loss, 2 cols, norm, update, 2 row), 12 without y;
+ * the finite check, clip and momentum never wait for the host.
+ *
+ * Our own stream and cuBLAS handle (kernels/blas.c's stay untouched): the
+ * stream waits for the legacy stream, where the inputs were made, and the
+ * segment ends with a wait on the stream, so faults are reported by this
+ * call and everything after sees the results. The workspace (chunk buffers,
+ * gradients, partials, cuBLAS's workspace) is one block from the caching
+ * allocator, allocated before any capture and freed on every path. */
+#include "engine_large.h"
+#include "codegen.h"
+#include "cuda_check.h"
+#include "nvrtc.h"
+#include "large_kernels.cuh" /* its first part is C: the argument structs */
+
+#include <cublas_v2.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Rows of all memories in one chunk, and the floats of one chunk buffer:
+ * bound the activations of a long step (its gradient accumulates over
+ * chunks) at a size where the products still fill the GPU. */
+#define CHUNK_ROWS 4096LL
+#define CHUNK_FLOATS (1LL << 26)
+/* cuBLAS's workspace, given explicitly so that a captured product never
+ * allocates (32 MiB: what cuBLAS asks for on Hopper). */
+#define BLAS_WORKSPACE ((size_t)32 << 20)
+/* Grid-stride kernels: at most this many blocks per SM. */
+#define BLOCKS_PER_SM 16
+
+enum { K_PARAMS, K_STAGE, K_ACT, K_LOSS, K_COLS, K_NORM, K_UPDATE, K_OUT, K_ROW, K_COUNT };
+const char *const mn_large_kernel_names[] = {
+    "mn_large_params_kernel", "mn_large_stage_kernel",  "mn_large_act_kernel",
+    "mn_large_loss_kernel",   "mn_large_cols_kernel",   "mn_large_norm_kernel",
+    "mn_large_update_kernel", "mn_large_out_kernel",    "mn_large_row_kernel",
+    NULL};
+
+char *mn_cuda_large_source(const mn_rule *r, const mn_dims *d, mn_precision p)
+{
+    static const char *const templates[] = {"large_kernels", NULL};
+    return mn_cuda_source_for(r, d, p, templates, NULL);
+}
+
+/* ---- loaded modules, by cache key (as engine_cuda.c keeps its own) ---- */
+
+typedef struct large_module {
+    char key[33];
+    cudaLibrary_t lib;
+    cudaKernel_t k[K_COUNT];
+    struct large_module *next;
+} large_module;
+
+static large_module *modules;
+
+static mn_status load(const void *cubin, cudaLibrary_t *lib)
+{
+    return MN_CUDA_ST(cudaLibraryLoadData(lib, cubin, NULL, NULL, 0, NULL, NULL, 0));
+}
+
+static mn_status module_for(const mn_rule *r, const mn_dims *d, mn_precision p, large_module **out)
+{
+    MN_TRY(mn_cuda_ensure_device());
+    int arch = mn_cuda_arch();
+    char *src = mn_cuda_large_source(r, d, p);
+    if (!src) return MN_ERR_ARG;
+    char key[33], opts[256];
+    mn_cuda_cache_key(src, mn_nvrtc_options(arch, opts, sizeof opts), arch, mn_nvrtc_version(), key);
+    for (large_module *m = modules; m; m = m->next)
+        if (strcmp(m->key, key) == 0) {
+            free(src);
+            *out = m;
+            return MN_OK;
+        }
+    void *cubin = NULL;
+    size_t size = 0;
+    cudaLibrary_t lib;
+    mn_status s = mn_nvrtc_cubin(src, arch, false, key, &cubin, &size);
+    if (s == MN_OK && load(cubin, &lib) != MN_OK) {
+        /* a cached file this driver refuses: compile afresh and replace it */
+        free(cubin);
+        cubin = NULL;
+        s = mn_nvrtc_cubin(src, arch, true, key, &cubin, &size);
+        if (s == MN_OK) s = load(cubin, &lib);
+    }
+    free(cubin);
+    free(src);
+    MN_TRY(s);
+    large_module *m = calloc(1, sizeof *m);
+    if (!m) {
+        (void)cudaLibraryUnload(lib);
+        return mn_fail(MN_ERR_OOM, "out of memory for a loaded kernel");
+    }
+    memcpy(m->key, key, sizeof m->key);
+    m->lib = lib;
+    for (int i = 0; i < K_COUNT && s == MN_OK; i++)
+        s = MN_CUDA_ST(cudaLibraryGetKernel(&m->k[i], lib, mn_large_kernel_names[i]));
+    if (s != MN_OK) {
+        (void)cudaLibraryUnload(lib);
+        free(m);
+        return s;
+    }
+    m->next = modules;
+    modules = m;
+    *out = m;
+    return MN_OK;
+}
+
+/* ---- the stream, the event and the cuBLAS handle, created once ---- */
+
+static struct {
+    bool ready;
+    cudaStream_t stream;
+    cudaEvent_t inputs_ready;
+    cublasHandle_t blas;
+} dev;
+
+static mn_status shared_init(void)
+{
+    if (dev.ready) return MN_OK;
+    MN_TRY(mn_cuda_ensure_device());
+    cudaStream_t stream = NULL;
+    cudaEvent_t ev = NULL;
+    cublasHandle_t h = NULL;
+    /* Non-blocking: the legacy stream never syncs with it implicitly, which
+     * would be an error while a step is being captured; ordering with the
+     * legacy stream is explicit (an event at the start, a wait at the end). */
+    mn_status s = MN_CUDA_ST(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    if (s == MN_OK) s = MN_CUDA_ST(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    if (s == MN_OK) s = MN_CUBLAS_ST(cublasCreate(&h));
+    /* fp32 means fp32: no tf32 unless the precision asks (SPEC.md section 3) */
+    if (s == MN_OK) s = MN_CUBLAS_ST(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    if (s != MN_OK) {
+        if (h) (void)cublasDestroy(h);
+        if (ev) (void)cudaEventDestroy(ev);
+        if (stream) (void)cudaStreamDestroy(stream);
+        return s;
+    }
+    dev.stream = stream;
+    dev.inputs_ready = ev;
+    dev.blas = h;
+    dev.ready = true;
+    return MN_OK;
+}
+
+/* ---- one segment or read: sizes, workspace, weights ---- */
+
+typedef struct run {
+    large_module *mod;
+    mn_large_kargs a;
+    int L, per, np, refresh, step;
+    long long M, dk, dv, dh, wide, CR;
+    mn_precision prec;
+    bool training;
+    unsigned grid_cap;
+    /* chunk buffers, [M, CR, width]: X, H and Db are GEMM operands (bf16 in bf16) */
+    void *X, *H[MN_MAX_LAYERS], *Db;
+    float *Z[MN_MAX_LAYERS], *Y, *D[2];
+    void *blas_ws;
+    void *work;
+    size_t work_bytes;
+    cudaGraphExec_t graph;
+    /* the weights: P the gradient point (fp32: biases, and the products in
+     * fp32/tf32), Pop and Wop the operands of the products at P and at W */
+    float *P[MN_LARGE_MAX_PARAMS];
+    const void *Pop[MN_LARGE_MAX_PARAMS], *Wop[MN_LARGE_MAX_PARAMS];
+    /* the segment */
+    const float *k, *q; /* q NULL: q = k */
+    float *y;           /* retrieval output or NULL */
+    bool after;         /* retrieve = after: the last row of a step sees W^(s+1) */
+    bool copy_y;        /* retrieval at W^(s) is the training forward (q = k, P = W) */
+    bool retrieve;      /* ... else a forward of its own */
+} run;
+
+static float *f32(const mn_tensor *t) { return t->storage ? (float *)mn_tensor_data(t) : NULL; }
+
+static mn_status check_state(const mn_memory_state *st)
+{
+    for (int p = 0; p < st->nparams; p++) {
+        const mn_tensor *ts[3] = {&st->params[p], &st->momenta[p], &st->anchor[p]};
+        for (int j = 0; j < 3; j++)
+            if (!ts[j]->storage || ts[j]->storage->device != MN_CUDA || !mn_tensor_is_contiguous(ts[j]))
+                return mn_fail(MN_ERR_ARG, "cuda engine: the memory state is not contiguous on cuda");
+    }
+    return MN_OK;
+}
+
+/* Sizes, the module, and the state's pointers; rows: the most rows one step
+ * (or the read) has. */
+static mn_status run_init(run *R, const mn_memory_state *st, long long rows, bool training)
+{
+    const mn_rule *r = &st->rule;
+    const mn_dims *d = &st->dims;
+    memset(R, 0, sizeof *R);
+    R->M = d->B * d->H;
+    if (R->M > 65535)
+        return mn_fail(MN_ERR_UNSUPPORTED, "cuda large path: %lld memories (B x H) exceed a grid's 65535",
+                       (long long)R->M);
+    if (st->nparams > MN_LARGE_MAX_PARAMS)
+        return mn_fail(MN_ERR_UNSUPPORTED, "cuda large path: %d parameters (at most %d)", st->nparams,
+                       MN_LARGE_MAX_PARAMS);
+    MN_TRY(check_state(st));
+    R->L = r->layers;
+    R->per = r->bias ? 2 : 1;
+    R->np = st->nparams;
+    R->refresh = mn_rule_refresh(r);
+    R->step = r->step;
+    R->dk = d->dk;
+    R->dv = d->dv;
+    R->dh = r->layers > 1 ? d->dh : 0;
+    R->wide = R->dv > R->dh ? R->dv : R->dh;
+    R->prec = st->precision;
+    R->training = training;
+    long long widest = R->dk > R->wide ? R->dk : R->wide;
+    if (widest > INT_MAX / 2)
+        return mn_fail(MN_ERR_UNSUPPORTED, "cuda large path: a dimension of %lld is too large for cuBLAS", widest);
+    long long cr = CHUNK_ROWS / R->M;
+    if (cr * R->M * widest > CHUNK_FLOATS) cr = CHUNK_FLOATS / (R->M * widest);
+    if (cr < 1) cr = 1;
+    R->CR = rows < cr ? rows : cr;
+    R->grid_cap = (unsigned)(mn_cuda_sm_count() * BLOCKS_PER_SM);
+
+    mn_large_kargs *a = &R->a;
+    long long slices = 0;
+    for (int p = 0; p < R->np; p++) {
+        int64_t shape[2];
+        int nd = mn_rule_param_shape(r, d, p, shape);
+        a->numel[p] = nd == 2 ? shape[0] * shape[1] : shape[0];
+        a->W[p] = f32(&st->params[p]);
+        a->S[p] = f32(&st->momenta[p]);
+        a->A[p] = f32(&st->anchor[p]);
+        a->slice_start[p] = slices;
+        slices += (a->numel[p] + MN_LARGE_SLICE - 1) / MN_LARGE_SLICE;
+    }
+    for (int p = R->np; p <= MN_LARGE_MAX_PARAMS; p++) a->slice_start[p] = slices;
+    if (slices > INT_MAX)
+        return mn_fail(MN_ERR_UNSUPPORTED, "cuda large path: %lld parameter slices exceed a grid", slices);
+    a->nslices = slices;
+    a->memories = R->M;
+    a->steps_done = st->steps_done;
+    MN_TRY(module_for(r, d, R->prec, &R->mod));
+    return shared_init();
+}
+
+static void *take(char *base, size_t *off, size_t bytes)
+{
+    void *p = base ? base + *off : NULL;
+    *off += (bytes + 255) & ~(size_t)255; /* every piece 256-byte aligned, as cuBLAS likes */
+    return p;
+}
+
+/* Carves the workspace at base (NULL: only counts); returns its bytes. */
+static size_t carve(run *R, char *base)
+{
+    mn_large_kargs *a = &R->a;
+    const bool bf16 = R->prec == MN_PREC_BF16;
+    const size_t es = bf16 ? 2 : 4, rows = (size_t)(R->M * R->CR), M = (size_t)R->M;
+    size_t off = 0;
+    R->blas_ws = take(base, &off, BLAS_WORKSPACE);
+    R->X = take(base, &off, rows * R->dk * es);
+    for (int i = 0; i + 1 < R->L; i++) {
+        R->Z[i] = take(base, &off, rows * R->dh * 4);
+        R->H[i] = take(base, &off, rows * R->dh * es);
+    }
+    R->Y = take(base, &off, rows * R->dv * 4);
+    for (int p = 0; p < R->np; p++) {
+        bool is_bias = R->per == 2 && p % 2 == 1;
+        a->Wb[p] = bf16 && !is_bias ? take(base, &off, M * a->numel[p] * 2) : NULL;
+        a->Ab[p] = bf16 && !is_bias && R->training && R->refresh != R->step ? take(base, &off, M * a->numel[p] * 2)
+                                                                          : NULL;
+    }
+    if (!R->training) return off;
+    R->D[0] = take(base, &off, rows * R->wide * 4);
+    R->D[1] = take(base, &off, rows * R->wide * 4);
+    R->Db = bf16 ? take(base, &off, rows * R->wide * 2) : NULL;
+    for (int p = 0; p < R->np; p++) a->G[p] = take(base, &off, M * a->numel[p] * 4);
+    size_t nrb = (size_t)((R->CR + MN_LARGE_COL_ROWS - 1) / MN_LARGE_COL_ROWS);
+    size_t ntiles = (size_t)((R->wide + 31) / 32);
+    size_t parts = M * (size_t)a->nslices, colparts = M * nrb * (size_t)R->wide;
+    a->part = take(base, &off, (parts > colparts ? parts : colparts) * sizeof(double));
+    a->tickets = take(base, &off, (1 + M * ntiles) * sizeof(unsigned));
+    a->counter = take(base, &off, sizeof(long long));
+    a->scale = take(base, &off, M * R->np * sizeof(float));
+    a->finite = take(base, &off, M * sizeof(int));
+    a->rowbuf = take(base, &off, 2 * M * (size_t)(R->dh > 0 ? R->dh : 1) * sizeof(float));
+    return off;
+}
+
+static mn_status alloc_work(run *R)
+{
+    R->work_bytes = carve(R, NULL);
+    MN_TRY(mn_cuda_alloc(R->work_bytes, &R->work));
+    carve(R, R->work);
+    const bool at_w = R->refresh == R->step, bf16 = R->prec == MN_PREC_BF16;
+    for (int p = 0; p < R->np; p++) {
+        R->P[p] = at_w ? R->a.W[p] : R->a.A[p];
+        R->Wop[p] = bf16 ? R->a.Wb[p] : R->a.W[p];
+        R->Pop[p] = bf16 ? (at_w ? R->a.Wb[p] : R->a.Ab[p]) : R->P[p];
+    }
+    return MN_OK;
+}
+
+/* Waits for the stream (always: the workspace must not be handed out while
+ * kernels still use it), frees everything; keeps the first error. */
+static mn_status finish(run *R, mn_status s)
+{
+    if (s == MN_OK) s = MN_CUDA_ST(cudaStreamSynchronize(dev.stream));
+    else if (cudaStreamSynchronize(dev.stream) != cudaSuccess) (void)cudaGetLastError(); /* already failing */
+    if (R->graph) (void)cudaGraphExecDestroy(R->graph);
+    R->graph = NULL;
+    mn_cuda_free(R->work, R->work_bytes);
+    R->work = NULL;
+    return s;
+}
+
+/* ---- launches ---- */
+
+static const dim3 block1 = {MN_LARGE_THREADS, 1, 1};
+
+static mn_status launch(const run *R, int k, dim3 grid, dim3 block, const mn_large_op *o)
+{
+    void *args[2] = {(void *)&R->a, (void *)o}; /* copied by the launch */
+    return MN_CUDA_ST(cudaLaunchKernel((const void *)R->mod->k[k], grid, block, args, 0, dev.stream));
+}
+
+/* Grid-stride over elems elements of each memory: (x, M). */
+static dim3 grid_elems(const run *R, long long elems)
+{
+    long long b = (elems + MN_LARGE_THREADS - 1) / MN_LARGE_THREADS;
+    if (b > R->grid_cap) b = R->grid_cap;
+    if (b < 1) b = 1;
+    dim3 g = {(unsigned)b, (unsigned)R->M, 1};
+    return g;
+}
+
+static dim3 grid_slices(const run *R)
+{
+    dim3 g = {(unsigned)R->a.nslices, (unsigned)R->M, 1};
+    return g;
+}
+
+/* A row-major product for every memory as cuBLAS (column-major) sees it:
+ * a row-major [r, c] matrix is the column-major [c, r] one (kernels/blas.c),
+ * so each call below computes C^T. Operands in the precision's type, C fp32. */
+static mn_status gemm(const run *R, cublasOperation_t ta, cublasOperation_t tb, long long m, long long n,
+                      long long k, const void *A, long long lda, long long sa, const void *B, long long ldb,
+                      long long sb, float beta, float *C, long long ldc, long long sc)
+{
+    const float one = 1.0f;
+    cudaDataType_t t = R->prec == MN_PREC_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    cublasComputeType_t ct = R->prec == MN_PREC_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    return MN_CUBLAS_ST(cublasGemmStridedBatchedEx(dev.blas, ta, tb, (int)m, (int)n, (int)k, &one, A, t, (int)lda,
+                                                   sa, B, t, (int)ldb, sb, &beta, C, CUDA_R_32F, (int)ldc, sc,
+                                                   (int)R->M, ct, CUBLAS_GEMM_DEFAULT));
+}
+
+/* Rows r0 .. r0 + cr - 1 of the step (of x: k or q) into X. */
+static mn_status stage(const run *R, const float *x, long long r0, long long cr)
+{
+    mn_large_op o = {0};
+    o.in = x;
+    o.out_op = R->X;
+    o.r0 = r0;
+    o.rows = cr;
+    o.ld = R->CR;
+    return launch(R, K_STAGE, grid_elems(R, cr * R->dk), block1, &o);
+}
+
+/* The model on the cr rows in X at the weights params (fp32: biases) and
+ * ops (operands): z and h of the hidden layers kept, the last product in Y
+ * (its bias and the residual are added by the consumer: loss or out). */
+static mn_status forward(const run *R, float *const *params, const void *const *ops, long long cr)
+{
+    const void *in = R->X;
+    for (int i = 0; i < R->L; i++) {
+        const bool last = i == R->L - 1;
+        const long long ni = i == 0 ? R->dk : R->dh, no = last ? R->dv : R->dh;
+        float *out = last ? R->Y : R->Z[i];
+        /* Z [cr, no] = in [cr, ni] W^T, W [no, ni]: Z^T = op_T(W^T) in^T */
+        MN_TRY(gemm(R, CUBLAS_OP_T, CUBLAS_OP_N, no, cr, ni, ops[i * R->per], ni, no * ni, in, ni, R->CR * ni, 0.0f,
+                    out, no, R->CR * no));
+        if (last) break;
+        mn_large_op o = {0};
+        o.out = out;
+        o.out_op = R->H[i];
+        o.bias = R->per == 2 ? params[i * 2 + 1] : NULL;
+        o.rows = cr;
+        o.ld = R->CR;
+        MN_TRY(launch(R, K_ACT, grid_elems(R, cr * R->dh), block1, &o));
+        in = R->H[i];
+    }
+    return MN_OK;
+}
+
+static mn_status cols(const run *R, float *d, const float *z, void *dop, float *gb, long long ncols, long long cr,
+                      int flags)
+{
+    mn_large_op o = {0};
+    o.out = d;
+    o.in = z;
+    o.out_op = dop;
+    o.gb = gb;
+    o.rows = cr;
+    o.ld = R->CR;
+    o.cols = (int)ncols;
+    o.flags = flags;
+    dim3 grid = {(unsigned)((ncols + 31) / 32), (unsigned)((cr + MN_LARGE_COL_ROWS - 1) / MN_LARGE_COL_ROWS),
+                 (unsigned)R->M};
+    dim3 block = {32, 8, 1};
+    return launch(R, K_COLS, grid, block, &o);
+}
+
+/* The gradients of the cr rows whose dL/dy the loss kernel left in D[0]
+ * (and Db), added to G for a later chunk of the step (accum). */
+static mn_status backward(const run *R, long long cr, bool accum)
+{
+    const bool bf16 = R->prec == MN_PREC_BF16;
+    const int acc = accum ? MN_LARGE_ACCUM : 0;
+    int cur = 0; /* D[cur]: dL/dz of layer i */
+    for (int i = R->L - 1; i >= 0; i--) {
+        const long long ni = i == 0 ? R->dk : R->dh, no = i == R->L - 1 ? R->dv : R->dh;
+        const void *in = i == 0 ? R->X : R->H[i - 1];
+        const void *dz = bf16 ? R->Db : R->D[cur];
+        /* G_W [no, ni] (+)= dz^T in: G^T = in^T op_T(dz^T) */
+        MN_TRY(gemm(R, CUBLAS_OP_N, CUBLAS_OP_T, ni, no, cr, in, ni, R->CR * ni, dz, no, R->CR * no,
+                    accum ? 1.0f : 0.0f, R->a.G[i * R->per], ni, no * ni));
+        /* the last layer's bias; hidden layers' come with their dz below */
+        if (R->per == 2 && i == R->L - 1)
+            MN_TRY(cols(R, R->D[cur], NULL, NULL, R->a.G[i * 2 + 1], no, cr, MN_LARGE_BIAS | acc));
+        if (i == 0) break;
+        /* dh [cr, ni] = dz W: dh^T = W^T dz^T */
+        MN_TRY(gemm(R, CUBLAS_OP_N, CUBLAS_OP_N, ni, cr, no, R->Pop[i * R->per], ni, no * ni, dz, no, R->CR * no,
+                    0.0f, R->D[cur ^ 1], ni, R->CR * ni));
+        int flags = MN_LARGE_ACT | (R->per == 2 ? MN_LARGE_BIAS | acc : 0);
+        MN_TRY(cols(R, R->D[cur ^ 1], R->Z[i - 1], bf16 ? R->Db : NULL, R->per == 2 ? R->a.G[(i - 1) * 2 + 1] : NULL,
+                    ni, cr, flags));
+        cur ^= 1;
+    }
+    return MN_OK;
+}
+
+/* Retrieval rows r0 .. r0 + cr - 1 at the weights W (after stage + forward). */
+static mn_status out_rows(const run *R, const float *x, long long r0, long long cr)
+{
+    mn_large_op o = {0};
+    o.in = R->Y;
+    o.bias = R->per == 2 ? R->a.W[R->np - 1] : NULL;
+    o.x = x;
+    o.y = R->y;
+    o.r0 = r0;
+    o.rows = cr;
+    o.ld = R->CR;
+    return launch(R, K_OUT, grid_elems(R, cr * R->dv), block1, &o);
+}
+
+/* Every launch of one step of rows rows, in order (the header comment). */
+static mn_status enqueue_step(const run *R, long long rows)
+{
+    const long long before = R->after ? rows - 1 : rows; /* rows retrieved at W^(s) */
+    const bool bf16 = R->prec == MN_PREC_BF16;
+    mn_large_op o;
+    if (R->refresh > 0 && R->refresh != R->step) {
+        memset(&o, 0, sizeof o);
+        o.flags = MN_LARGE_REFRESH;
+        MN_TRY(launch(R, K_PARAMS, grid_slices(R), block1, &o));
+    }
+    for (long long r0 = 0; r0 < rows; r0 += R->CR) {
+        const long long cr = rows - r0 < R->CR ? rows - r0 : R->CR;
+        MN_TRY(stage(R, R->k, r0, cr));
+        MN_TRY(forward(R, R->P, R->Pop, cr));
+        memset(&o, 0, sizeof o);
+        o.in = R->Y;
+        o.bias = R->per == 2 ? R->P[R->np - 1] : NULL;
+        o.out = R->D[0];
+        o.out_op = bf16 ? R->Db : NULL;
+        o.y = R->copy_y ? R->y : NULL;
+        o.copy_rows = before;
+        o.r0 = r0;
+        o.rows = cr;
+        o.step_rows = rows;
+        o.ld = R->CR;
+        dim3 grid = {(unsigned)((cr + MN_LARGE_THREADS / 32 - 1) / (MN_LARGE_THREADS / 32)), (unsigned)R->M, 1};
+        MN_TRY(launch(R, K_LOSS, grid, block1, &o));
+        MN_TRY(backward(R, cr, r0 > 0));
+    }
+    memset(&o, 0, sizeof o);
+    o.step_rows = rows;
+    MN_TRY(launch(R, K_NORM, grid_slices(R), block1, &o));
+    if (R->retrieve) {
+        const float *x = R->q ? R->q : R->k;
+        for (long long r0 = 0; r0 < before; r0 += R->CR) {
+            const long long cr = before - r0 < R->CR ? before - r0 : R->CR;
+            MN_TRY(stage(R, x, r0, cr));
+            MN_TRY(forward(R, R->a.W, R->Wop, cr));
+            MN_TRY(out_rows(R, x, r0, cr));
+        }
+    }
+    const bool last_row = R->y && R->after;
+    memset(&o, 0, sizeof o);
+    o.flags = last_row ? 0 : MN_LARGE_ADVANCE;
+    MN_TRY(launch(R, K_UPDATE, grid_slices(R), block1, &o));
+    for (int i = 0; last_row && i < R->L; i++) {
+        const long long no = i == R->L - 1 ? R->dv : R->dh;
+        memset(&o, 0, sizeof o);
+        o.layer = i;
+        o.x = R->q ? R->q : R->k;
+        o.y = R->y;
+        o.step_rows = rows;
+        o.flags = i == R->L - 1 ? MN_LARGE_ADVANCE : 0;
+        dim3 grid = {(unsigned)((no + MN_LARGE_THREADS / 32 - 1) / (MN_LARGE_THREADS / 32)), (unsigned)R->M, 1};
+        MN_TRY(launch(R, K_ROW, grid, block1, &o));
+    }
+    return MN_OK;
+}
+
+/* One full step captured into R->graph; false (and no graph) when the
+ * capture or the instantiation fails: the caller then launches directly. */
+static bool capture_step(run *R, long long rows)
+{
+    cudaGraph_t g = NULL;
+    if (cudaStreamBeginCapture(dev.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    mn_status s = enqueue_step(R, rows);
+    /* always ends the capture, even when a launch above failed */
+    cudaError_t e = cudaStreamEndCapture(dev.stream, &g);
+    bool ok = s == MN_OK && e == cudaSuccess && g;
+    if (ok && cudaGraphInstantiate(&R->graph, g, 0) != cudaSuccess) {
+        R->graph = NULL;
+        ok = false;
+    }
+    if (g) (void)cudaGraphDestroy(g);
+    if (!ok) (void)cudaGetLastError();
+    return ok;
+}
+
+/* Our stream after the legacy stream's work (inputs, outputs and state were
+ * made there), cuBLAS on our stream and workspace, and the bf16 operand
+ * copies of the weights. */
+static mn_status begin(run *R)
+{
+    MN_CUDA_CHECK(cudaEventRecord(dev.inputs_ready, 0));
+    MN_CUDA_CHECK(cudaStreamWaitEvent(dev.stream, dev.inputs_ready, 0));
+    /* SetStream drops the workspace, so it comes first */
+    MN_CUBLAS_CHECK(cublasSetStream(dev.blas, dev.stream));
+    MN_CUBLAS_CHECK(cublasSetWorkspace(dev.blas, R->blas_ws, BLAS_WORKSPACE));
+    if (R->training) {
+        MN_CUDA_CHECK(cudaMemsetAsync(R->a.counter, 0, sizeof(long long), dev.stream));
+        size_t ntiles = (size_t)((R->wide + 31) / 32);
+        MN_CUDA_CHECK(cudaMemsetAsync(R->a.tickets, 0, (1 + (size_t)R->M * ntiles) * sizeof(unsigned), dev.stream));
+    }
+    if (R->prec == MN_PREC_BF16) {
+        mn_large_op o = {0};
+        o.flags = MN_LARGE_CONVERT_W;
+        MN_TRY(launch(R, K_PARAMS, grid_slices(R), block1, &o));
+        if (R->training && R->refresh != R->step) {
+            o.flags = MN_LARGE_CONVERT_A;
+            MN_TRY(launch(R, K_PARAMS, grid_slices(R), block1, &o));
+        }
+    }
+    return MN_OK;
+}
+
+static mn_status run_steps(run *R, long long n)
+{
+    MN_TRY(begin(R));
+    const long long c = R->step, full = n / c, tail = n % c;
+    for (long long sl = 0; sl < full; sl++) {
+        /* step 0 runs directly: cuBLAS picks its kernels and the modules
+         * load outside a capture; a graph pays off from two replays on */
+        if (sl == 1 && full - 1 >= 2) (void)capture_step(R, c);
+        if (R->graph) MN_CUDA_CHECK(cudaGraphLaunch(R->graph, dev.stream));
+        else MN_TRY(enqueue_step(R, c));
+    }
+    if (tail > 0) MN_TRY(enqueue_step(R, tail));
+    return MN_OK;
+}
+
+mn_status mn_cuda_large_segment_run(mn_memory_state *st, const mn_segment_inputs *in, mn_segment_outputs *out,
+                                    int64_t n, int64_t nsteps)
+{
+    int64_t memories = st->dims.B * st->dims.H;
+    if (n == 0 || memories == 0) {
+        st->steps_done += nsteps;
+        return MN_OK;
+    }
+    run R;
+    MN_TRY(run_init(&R, st, st->rule.step < n ? st->rule.step : n, true));
+    mn_large_kargs *a = &R.a;
+    R.k = f32(&in->k);
+    R.q = f32(&in->q);
+    R.y = in->want_y ? f32(&out->y) : NULL;
+    R.after = st->rule.retrieve == MN_RETRIEVE_AFTER;
+    R.copy_y = R.y && !R.q && R.refresh == R.step;
+    R.retrieve = R.y && !R.copy_y;
+    a->k = R.k;
+    a->v = f32(&in->v);
+    a->theta = f32(&in->theta);
+    a->eta = f32(&in->eta);
+    a->alpha = f32(&in->alpha);
+    a->loss = f32(&out->loss);
+    a->grad_norm = f32(&out->grad_norm);
+    a->clip_scale = f32(&out->clip_scale);
+    a->skipped = f32(&out->skipped);
+    a->step_loss = f32(&out->step_loss);
+    a->weight_norm = f32(&out->weight_norm);
+    a->n = n;
+    a->nsteps = nsteps;
+    MN_TRY(alloc_work(&R));
+    mn_status s = finish(&R, run_steps(&R, n));
+    if (s != MN_OK) return s;
+    st->steps_done += nsteps;
+    mn_report_progress(memories * nsteps, memories * nsteps);
+    return MN_OK;
+}
+
+mn_status mn_cuda_large_read(const mn_memory_state *st, const mn_tensor *q, mn_tensor *y)
+{
+    int64_t memories = st->dims.B * st->dims.H, rows = q->shape[2];
+    if (rows == 0 || memories == 0) return MN_OK;
+    run R;
+    MN_TRY(run_init(&R, st, rows, false));
+    R.a.n = rows; /* counter NULL: the rows start at 0 */
+    R.y = f32(y);
+    MN_TRY(alloc_work(&R));
+    const float *x = f32(q);
+    mn_status s = begin(&R);
+    for (long long r0 = 0; s == MN_OK && r0 < rows; r0 += R.CR) {
+        const long long cr = rows - r0 < R.CR ? rows - r0 : R.CR;
+        s = stage(&R, x, r0, cr);
+        if (s == MN_OK) s = forward(&R, R.a.W, R.Wop, cr);
+        if (s == MN_OK) s = out_rows(&R, x, r0, cr);
+    }
+    return finish(&R, s);
+}

@@ -1,0 +1,32 @@
+/* engine_large.h: the large-memory path of the CUDA rule engine (DESIGN.md,
+ * Fast paths; kernels/plan.h MN_PATH_LARGE): for memories with a dimension
+ * of 256 or more, the products through cuBLAS in the state's precision, the
+ * elementwise work in a few generated kernels (kernels/large_kernels.cuh),
+ * and each step replayed from a CUDA graph. Any rule of SPEC.md runs here,
+ * with the outputs of the general path (kernels/engine_cuda.c), so tests can
+ * force it (MNEMO_CUDA_PATH=large) on rules of any size. */
+#ifndef MN_ENGINE_LARGE_H
+#define MN_ENGINE_LARGE_H
+
+#include "../model/engine.h"
+
+/* One segment, as the engine backend's segment_run (model/engine.h): inputs
+ * materialised by model/engine.c (f32, contiguous, on the device: k, v, q or
+ * empty for q = k, theta [B,H,n], eta and alpha [B,H,nsteps]), outputs
+ * allocated (y only when in->want_y). Advances st->steps_done by nsteps.
+ * Waits for the device before returning, so a fault is reported here. */
+mn_status mn_cuda_large_segment_run(mn_memory_state *st, const mn_segment_inputs *in, mn_segment_outputs *out,
+                                    int64_t n, int64_t nsteps);
+
+/* Retrieval only: y [B,H,rows,dv] = M(q; W) with the current weights. */
+mn_status mn_cuda_large_read(const mn_memory_state *st, const mn_tensor *q, mn_tensor *y);
+
+/* The NVRTC source of the path's kernels for a rule at the dims and
+ * precision (rule:source, the CI compile test), or NULL with
+ * mn_last_error() set. Caller frees. No GPU needed. */
+char *mn_cuda_large_source(const mn_rule *r, const mn_dims *d, mn_precision p);
+
+/* The names of the kernels in that source (extern "C"), NULL-terminated. */
+extern const char *const mn_large_kernel_names[];
+
+#endif

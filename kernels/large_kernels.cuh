@@ -1,0 +1,510 @@
+/* large_kernels.cuh: the elementwise and reduction kernels of the large-memory
+ * path (kernels/engine_large.c), which does the matrix products with cuBLAS
+ * and everything between them here. The semantics are those of
+ * kernels/rule_kernel.cuh (SPEC.md section 2); only the split differs: there
+ * one block walks a memory's steps, here every kernel spans all rows and all
+ * memories of one step, and one step is a fixed sequence of launches that
+ * the host captures once into a CUDA graph.
+ *
+ * So that one captured graph serves every step, nothing that changes from
+ * step to step is a kernel argument: the step index s of the segment lives
+ * in device memory (a.counter), the kernels derive the token offset s * c
+ * from it, and the step's last kernel advances it. Reductions are
+ * deterministic: fixed partitions summed in double, the partials combined
+ * in a fixed order by the last block to finish (mn_lg_last_arrival), never
+ * by floating-point atomics.
+ *
+ * Two parts, as in rule_kernel.cuh. The first is plain C, included by the
+ * host too: the argument structs and the sizes. The second is compiled by
+ * NVRTC only, after kernels/codegen.c has put in front of it the MN_* size
+ * and flag constants, the expression prelude and the rule's hooks
+ * (mn_hook_loss, mn_hook_loss_grad, mn_hook_act, mn_hook_act_grad,
+ * mn_hook_clip_scale, mn_hook_clip_elem). */
+#ifndef MN_LARGE_KERNEL_ARGS
+#define MN_LARGE_KERNEL_ARGS
+
+#define MN_LARGE_THREADS 256   /* every kernel's block (8 warps); the column kernel as 32 x 8 */
+#define MN_LARGE_MAX_PARAMS 16
+#define MN_LARGE_SLICE 4096    /* parameter elements per block: norm, update, params kernels */
+#define MN_LARGE_COL_ROWS 128  /* rows per block of the column kernel */
+
+/* mn_large_op.flags */
+#define MN_LARGE_ACT 1         /* cols: multiply by phi'(z) */
+#define MN_LARGE_BIAS 2        /* cols: column sums into gb */
+#define MN_LARGE_ACCUM 4       /* cols: add to gb (a later chunk of the step) */
+#define MN_LARGE_ADVANCE 8     /* update, row: this is the step's last kernel: advance the counter */
+#define MN_LARGE_REFRESH 16    /* params: A = W at the first step of a refresh block */
+#define MN_LARGE_CONVERT_W 32  /* params: Wb = bf16(W) */
+#define MN_LARGE_CONVERT_A 64  /* params: Ab = bf16(A) */
+
+/* Fixed for a whole segment (every launch gets the same copy). Parameter
+ * pointers are [M, numel] bases (M = B*H memories). */
+typedef struct mn_large_kargs {
+    float *W[MN_LARGE_MAX_PARAMS], *S[MN_LARGE_MAX_PARAMS], *A[MN_LARGE_MAX_PARAMS];
+    float *G[MN_LARGE_MAX_PARAMS];           /* the step's gradient */
+    void *Wb[MN_LARGE_MAX_PARAMS], *Ab[MN_LARGE_MAX_PARAMS]; /* bf16 copies of weight matrices, or NULL */
+    long long numel[MN_LARGE_MAX_PARAMS];
+    long long slice_start[MN_LARGE_MAX_PARAMS + 1]; /* parameter p has slices [start[p], start[p+1]) */
+    long long nslices;                       /* per memory */
+    const float *k, *v, *theta, *eta, *alpha; /* [M,n,dk], [M,n,dv], [M,n], [M,nsteps] x 2 */
+    float *loss, *grad_norm, *clip_scale, *skipped, *step_loss, *weight_norm;
+    long long memories, n, nsteps, steps_done;
+    long long *counter;                      /* the segment's step index; NULL in a read (offset 0) */
+    double *part;                            /* block partials of the reductions */
+    unsigned *tickets;                       /* [0]: whole-grid kernels; [1 + ...]: column tiles */
+    float *scale;                            /* [M, nparams]: clip scale of the step (norm-type clips) */
+    int *finite;                             /* [M]: the step's gradient is finite (else skipped) */
+    float *rowbuf;                           /* [2, M, dh]: hidden activations of the row forward */
+} mn_large_kargs;
+
+/* What one launch works on; each kernel's comment says which fields. */
+typedef struct mn_large_op {
+    const float *in;       /* main fp32 input */
+    const float *x;        /* model input rows (k or q) [M, n, dk]: residual, row forward */
+    const float *bias;     /* a layer's bias [M, out], or NULL */
+    float *out;            /* fp32 output (or in place) */
+    void *out_op;          /* the same values as a GEMM operand (bf16 or fp32), or NULL */
+    float *gb;             /* bias gradient [M, out] */
+    float *y;              /* retrieval output [M, n, dv], or NULL */
+    long long r0, rows;    /* this launch's rows r0 .. r0 + rows - 1 of the step */
+    long long step_rows;   /* rows of the whole step */
+    long long copy_rows;   /* loss: step rows < copy_rows copy y out */
+    long long ld;          /* rows per memory of the chunk buffers */
+    int cols, layer, flags, pad_;
+} mn_large_op;
+
+#endif /* MN_LARGE_KERNEL_ARGS */
+
+#ifdef __CUDACC_RTC__
+
+#define MN_LG_PER (MN_BIAS ? 2 : 1)
+#define MN_LG_NP (MN_LAYERS * MN_LG_PER)
+#define MN_LG_WARPS (MN_LARGE_THREADS / 32)
+#define MN_LG_DH (MN_DH > 0 ? MN_DH : 1) /* a divisor even for one layer */
+#define MN_LG_DBL_MAX 1.7976931348623157e308
+
+/* ---- precision: how GEMM operands are stored, and rounded where we multiply ourselves ---- */
+
+/* bfloat16 bits of x, round to nearest even; NaN stays NaN (a quiet bit is
+ * set: the top half of a signalling NaN alone could read as Inf). */
+__device__ __forceinline__ unsigned short mn_lg_bf16_bits(float x)
+{
+    unsigned u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+
+#if MN_PREC == 2
+typedef unsigned short mn_lg_op; /* cuBLAS reads these as CUDA_R_16BF */
+__device__ __forceinline__ mn_lg_op mn_lg_to_op(float x) { return mn_lg_bf16_bits(x); }
+__device__ __forceinline__ float mn_lg_round(float x) { return __uint_as_float((unsigned)mn_lg_bf16_bits(x) << 16); }
+#elif MN_PREC == 1
+typedef float mn_lg_op; /* cuBLAS rounds to tf32 itself (CUBLAS_COMPUTE_32F_FAST_TF32) */
+__device__ __forceinline__ mn_lg_op mn_lg_to_op(float x) { return x; }
+__device__ __forceinline__ float mn_lg_round(float x)
+{
+    unsigned u;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(x));
+    return __uint_as_float(u);
+}
+#else
+typedef float mn_lg_op;
+__device__ __forceinline__ mn_lg_op mn_lg_to_op(float x) { return x; }
+__device__ __forceinline__ float mn_lg_round(float x) { return x; }
+#endif
+
+/* ---- the step counter, sums, the last block ---- */
+
+__device__ __forceinline__ long long mn_lg_step(const mn_large_kargs &a) { return a.counter ? *a.counter : 0; }
+
+/* Butterfly: every lane ends with the same bits (each pairwise sum is the
+ * same two numbers in either order), so every lane may use the result. */
+__device__ __forceinline__ double mn_lg_warp_sum(double v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float mn_lg_warp_sumf(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Sum over a 1-d block of MN_LARGE_THREADS, in a fixed order, to every thread. */
+__device__ double mn_lg_block_sum(double v)
+{
+    __shared__ double part[MN_LG_WARPS];
+    v = mn_lg_warp_sum(v);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double t = 0.0;
+#pragma unroll
+    for (int w = 0; w < MN_LG_WARPS; w++) t += part[w];
+    return t;
+}
+
+/* True in exactly one block: the last of count blocks to arrive at this
+ * ticket, which then sees every other block's results (each fenced its
+ * writes before arriving; the reader loads them with __ldcg, past L1) and
+ * resets the ticket for the next launch. Every thread of the block calls it. */
+__device__ bool mn_lg_last_arrival(unsigned *ticket, unsigned count)
+{
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0 && threadIdx.y == 0) {
+        last = atomicAdd(ticket, 1u) == count - 1;
+        if (last) atomicExch(ticket, 0u);
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
+/* The parameter of slice s (of one memory), and the slice's element range. */
+__device__ __forceinline__ int mn_lg_slice(const mn_large_kargs &a, long long s, long long *e0, long long *e1)
+{
+    int p = 0;
+#pragma unroll
+    for (int i = 1; i < MN_LG_NP; i++)
+        if (s >= a.slice_start[i]) p = i;
+    *e0 = (s - a.slice_start[p]) * MN_LARGE_SLICE;
+    *e1 = *e0 + MN_LARGE_SLICE < a.numel[p] ? *e0 + MN_LARGE_SLICE : a.numel[p];
+    return p;
+}
+
+#define MN_LG_GRID_STRIDE(e, count)                                                                   \
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < (count);                \
+         e += (long long)gridDim.x * blockDim.x)
+
+/* ---- the kernels ---- */
+
+/* Parameter copies; grid (nslices, M). flags:
+ *   MN_LARGE_REFRESH: at the first step of a refresh block (steps_done + s a
+ *     multiple of refresh / c) the gradient point moves: A = W, Ab = bf16(W);
+ *     other steps return at once. Launched only when refresh is neither 0
+ *     nor c, as the step's first kernel.
+ *   MN_LARGE_CONVERT_W / _A: Wb = bf16(W) / Ab = bf16(A) (bf16, segment start). */
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_params_kernel(const mn_large_kargs a,
+                                                                                      const mn_large_op o)
+{
+    const long long m = blockIdx.y;
+    long long e0, e1;
+    const int p = mn_lg_slice(a, blockIdx.x, &e0, &e1);
+    const long long base = m * a.numel[p];
+    if (o.flags & MN_LARGE_REFRESH) {
+#if MN_REFRESH > 0 && MN_REFRESH != MN_STEP
+        if ((a.steps_done + mn_lg_step(a)) % (MN_REFRESH / MN_STEP) != 0) return;
+        const float *W = a.W[p] + base;
+        float *A = a.A[p] + base;
+        mn_lg_op *Ab = a.Ab[p] ? (mn_lg_op *)a.Ab[p] + base : 0;
+        for (long long e = e0 + threadIdx.x; e < e1; e += MN_LARGE_THREADS) {
+            const float w = W[e];
+            A[e] = w;
+            if (Ab) Ab[e] = mn_lg_to_op(w);
+        }
+#endif
+        return;
+    }
+    const bool from_a = (o.flags & MN_LARGE_CONVERT_A) != 0;
+    const float *src = (from_a ? a.A[p] : a.W[p]) + base;
+    void *dst = from_a ? a.Ab[p] : a.Wb[p];
+    if (!dst) return; /* a bias: added in fp32, never a GEMM operand */
+    mn_lg_op *d = (mn_lg_op *)dst + base;
+    for (long long e = e0 + threadIdx.x; e < e1; e += MN_LARGE_THREADS) d[e] = mn_lg_to_op(src[e]);
+}
+
+/* GEMM operand rows: out_op[m, r, :] = in[m, t0 + r0 + r, :] for r < rows,
+ * t0 = s * c (in: k or q). A copy, because a captured GEMM reads fixed
+ * addresses while the step's rows move; in bf16 it is also the rounding.
+ * Grid (x, M). */
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_stage_kernel(const mn_large_kargs a,
+                                                                                     const mn_large_op o)
+{
+    const long long m = blockIdx.y, t = mn_lg_step(a) * MN_STEP + o.r0;
+    const float *src = o.in + (m * a.n + t) * MN_DK;
+    mn_lg_op *dst = (mn_lg_op *)o.out_op + m * o.ld * MN_DK;
+    MN_LG_GRID_STRIDE(e, o.rows * MN_DK) dst[e] = mn_lg_to_op(src[e]);
+}
+
+/* A hidden layer after its product: z = out + bias in place (kept for the
+ * backward), out_op = phi(z) (the next product's operand). Grid (x, M). */
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_act_kernel(const mn_large_kargs a,
+                                                                                   const mn_large_op o)
+{
+    (void)a;
+    const long long m = blockIdx.y;
+    float *z = o.out + m * o.ld * MN_LG_DH;
+    mn_lg_op *h = (mn_lg_op *)o.out_op + m * o.ld * MN_LG_DH;
+    const float *b = o.bias ? o.bias + m * MN_LG_DH : 0;
+    MN_LG_GRID_STRIDE(e, o.rows * MN_DH)
+    {
+        float v = z[e];
+        if (b) v += b[e % MN_LG_DH];
+        z[e] = v;
+        h[e] = mn_lg_to_op(mn_hook_act(v));
+    }
+}
+
+/* The loss of the step's rows, one warp per row; grid (ceil(rows/8), M).
+ * in: the last layer's product; y = in + bias (+ k if residual). Writes
+ * loss[t] = R sum_j f, out = dL/dy = theta_t (/ rows for mean) R f'(y)
+ * (fp32: the bias column sums), out_op = the same as GEMM operand (bf16
+ * only), and y (when not NULL) for step rows < copy_rows: retrieval at W^(s)
+ * is this forward when q = k and the gradient point is W^(s). */
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_loss_kernel(const mn_large_kargs a,
+                                                                                    const mn_large_op o)
+{
+    const long long m = blockIdx.y, r = (long long)blockIdx.x * MN_LG_WARPS + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (r >= o.rows) return; /* the whole warp */
+    const long long t = mn_lg_step(a) * MN_STEP + o.r0 + r;
+    const float *yr = o.in + (m * o.ld + r) * MN_DV;
+    const float *vr = a.v + (m * a.n + t) * MN_DV;
+    const float *xr = a.k + (m * a.n + t) * MN_DK;
+    const float *b = o.bias ? o.bias + m * MN_DV : 0;
+    float *dy = o.out + (m * o.ld + r) * MN_DV;
+    mn_lg_op *dyo = o.out_op ? (mn_lg_op *)o.out_op + (m * o.ld + r) * MN_DV : 0;
+    float *yo = (o.y && o.r0 + r < o.copy_rows) ? o.y + (m * a.n + t) * MN_DV : 0;
+    const double R = MN_FEATURE_SCALE;
+    const double tscale = MN_TOKEN_MEAN ? 1.0 / (double)o.step_rows : 1.0;
+    const float wt = (float)((double)a.theta[m * a.n + t] * tscale);
+    double acc = 0.0;
+    for (int j = lane; j < MN_DV; j += 32) {
+        float yy = yr[j];
+        if (b) yy += b[j];
+        if (MN_RESIDUAL) yy += xr[j];
+        const float vv = vr[j], rr = yy - vv;
+        acc += mn_hook_loss(yy, vv, rr);
+        const float g = (float)((double)wt * R * (double)mn_hook_loss_grad(yy, vv, rr));
+        dy[j] = g;
+        if (dyo) dyo[j] = mn_lg_to_op(g);
+        if (yo) yo[j] = yy;
+    }
+    acc = mn_lg_warp_sum(acc);
+    if (lane == 0) a.loss[m * a.n + t] = (float)(R * acc);
+}
+
+/* dL/dz of one layer, [M, ld, cols] in out (fp32, in place); block 32 x 8
+ * over 32 columns and MN_LARGE_COL_ROWS rows, grid (ceil(cols/32),
+ * ceil(rows/COL_ROWS), M). flags: MN_LARGE_ACT: out *= phi'(in) (in = z of
+ * the layer: out was dL/dh); out_op (if not NULL) = out as GEMM operand;
+ * MN_LARGE_BIAS: gb (+)= column sums of out over the rows, in double per
+ * block, the blocks of a column tile combined in order by the last of them. */
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_cols_kernel(const mn_large_kargs a,
+                                                                                    const mn_large_op o)
+{
+    const long long m = blockIdx.z, rb = blockIdx.y, nrb = gridDim.y;
+    const int tx = threadIdx.x, ty = threadIdx.y, cols = o.cols;
+    const int c = blockIdx.x * 32 + tx;
+    const long long r_end = (rb + 1) * MN_LARGE_COL_ROWS < o.rows ? (rb + 1) * MN_LARGE_COL_ROWS : o.rows;
+    float *d = o.out + m * o.ld * cols;
+    const float *z = o.in ? o.in + m * o.ld * cols : 0;
+    mn_lg_op *dop = o.out_op ? (mn_lg_op *)o.out_op + m * o.ld * cols : 0;
+    double acc = 0.0;
+    if (c < cols) {
+        for (long long r = rb * MN_LARGE_COL_ROWS + ty; r < r_end; r += 8) {
+            const long long i = r * cols + c;
+            float v = d[i];
+            if (o.flags & MN_LARGE_ACT) {
+                v *= mn_hook_act_grad(z[i]);
+                d[i] = v;
+            }
+            if (dop) dop[i] = mn_lg_to_op(v);
+            acc += v;
+        }
+    }
+    if (!(o.flags & MN_LARGE_BIAS)) return; /* the same for the whole grid */
+    __shared__ double part[8][32];
+    part[ty][tx] = acc;
+    __syncthreads();
+    if (ty == 0 && c < cols) {
+        double s = 0.0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) s += part[i][tx];
+        a.part[(m * nrb + rb) * cols + c] = s;
+    }
+    if (!mn_lg_last_arrival(&a.tickets[1 + m * gridDim.x + blockIdx.x], (unsigned)nrb)) return;
+    if (ty == 0 && c < cols) {
+        double s = 0.0;
+        for (long long i = 0; i < nrb; i++) s += __ldcg(&a.part[(m * nrb + i) * cols + c]);
+        float *gb = o.gb + m * cols + c;
+        *gb = (o.flags & MN_LARGE_ACCUM) ? *gb + (float)s : (float)s;
+    }
+}
+
+/* Sum of squares of the step's gradient, per parameter, grid (nslices, M);
+ * the last block finishes the step's scalars, one warp per memory: |G|, the
+ * non-finite guard (finite[m]), the clip scales (scale[m, p]), and the
+ * outputs grad_norm, skipped, clip_scale and step_loss (the mean of the
+ * step's loss rows). step_rows: rows of the step. */
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_kernel(const mn_large_kargs a,
+                                                                                    const mn_large_op o)
+{
+    const long long m = blockIdx.y, sl = mn_lg_step(a);
+    long long e0, e1;
+    const int p = mn_lg_slice(a, blockIdx.x, &e0, &e1);
+    const float *g = a.G[p] + m * a.numel[p];
+    double acc = 0.0;
+    for (long long e = e0 + threadIdx.x; e < e1; e += MN_LARGE_THREADS) acc += (double)g[e] * g[e];
+    acc = mn_lg_block_sum(acc);
+    if (threadIdx.x == 0) a.part[m * a.nslices + blockIdx.x] = acc;
+    if (!mn_lg_last_arrival(&a.tickets[0], gridDim.x * gridDim.y)) return;
+
+    const int lane = threadIdx.x & 31;
+    for (long long mm = threadIdx.x >> 5; mm < a.memories; mm += MN_LG_WARPS) {
+        const double *pp = a.part + mm * a.nslices;
+        double sq[MN_LG_NP], total = 0.0;
+#pragma unroll
+        for (int q = 0; q < MN_LG_NP; q++) {
+            double s = 0.0;
+            for (long long i = a.slice_start[q] + lane; i < a.slice_start[q + 1]; i += 32) s += __ldcg(pp + i);
+            sq[q] = mn_lg_warp_sum(s);
+            total += sq[q];
+        }
+        const double gnorm = sqrt(total);
+        const bool finite = total <= MN_LG_DBL_MAX; /* false for NaN and Inf */
+        double cs = 0.0;
+        if (finite) {
+            cs = 1.0;
+#if MN_CLIP_MODE == 1
+            double smallest = __longlong_as_double(0x7ff0000000000000LL); /* +Inf */
+#pragma unroll
+            for (int q = 0; q < MN_LG_NP; q++) {
+                const double sc = mn_hook_clip_scale(MN_CLIP_TENSOR ? sqrt(sq[q]) : gnorm);
+                if (sc < smallest || sc != sc) smallest = sc;
+                if (lane == 0) a.scale[mm * MN_LG_NP + q] = (float)sc;
+            }
+            cs = smallest;
+#endif
+        }
+        const float *lrow = a.loss + mm * a.n + sl * MN_STEP;
+        double lsum = 0.0;
+        for (long long r = lane; r < o.step_rows; r += 32) lsum += lrow[r];
+        lsum = mn_lg_warp_sum(lsum);
+        if (lane == 0) {
+            const long long i = mm * a.nsteps + sl;
+            a.step_loss[i] = (float)(lsum / (double)o.step_rows);
+            a.grad_norm[i] = (float)gnorm;
+            a.skipped[i] = finite ? 0.0f : 1.0f;
+            a.clip_scale[i] = (float)cs;
+            a.finite[mm] = finite ? 1 : 0;
+        }
+    }
+}
+
+/* Clip, momentum, decay, grid (nslices, M): where finite[m],
+ * S = eta_s S - clip(G), W = (1 - alpha_s) W + S (and Wb = bf16(W)); else W
+ * and S stay. Sums W^2 per block; the last block writes weight_norm, one
+ * warp per memory, and with MN_LARGE_ADVANCE moves the counter to the next
+ * step. */
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_update_kernel(const mn_large_kargs a,
+                                                                                      const mn_large_op o)
+{
+    const long long m = blockIdx.y, sl = mn_lg_step(a);
+    long long e0, e1;
+    const int p = mn_lg_slice(a, blockIdx.x, &e0, &e1);
+    const long long base = m * a.numel[p];
+    float *W = a.W[p] + base, *Sm = a.S[p] + base;
+    const float *G = a.G[p] + base;
+    mn_lg_op *Wb = a.Wb[p] ? (mn_lg_op *)a.Wb[p] + base : 0;
+    double wsq = 0.0;
+    if (a.finite[m]) {
+        const float e_s = a.eta[m * a.nsteps + sl], keep = 1.0f - a.alpha[m * a.nsteps + sl];
+#if MN_CLIP_MODE == 1
+        const float fs = a.scale[m * MN_LG_NP + p];
+#endif
+        for (long long e = e0 + threadIdx.x; e < e1; e += MN_LARGE_THREADS) {
+            float g = G[e];
+#if MN_CLIP_MODE == 1
+            g *= fs;
+#elif MN_CLIP_MODE == 2
+            g = mn_hook_clip_elem(g);
+#endif
+            const float s = e_s * Sm[e] - g;
+            Sm[e] = s;
+            const float w = keep * W[e] + s;
+            W[e] = w;
+            if (Wb) Wb[e] = mn_lg_to_op(w);
+            wsq += (double)w * w;
+        }
+    } else {
+        for (long long e = e0 + threadIdx.x; e < e1; e += MN_LARGE_THREADS) wsq += (double)W[e] * W[e];
+    }
+    wsq = mn_lg_block_sum(wsq);
+    if (threadIdx.x == 0) a.part[m * a.nslices + blockIdx.x] = wsq;
+    if (!mn_lg_last_arrival(&a.tickets[0], gridDim.x * gridDim.y)) return;
+
+    const int lane = threadIdx.x & 31;
+    for (long long mm = threadIdx.x >> 5; mm < a.memories; mm += MN_LG_WARPS) {
+        double s = 0.0;
+        for (long long i = lane; i < a.nslices; i += 32) s += __ldcg(a.part + mm * a.nslices + i);
+        s = mn_lg_warp_sum(s);
+        if (lane == 0) a.weight_norm[mm * a.nsteps + sl] = (float)sqrt(s);
+    }
+    if (o.flags & MN_LARGE_ADVANCE) {
+        __syncthreads();
+        if (threadIdx.x == 0) *a.counter = sl + 1;
+    }
+}
+
+/* Retrieval rows: y[m, t0 + r0 + r] = in + bias (+ x if residual) for
+ * r < rows; in: the last layer's product of those rows, x: their inputs.
+ * Grid (x, M). */
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_out_kernel(const mn_large_kargs a,
+                                                                                   const mn_large_op o)
+{
+    const long long m = blockIdx.y, t = mn_lg_step(a) * MN_STEP + o.r0;
+    const float *in = o.in + m * o.ld * MN_DV;
+    const float *b = o.bias ? o.bias + m * MN_DV : 0;
+    const float *x = o.x + (m * a.n + t) * MN_DK;
+    float *y = o.y + (m * a.n + t) * MN_DV;
+    MN_LG_GRID_STRIDE(e, o.rows * MN_DV)
+    {
+        float v = in[e];
+        if (b) v += b[e % MN_DV];
+        if (MN_RESIDUAL) v += x[e];
+        y[e] = v;
+    }
+}
+
+/* One layer of the forward of one row per memory at W (after the update):
+ * the last row of a step, retrieve = after, sees W^(s+1). One warp per
+ * output unit, operands rounded as the precision rounds them; grid
+ * (ceil(out/8), M). Layer 0 reads row t = s c + step_rows - 1 of x (q or
+ * k); hidden layers go through rowbuf; the last layer writes y[m, t]. With
+ * MN_LARGE_ADVANCE (on the last layer) the last block moves the counter. */
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_row_kernel(const mn_large_kargs a,
+                                                                                   const mn_large_op o)
+{
+    const int layer = o.layer, lane = threadIdx.x & 31;
+    const bool last = layer == MN_LAYERS - 1;
+    const int ni = layer == 0 ? MN_DK : MN_DH, no = last ? MN_DV : MN_DH;
+    const long long m = blockIdx.y, j = (long long)blockIdx.x * MN_LG_WARPS + (threadIdx.x >> 5);
+    const long long sl = mn_lg_step(a), t = sl * MN_STEP + o.step_rows - 1;
+    const float *x = o.x + (m * a.n + t) * MN_DK;
+    const float *in = layer == 0 ? x : a.rowbuf + ((layer - 1) & 1) * a.memories * MN_LG_DH + m * MN_LG_DH;
+    if (j < no) {
+        const float *w = a.W[layer * MN_LG_PER] + (m * no + j) * ni;
+        float acc = 0.0f;
+        for (int i = lane; i < ni; i += 32) acc += mn_lg_round(in[i]) * mn_lg_round(w[i]);
+        acc = mn_lg_warp_sumf(acc);
+        if (lane == 0) {
+            if (MN_BIAS) acc += a.W[layer * MN_LG_PER + 1][m * no + j];
+            if (last) {
+                if (MN_RESIDUAL) acc += x[j];
+                o.y[(m * a.n + t) * MN_DV + j] = acc;
+            } else {
+                a.rowbuf[(layer & 1) * a.memories * MN_LG_DH + m * MN_LG_DH + j] = mn_hook_act(acc);
+            }
+        }
+    }
+    if (o.flags & MN_LARGE_ADVANCE) {
+        if (!mn_lg_last_arrival(&a.tickets[0], gridDim.x * gridDim.y)) return;
+        if (threadIdx.x == 0) *a.counter = sl + 1;
+    }
+}
+
+#endif /* __CUDACC_RTC__ */

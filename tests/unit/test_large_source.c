@@ -1,0 +1,217 @@
+/* test_large_source.c: the kernels of the large-memory path
+ * (kernels/engine_large.c, kernels/large_kernels.cuh) compile with NVRTC
+ * for sm_90 (no GPU needed) for rules covering every loss kind, every clip
+ * mode and scope, 1-3 layers, biases on and off, residual, built-in and
+ * custom activations, both retrieve modes, refresh 0 / c / a multiple of c,
+ * odd and large sizes and the three precisions; every kernel the engine
+ * looks up is in the source and is an entry point of the compiled code; a
+ * rule that does not validate has no source. Correctness on a GPU is the
+ * conformance suite's (tests/reference/test_conformance.py with
+ * MNEMO_CUDA_PATH=large). */
+#include "check.h"
+
+#ifdef MN_HAVE_CUDA
+#include "engine.h"
+#include "../../kernels/engine_large.h"
+#include "../../kernels/nvrtc.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *name;
+    int layers, bias, residual;
+    mn_activation act;
+    const char *act_expr;
+    mn_loss loss;
+    const char *loss_expr;
+    mn_clip clip;
+    mn_clip_scope scope;
+    const char *clip_expr;
+    int step, refresh;
+    mn_retrieve retrieve;
+    mn_precision prec;
+    int dk, dv, dh;
+    bool feature_sum, token_mean;
+} rule_case;
+
+static const rule_case cases[] = {
+    {"linear_mse_large", 1, 0, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NONE, MN_SCOPE_GLOBAL, NULL, 2048, -1,
+     MN_RETRIEVE_AFTER, MN_PREC_FP32, 512, 512, 0, false, false},
+    {"linear_bias_residual_l1_norm_tf32", 1, 1, 1, MN_ACT_SILU, NULL, MN_LOSS_L1, NULL, MN_CLIP_NORM, MN_SCOPE_GLOBAL,
+     NULL, 4, 0, MN_RETRIEVE_BEFORE, MN_PREC_TF32, 256, 256, 0, true, true},
+    {"mlp2_silu_huber_softnorm_tensor", 2, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_HUBER, NULL, MN_CLIP_SOFTNORM,
+     MN_SCOPE_TENSOR, NULL, 64, 64, MN_RETRIEVE_AFTER, MN_PREC_FP32, 512, 512, 512, false, false},
+    {"mlp2_gelu_lp_value_bf16_nobias", 2, 0, 0, MN_ACT_GELU, NULL, MN_LOSS_LP, NULL, MN_CLIP_VALUE, MN_SCOPE_GLOBAL,
+     NULL, 16, 32, MN_RETRIEVE_BEFORE, MN_PREC_BF16, 256, 128, 1024, false, true},
+    {"mlp3_tanh_dot_residual_odd", 3, 1, 1, MN_ACT_TANH, NULL, MN_LOSS_DOT, NULL, MN_CLIP_NONE, MN_SCOPE_GLOBAL, NULL, 1,
+     0, MN_RETRIEVE_AFTER, MN_PREC_TF32, 3, 3, 5, true, false},
+    {"mlp2_relu_custom_loss_scale", 2, 1, 0, MN_ACT_RELU, NULL, MN_LOSS_CUSTOM, "w*(y - v)^2 + c3*abs(r)^3",
+     MN_CLIP_SCALE, MN_SCOPE_GLOBAL, "exp(-n/(n + m))", 5, 10, MN_RETRIEVE_AFTER, MN_PREC_FP32, 300, 7, 257, false,
+     false},
+    {"mlp3_custom_act_elementwise_bf16", 3, 0, 0, MN_ACT_CUSTOM, "max(z, a*z)", MN_LOSS_CUSTOM,
+     "where(abs(r) <= delta, 0.5*r^2, delta*(abs(r) - 0.5*delta))", MN_CLIP_ELEMENTWISE, MN_SCOPE_GLOBAL,
+     "m*tanh(g/m)", 1, 1, MN_RETRIEVE_BEFORE, MN_PREC_BF16, 8, 3, 4, false, true},
+    {"mlp2_identity_custom_act_scale_tensor", 2, 1, 0, MN_ACT_CUSTOM, "z*tanh(softplus(z))", MN_LOSS_MSE, NULL,
+     MN_CLIP_SCALE, MN_SCOPE_TENSOR, "where(n > m, m/n, 1)", 7, 0, MN_RETRIEVE_AFTER, MN_PREC_TF32, 256, 256, 768,
+     true, false},
+    {"mlp2_identity_norm_tensor_bf16", 2, 1, 1, MN_ACT_IDENTITY, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NORM, MN_SCOPE_TENSOR,
+     NULL, 4096, 4096, MN_RETRIEVE_BEFORE, MN_PREC_BF16, 512, 512, 2048, false, false},
+};
+
+static mn_status make_rule(const rule_case *c, mn_rule *r)
+{
+    mn_rule_init(r);
+    r->layers = c->layers;
+    r->bias = c->bias;
+    r->residual = c->residual;
+    r->activation = c->act;
+    r->loss = c->loss;
+    r->clip = c->clip;
+    r->clip_scope = c->scope;
+    r->clip_max = 0.5;
+    r->loss_delta = 0.7;
+    r->loss_p = 1.5;
+    r->step = c->step;
+    r->refresh = c->refresh;
+    r->retrieve = c->retrieve;
+    r->hidden = c->dh;
+    if (c->feature_sum) r->feature_reduce = MN_REDUCE_SUM;
+    if (c->token_mean) r->token_reduce = MN_REDUCE_MEAN;
+    MN_TRY(mn_rule_set_const(r, "w", 0.7));
+    MN_TRY(mn_rule_set_const(r, "c3", 0.1));
+    MN_TRY(mn_rule_set_const(r, "a", 0.1));
+    MN_TRY(mn_rule_set_const(r, "m", 0.25));
+    MN_TRY(mn_rule_set_const(r, "delta", 0.3));
+    if (c->act_expr) MN_TRY(mn_expr_parse(c->act_expr, &r->activation_expr));
+    if (c->loss_expr) MN_TRY(mn_expr_parse(c->loss_expr, &r->loss_expr));
+    if (c->clip_expr) MN_TRY(mn_expr_parse(c->clip_expr, &r->clip_expr));
+    return mn_rule_validate(r);
+}
+
+static void print_log(const char *log)
+{
+    if (!log) return;
+    int lines = 0;
+    for (const char *p = log; *p && lines < 20; lines++) {
+        const char *e = strchr(p, '\n');
+        int n = e ? (int)(e - p) : (int)strlen(p);
+        printf("    %.*s\n", n, p);
+        p = e ? e + 1 : p + n;
+    }
+}
+
+/* Every kernel name in the text, each once as a definition. */
+static const char *missing_kernel(const char *text, bool as_entry)
+{
+    for (const char *const *k = mn_large_kernel_names; *k; k++) {
+        char want[96];
+        /* ptxas -v names each entry it compiles: "Compiling entry function 'NAME'" */
+        snprintf(want, sizeof want, as_entry ? "'%s'" : "%s(", *k);
+        if (!text || !strstr(text, want)) return *k;
+    }
+    return NULL;
+}
+
+static void test_compile_cases(void)
+{
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const rule_case *c = &cases[i];
+        char name[160];
+        mn_rule r;
+        if (make_rule(c, &r) != MN_OK) {
+            printf("FAIL large/rule/%s: the rule is invalid: %s\n", c->name, mn_last_error());
+            check_failures_++;
+            mn_rule_free(&r);
+            continue;
+        }
+        mn_dims d = {1, 1, 4096, c->dk, c->dv, c->dh, 0};
+        char *src = mn_cuda_large_source(&r, &d, c->prec);
+        snprintf(name, sizeof name, "large/source/%s", c->name);
+        if (!src) {
+            printf("FAIL %s: no source: %s\n", name, mn_last_error());
+            check_failures_++;
+            mn_rule_free(&r);
+            continue;
+        }
+        const char *miss = missing_kernel(src, false);
+        bool hooks = strstr(src, "mn_hook_loss_grad(float y, float v, float r)") &&
+                     strstr(src, "mn_hook_act_grad(float z)") && strstr(src, "mn_hook_clip_scale(double n)") &&
+                     strstr(src, "mn_hook_clip_elem(float g)");
+        if (miss) {
+            printf("FAIL %s: kernel %s is not in the source\n", name, miss);
+            check_failures_++;
+        } else {
+            CHECK(name, hooks && !strstr(src, "mn_rule_step_kernel"));
+        }
+        char *log = NULL;
+        mn_status s = mn_cuda_compile_check(src, 90, &log);
+        snprintf(name, sizeof name, "large/nvrtc_sm90/%s", c->name);
+        if (s == MN_OK) printf("PASS %s\n", name);
+        else {
+            printf("FAIL %s: %s\n", name, mn_last_error());
+            print_log(log);
+            check_failures_++;
+        }
+        if (s == MN_OK) {
+            snprintf(name, sizeof name, "large/entries/%s", c->name);
+            miss = missing_kernel(log, true);
+            if (miss) {
+                printf("FAIL %s: %s is not an entry of the compiled code\n", name, miss);
+                check_failures_++;
+            } else {
+                printf("PASS %s\n", name);
+            }
+        }
+        free(log);
+        free(src);
+        mn_rule_free(&r);
+    }
+}
+
+static void test_source_follows_inputs(void)
+{
+    mn_rule r;
+    mn_status s = make_rule(&cases[2], &r);
+    mn_dims d = {1, 1, 4096, 512, 512, 512, 0}, d2 = d;
+    d2.dh = 1024;
+    char *a = s == MN_OK ? mn_cuda_large_source(&r, &d, MN_PREC_FP32) : NULL;
+    char *b = s == MN_OK ? mn_cuda_large_source(&r, &d, MN_PREC_FP32) : NULL;
+    char *bf = s == MN_OK ? mn_cuda_large_source(&r, &d, MN_PREC_BF16) : NULL;
+    char *wide = s == MN_OK ? mn_cuda_large_source(&r, &d2, MN_PREC_FP32) : NULL;
+    CHECK("large/source_deterministic", a && b && strcmp(a, b) == 0);
+    CHECK("large/source_follows_precision", a && bf && strcmp(a, bf) != 0 && strstr(bf, "#define MN_PREC 2"));
+    CHECK("large/source_follows_dims", a && wide && strstr(wide, "#define MN_DH 1024"));
+    free(a);
+    free(b);
+    free(bf);
+    free(wide);
+    mn_rule_free(&r);
+
+    mn_rule bad;
+    mn_rule_init(&bad);
+    bad.loss = MN_LOSS_CUSTOM; /* no expression */
+    mn_dims db = {1, 1, 1, 256, 256, 0, 1};
+    char *none = mn_cuda_large_source(&bad, &db, MN_PREC_FP32);
+    CHECK("large/invalid_rule_no_source", none == NULL);
+    CHECK_STR_CONTAINS("large/invalid_rule_message", mn_last_error(), "loss_expr");
+    free(none);
+    mn_rule_free(&bad);
+}
+
+int main(void)
+{
+    test_source_follows_inputs();
+    test_compile_cases();
+    return CHECK_DONE();
+}
+
+#else
+
+int main(void)
+{
+    SKIP("large", "built without CUDA (no NVRTC)");
+    return CHECK_DONE();
+}
+
+#endif
