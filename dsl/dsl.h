@@ -28,6 +28,7 @@ void l_kernel_info_register(lua_State *L); /* dsl/l_kernel_info.c: mnemo._profil
 /* rule:kernel_info{...} for the rule r, options at index opts (dsl/l_kernel_info.c). */
 struct mn_rule;
 int l_rule_kernel_info(lua_State *L, const struct mn_rule *r, int opts);
+int l_rule_plan(lua_State *L, const struct mn_rule *r, int opts);
 
 /* Ownership before allocation: push a userdata holding an empty tensor with
  * the Tensor metatable; fill it afterwards (its __gc releases whatever it

@@ -4,6 +4,8 @@
  *       rule's kernels as ptxas reported them (NVRTC only: no GPU needed);
  *       on a GPU also the driver's attributes and the occupancy (l_rule.c
  *       calls l_rule_kernel_info for the method)
+ *   rule:plan{dk=, dv=, hidden=, B=, H=, precision=}
+ *       which CUDA path (kernels/plan.h) would run the rule, and why
  *   mnemo._profile_kernel_hook("start" | "stop")
  *       set when a GPU is usable: mnemo.profile (dsl/prelude.lua) calls it
  *       around fn; "stop" returns the GPU time of each kernel launched since
@@ -15,12 +17,14 @@
 #include "../kernels/codegen.h"
 #include "../kernels/cuda.h"
 #include "../kernels/kernel_info.h"
+#include "../kernels/plan.h"
 #endif
 
 #include <stdio.h>
 #include <string.h>
 
 #define KERNEL_INFO_MT "mnemo.KernelInfo"
+#define PLAN_MT "mnemo.Plan"
 
 #ifdef MN_HAVE_CUDA
 
@@ -167,7 +171,9 @@ static int kernel_info_tostring(lua_State *L)
     return 1;
 }
 
-int l_rule_kernel_info(lua_State *L, const mn_rule *r, int opts)
+/* The options of rule:kernel_info and rule:plan: sizes, precision, arch. */
+static void kernel_opts(lua_State *L, const mn_rule *r, int opts, const char *who, mn_dims *dp, mn_precision *precp,
+                        int *archp)
 {
     mn_dims d = {1, 1, 1, 64, 0, 0, 1};
     mn_precision prec = MN_PREC_FP32;
@@ -180,7 +186,7 @@ int l_rule_kernel_info(lua_State *L, const mn_rule *r, int opts)
             bool ok = false;
             for (int i = 0; known[i] && !ok; i++) ok = lua_type(L, -2) == LUA_TSTRING && !strcmp(lua_tostring(L, -2), known[i]);
             if (!ok)
-                luaL_error(L, "kernel_info: unknown option '%s' (dk, dv, hidden, B, H, precision, arch)",
+                luaL_error(L, "%s: unknown option '%s' (dk, dv, hidden, B, H, precision, arch)", who,
                            luaL_tolstring(L, -2, NULL));
             lua_pop(L, 1);
         }
@@ -192,13 +198,72 @@ int l_rule_kernel_info(lua_State *L, const mn_rule *r, int opts)
         arch = opt_int(L, opts, "arch", 0);
         lua_getfield(L, opts, "precision");
         if (!lua_isnil(L, -1) && mn_precision_lookup(luaL_checkstring(L, -1), &prec) != MN_OK)
-            luaL_error(L, "kernel_info: %s", mn_last_error());
+            luaL_error(L, "%s: %s", who, mn_last_error());
         lua_pop(L, 1);
     }
     if (d.dv == 0) d.dv = d.dk;
     if (d.dh == 0) d.dh = r->hidden > 0 ? r->hidden : 64;
-    if (d.B < 1 || d.H < 1) luaL_error(L, "kernel_info: B and H must be >= 1");
-    if (arch != 0 && arch < 50) luaL_error(L, "kernel_info: arch %d is not an sm (e.g. 90 for sm_90)", arch);
+    if (d.B < 1 || d.H < 1) luaL_error(L, "%s: B and H must be >= 1", who);
+    if (d.dk < 1 || d.dv < 1 || d.dh < 1) luaL_error(L, "%s: dk, dv and hidden must be >= 1", who);
+    if (arch != 0 && arch < 50) luaL_error(L, "%s: arch %d is not an sm (e.g. 90 for sm_90)", who, arch);
+    *dp = d;
+    *precp = prec;
+    *archp = arch;
+}
+
+/* rule:plan{...}: which CUDA path would run the rule, and why. */
+int l_rule_plan(lua_State *L, const mn_rule *r, int opts)
+{
+    mn_dims d;
+    mn_precision prec;
+    int arch;
+    kernel_opts(L, r, opts, "plan", &d, &prec, &arch);
+    mn_cuda_plan pl;
+    if (mn_cuda_plan_rule(r, &d, prec, d.B * d.H, mn_cuda_smem_optin(), &pl) != MN_OK)
+        return luaL_error(L, "plan: %s", mn_last_error());
+    lua_createtable(L, 0, 10);
+    set_str(L, "path", mn_cuda_path_name(pl.path));
+    set_str(L, "why", pl.why);
+    lua_pushboolean(L, pl.forced);
+    lua_setfield(L, -2, "forced");
+    set_str(L, "precision", mn_precision_name(prec));
+    set_int(L, "memories", d.B * d.H);
+    if (pl.path == MN_PATH_FUSED) {
+        set_int(L, "rows", pl.rows);
+        set_int(L, "threads", pl.threads);
+        set_int(L, "smem_bytes", pl.smem_bytes);
+        set_str(L, "kernel", MN_FUSED_STEP_KERNEL);
+    } else if (pl.path == MN_PATH_GENERAL) {
+        set_str(L, "kernel", MN_RULE_STEP_KERNEL);
+    }
+    set_str(L, "device", mn_cuda_available() ? mn_cuda_describe() : "none (planned for sm_90)");
+    luaL_setmetatable(L, PLAN_MT);
+    return 1;
+}
+
+static int plan_tostring(lua_State *L)
+{
+    lua_getfield(L, 1, "path");
+    lua_getfield(L, 1, "why");
+    lua_getfield(L, 1, "rows");
+    if (lua_isnil(L, -1))
+        lua_pushfstring(L, "plan: %s path: %s", lua_tostring(L, -3), lua_tostring(L, -2));
+    else {
+        lua_getfield(L, 1, "threads");
+        lua_getfield(L, 1, "smem_bytes");
+        lua_pushfstring(L, "plan: %s path: %s\n  %d-row chunks, %d threads per memory, %d KB shared memory",
+                        lua_tostring(L, -5), lua_tostring(L, -4), (int)lua_tointeger(L, -3),
+                        (int)lua_tointeger(L, -2), (int)(lua_tointeger(L, -1) / 1024));
+    }
+    return 1;
+}
+
+int l_rule_kernel_info(lua_State *L, const mn_rule *r, int opts)
+{
+    mn_dims d;
+    mn_precision prec;
+    int arch;
+    kernel_opts(L, r, opts, "kernel_info", &d, &prec, &arch);
     mn_kernel_set kset, *set = &kset;
     if (mn_cuda_rule_kernel_info(r, &d, prec, arch, set) != MN_OK)
         return luaL_error(L, "kernel_info: %s", mn_last_error());
@@ -206,7 +271,8 @@ int l_rule_kernel_info(lua_State *L, const mn_rule *r, int opts)
     long long grid = d.B * d.H;
     lua_createtable(L, 0, 24);
     for (int i = 0; i < set->n; i++)
-        if (!strcmp(set->k[i].name, MN_RULE_STEP_KERNEL)) put_kernel(L, &set->k[i], grid);
+        if (!strcmp(set->k[i].name, set->step_kernel)) put_kernel(L, &set->k[i], grid);
+    set_str(L, "path", set->path);
     set_int(L, "arch", set->arch);
     set_num(L, "compile_ms", set->compile_ms);
     lua_pushboolean(L, set->cached);
@@ -221,7 +287,7 @@ int l_rule_kernel_info(lua_State *L, const mn_rule *r, int opts)
     int at = 1;
     for (int pass = 0; pass < 2; pass++) /* the step kernel first, then the others in ptxas's order */
         for (int i = 0; i < set->n; i++) {
-            if ((strcmp(set->k[i].name, MN_RULE_STEP_KERNEL) == 0) != (pass == 0)) continue;
+            if ((strcmp(set->k[i].name, set->step_kernel) == 0) != (pass == 0)) continue;
             lua_createtable(L, 0, 12);
             put_kernel(L, &set->k[i], grid);
             lua_rawseti(L, -2, at++);
@@ -329,6 +395,18 @@ static int profile_hook(lua_State *L)
 
 #else /* no CUDA */
 
+int l_rule_plan(lua_State *L, const mn_rule *r, int opts)
+{
+    (void)r;
+    (void)opts;
+    lua_createtable(L, 0, 2);
+    lua_pushstring(L, "cpu");
+    lua_setfield(L, -2, "path");
+    lua_pushstring(L, "this build has no CUDA (built with CUDA=0): the CPU engine runs every rule");
+    lua_setfield(L, -2, "why");
+    return 1;
+}
+
 int l_rule_kernel_info(lua_State *L, const mn_rule *r, int opts)
 {
     (void)r;
@@ -343,6 +421,10 @@ void l_kernel_info_register(lua_State *L)
 #ifdef MN_HAVE_CUDA
     luaL_newmetatable(L, KERNEL_INFO_MT);
     lua_pushcfunction(L, kernel_info_tostring);
+    lua_setfield(L, -2, "__tostring");
+    lua_pop(L, 1);
+    luaL_newmetatable(L, PLAN_MT);
+    lua_pushcfunction(L, plan_tostring);
     lua_setfield(L, -2, "__tostring");
     lua_pop(L, 1);
     if (mn_cuda_available()) { /* unset without a GPU: profile then shows no kernel table */

@@ -13,6 +13,8 @@
 #include "../model/experiment.h"
 #ifdef MN_HAVE_CUDA
 #include "../kernels/codegen.h"
+#include "../kernels/cuda.h"
+#include "../kernels/plan.h"
 #endif
 
 #include <stdio.h>
@@ -316,7 +318,9 @@ static int rule_source(lua_State *L)
     if (d.dv == 0) d.dv = d.dk;
     if (d.dh == 0) d.dh = r->hidden > 0 ? r->hidden : 64;
 #ifdef MN_HAVE_CUDA
-    char *src = mn_cuda_rule_source(r, &d, prec);
+    mn_cuda_plan pl;
+    if (mn_cuda_plan_rule(r, &d, prec, 1, mn_cuda_smem_optin(), &pl) != MN_OK) return l_raise(L);
+    char *src = mn_cuda_plan_source(r, &d, prec, &pl);
     if (!src) return l_raise(L);
     lua_pushstring(L, src);
     free(src);
@@ -329,6 +333,10 @@ static int rule_source(lua_State *L)
 /* rule:kernel_info{dk=, dv=, hidden=, B=, H=, precision=, arch=}: resources
  * and occupancy of the rule's GPU kernels (dsl/l_kernel_info.c). */
 static int rule_kernel_info(lua_State *L) { return l_rule_kernel_info(L, &check_rule(L, 1)->rule, 2); }
+
+/* rule:plan{dk=, dv=, hidden=, B=, H=, precision=}: which CUDA path would run
+ * the rule at those sizes, and why (dsl/l_kernel_info.c, kernels/plan.h). */
+static int rule_plan(lua_State *L) { return l_rule_plan(L, &check_rule(L, 1)->rule, 2); }
 
 static int rule_tostring(lua_State *L)
 {
@@ -465,7 +473,7 @@ void l_rule_register(lua_State *L)
     static const luaL_Reg rule_methods[] = {
         {"run", l_rule_run}, {"memory", l_rule_memory}, {"experiment", l_rule_experiment}, {"attrs", rule_attrs},
         {"expressions", rule_expressions}, {"with", rule_with}, {"source", rule_source},
-        {"kernel_info", rule_kernel_info}, {NULL, NULL}};
+        {"kernel_info", rule_kernel_info}, {"plan", rule_plan}, {NULL, NULL}};
     luaL_newmetatable(L, RULE_MT);
     lua_pushcfunction(L, rule_gc);
     lua_setfield(L, -2, "__gc");

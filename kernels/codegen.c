@@ -121,7 +121,8 @@ static mn_status put_hooks(text *t, const mn_rule *r)
     return MN_OK;
 }
 
-static mn_status build(text *t, const mn_rule *r, const mn_dims *d, mn_precision p)
+static mn_status build(text *t, const mn_rule *r, const mn_dims *d, mn_precision p, const char *const *templates,
+                       const char *defines)
 {
     MN_TRY(mn_rule_validate(r));
     if (r->layers >= 2 && d->dh < 1)
@@ -133,8 +134,8 @@ static mn_status build(text *t, const mn_rule *r, const mn_dims *d, mn_precision
     if (r->residual && d->dk != d->dv)
         return mn_fail(MN_ERR_ARG, "cuda source: residual needs dk = dv, got dk=%lld, dv=%lld", (long long)d->dk,
                        (long long)d->dv);
-    const char *tmpl = embedded("rule_kernel");
-    if (!tmpl) return mn_fail(MN_ERR_UNSUPPORTED, "cuda source: the kernel template is not in this build");
+    for (const char *const *n = templates; *n; n++)
+        if (!embedded(*n)) return mn_fail(MN_ERR_UNSUPPORTED, "cuda source: the kernel template %s is not in this build", *n);
     int clip_mode = 0;
     if (r->clip == MN_CLIP_NORM || r->clip == MN_CLIP_SOFTNORM || r->clip == MN_CLIP_SCALE) clip_mode = 1;
     else if (r->clip == MN_CLIP_VALUE || r->clip == MN_CLIP_ELEMENTWISE) clip_mode = 2;
@@ -176,20 +177,30 @@ static mn_status build(text *t, const mn_rule *r, const mn_dims *d, mn_precision
     put(t, mn_expr_c_prelude(true));
     put(t, "#undef MN_EXPR_PRELUDE\n");
     put(t, mn_expr_c_prelude(false));
+    if (defines) put(t, defines);
     MN_TRY(put_hooks(t, r));
-    put(t, "\n");
-    put(t, tmpl);
+    for (const char *const *n = templates; *n; n++) {
+        put(t, "\n");
+        put(t, embedded(*n));
+    }
     return MN_OK;
 }
 
-char *mn_cuda_rule_source(const mn_rule *r, const mn_dims *d, mn_precision p)
+char *mn_cuda_source_for(const mn_rule *r, const mn_dims *d, mn_precision p, const char *const *templates,
+                         const char *defines)
 {
     text t = {0};
-    mn_status s = build(&t, r, d, p);
+    mn_status s = build(&t, r, d, p, templates, defines);
     if (s == MN_OK && t.failed) s = mn_fail(MN_ERR_OOM, "cuda source: out of memory");
     if (s != MN_OK) {
         free(t.s);
         return NULL;
     }
     return t.s;
+}
+
+char *mn_cuda_rule_source(const mn_rule *r, const mn_dims *d, mn_precision p)
+{
+    static const char *const general[] = {"rule_kernel", NULL};
+    return mn_cuda_source_for(r, d, p, general, NULL);
 }

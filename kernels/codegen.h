@@ -14,6 +14,13 @@
  * The same inputs give the same text, so the text is the cache key's core. */
 char *mn_cuda_rule_source(const mn_rule *r, const mn_dims *d, mn_precision p);
 
+/* The same prelude, constants and hooks followed by the named embedded
+ * templates (kernels/NAME.cuh, NULL-terminated list) instead of the general
+ * one, with extra #define lines (or NULL) put after the constants: the
+ * source of the fast paths (kernels/plan.h). Caller frees. */
+char *mn_cuda_source_for(const mn_rule *r, const mn_dims *d, mn_precision p, const char *const *templates,
+                         const char *defines);
+
 /* Names of the kernels in that source (extern "C", unmangled). */
 #define MN_RULE_STEP_KERNEL "mn_rule_step_kernel"
 #define MN_RULE_READ_KERNEL "mn_rule_read_kernel"

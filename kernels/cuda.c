@@ -21,6 +21,7 @@ static struct {
     char reason[256];
     char describe[320];
     int arch, sms;
+    long smem_optin;
 } dev;
 
 /* ---- errors ---- */
@@ -73,6 +74,7 @@ static void find_device(void)
     }
     dev.arch = 10 * p.major + p.minor;
     dev.sms = p.multiProcessorCount;
+    dev.smem_optin = (long)p.sharedMemPerBlockOptin;
     snprintf(dev.describe, sizeof dev.describe, "%.200s (sm_%d, %d SMs, %.1f GiB)", p.name, dev.arch, dev.sms,
              (double)p.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
     dev.usable = true;
@@ -93,6 +95,7 @@ const char *mn_cuda_unavailable_reason(void) { return dev.usable ? "" : dev.reas
 const char *mn_cuda_describe(void) { return dev.usable ? dev.describe : dev.reason; }
 int mn_cuda_arch(void) { return dev.usable ? dev.arch : 0; }
 int mn_cuda_sm_count(void) { return dev.sms > 0 ? dev.sms : 1; }
+long mn_cuda_smem_optin(void) { return dev.usable ? dev.smem_optin : 0; }
 
 mn_status mn_cuda_check_pending(void)
 {

@@ -19,6 +19,8 @@ const char *mn_cuda_unavailable_reason(void);
 const char *mn_cuda_describe(void);
 /* Compute capability as 10*major+minor (90 for Hopper), 0 without a device. */
 int mn_cuda_arch(void);
+/* Shared memory a block may opt in to (bytes), 0 without a device. */
+long mn_cuda_smem_optin(void);
 
 /* Device memory through the caching allocator (also registered as the
  * MN_CUDA allocator of tensor.h). On out-of-memory the allocator first

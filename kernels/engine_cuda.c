@@ -11,6 +11,8 @@
 #include "codegen.h"
 #include "kernel_info.h"
 #include "nvrtc.h"
+#include "plan.h"
+#include "engine_large.h"
 #include "rule_kernel.cuh" /* its first part is C: the argument struct and the workspace layout */
 #include "../model/engine.h"
 
@@ -23,7 +25,7 @@
 typedef struct loaded_module {
     char key[33];
     cudaLibrary_t lib;
-    cudaKernel_t step, read;
+    cudaKernel_t step, read, fused; /* fused: only in a fused path's module */
     struct loaded_module *next;
 } loaded_module;
 
@@ -34,12 +36,24 @@ static mn_status load(const void *cubin, cudaLibrary_t *lib)
     return MN_CUDA_ST(cudaLibraryLoadData(lib, cubin, NULL, NULL, 0, NULL, NULL, 0));
 }
 
-/* The module for a rule at the given dims and precision. */
-static mn_status rule_module(const mn_rule *r, const mn_dims *d, mn_precision p, loaded_module **out)
+/* The plan for a rule on this device. */
+static mn_status device_plan(const mn_rule *r, const mn_dims *d, mn_precision p, mn_cuda_plan *pl)
+{
+    MN_TRY(mn_cuda_ensure_device());
+    return mn_cuda_plan_rule(r, d, p, d->B * d->H, mn_cuda_smem_optin(), pl);
+}
+
+/* The module for a rule at the given dims and precision, on the plan's path
+ * (NULL: the general path). */
+static mn_status rule_module(const mn_rule *r, const mn_dims *d, mn_precision p, const mn_cuda_plan *pl,
+                             loaded_module **out)
 {
     MN_TRY(mn_cuda_ensure_device());
     int arch = mn_cuda_arch();
-    char *src = mn_cuda_rule_source(r, d, p);
+    mn_cuda_plan general = {0};
+    general.path = MN_PATH_GENERAL;
+    if (!pl || pl->path == MN_PATH_LARGE) pl = &general;
+    char *src = mn_cuda_plan_source(r, d, p, pl);
     if (!src) return MN_ERR_ARG;
     char key[33];
     void *cubin = NULL;
@@ -71,8 +85,16 @@ static mn_status rule_module(const mn_rule *r, const mn_dims *d, mn_precision p,
     }
     memcpy(m->key, key, sizeof m->key);
     m->lib = lib;
-    s = MN_CUDA_ST(cudaLibraryGetKernel(&m->step, lib, MN_RULE_STEP_KERNEL));
-    if (s == MN_OK) s = MN_CUDA_ST(cudaLibraryGetKernel(&m->read, lib, MN_RULE_READ_KERNEL));
+    if (pl->path == MN_PATH_FUSED) {
+        s = MN_CUDA_ST(cudaLibraryGetKernel(&m->fused, lib, MN_FUSED_STEP_KERNEL));
+        /* past 48 KB, dynamic shared memory must be asked for */
+        if (s == MN_OK)
+            s = MN_CUDA_ST(cudaKernelSetAttributeForDevice(m->fused, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                           (int)pl->smem_bytes, 0));
+    } else {
+        s = MN_CUDA_ST(cudaLibraryGetKernel(&m->step, lib, MN_RULE_STEP_KERNEL));
+        if (s == MN_OK) s = MN_CUDA_ST(cudaLibraryGetKernel(&m->read, lib, MN_RULE_READ_KERNEL));
+    }
     if (s != MN_OK) {
         (void)cudaLibraryUnload(lib);
         free(m);
@@ -86,22 +108,22 @@ static mn_status rule_module(const mn_rule *r, const mn_dims *d, mn_precision p,
 
 /* ---- inspection: attributes and occupancy of a rule's kernels ---- */
 
-static mn_status kernel_occupancy(cudaKernel_t kernel, mn_kernel_info *k)
+static mn_status kernel_occupancy(cudaKernel_t kernel, int threads, long smem, mn_kernel_info *k)
 {
     /* a cudaKernel_t passes for a function symbol in these two calls */
     struct cudaFuncAttributes fa;
     MN_CUDA_CHECK(cudaFuncGetAttributes(&fa, (const void *)kernel));
     int blocks = 0, threads_per_sm = 0;
-    MN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void *)kernel, MN_RULE_THREADS, 0));
+    MN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void *)kernel, threads, (size_t)smem));
     MN_CUDA_CHECK(cudaDeviceGetAttribute(&threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, 0));
     k->on_device = true;
     k->device_registers = fa.numRegs;
     k->device_max_threads = fa.maxThreadsPerBlock;
-    k->device_shared_bytes = (long)fa.sharedSizeBytes;
+    k->device_shared_bytes = (long)fa.sharedSizeBytes + smem;
     k->device_local_bytes = (long)fa.localSizeBytes;
-    k->block_threads = MN_RULE_THREADS;
+    k->block_threads = threads;
     k->blocks_per_sm = blocks;
-    k->warps_per_sm = blocks * ((MN_RULE_THREADS + 31) / 32);
+    k->warps_per_sm = blocks * ((threads + 31) / 32);
     k->max_warps_per_sm = threads_per_sm / 32;
     k->occupancy = k->max_warps_per_sm > 0 ? (double)k->warps_per_sm / k->max_warps_per_sm : 0.0;
     k->sms = mn_cuda_sm_count();
@@ -111,12 +133,18 @@ static mn_status kernel_occupancy(cudaKernel_t kernel, mn_kernel_info *k)
 mn_status mn_cuda_rule_kernel_occupancy(const mn_rule *r, const mn_dims *d, mn_precision p, mn_kernel_set *set)
 {
     loaded_module *m;
-    MN_TRY(rule_module(r, d, p, &m));
-    const struct { const char *name; cudaKernel_t k; } ks[] = {{MN_RULE_STEP_KERNEL, m->step},
-                                                              {MN_RULE_READ_KERNEL, m->read}};
+    mn_cuda_plan pl;
+    MN_TRY(device_plan(r, d, p, &pl));
+    MN_TRY(rule_module(r, d, p, &pl, &m));
+    loaded_module *gm = m;
+    if (pl.path == MN_PATH_FUSED) MN_TRY(rule_module(r, d, p, NULL, &gm)); /* reads run the general module */
+    const struct { const char *name; cudaKernel_t k; int threads; long smem; } ks[] = {
+        {MN_RULE_STEP_KERNEL, m->step, MN_RULE_THREADS, 0},
+        {MN_RULE_READ_KERNEL, gm->read, MN_RULE_THREADS, 0},
+        {MN_FUSED_STEP_KERNEL, m->fused, pl.threads, pl.smem_bytes}};
     for (size_t i = 0; i < sizeof ks / sizeof *ks; i++) {
         mn_kernel_info *k = mn_kernel_set_find(set, ks[i].name);
-        if (k) MN_TRY(kernel_occupancy(ks[i].k, k));
+        if (k && ks[i].k) MN_TRY(kernel_occupancy(ks[i].k, ks[i].threads, ks[i].smem, k));
     }
     return MN_OK;
 }
@@ -196,8 +224,8 @@ int mn_cuda_profile_totals(mn_kernel_total *out, int max)
 static float *f32(const mn_tensor *t) { return t->storage ? (float *)mn_tensor_data(t) : NULL; }
 
 /* Arguments common to both kernels, and a workspace for memories blocks. */
-static mn_status prepare(const mn_memory_state *st, int64_t memories, mn_rule_kargs *a, void **work,
-                         size_t *work_bytes)
+static mn_status prepare(const mn_memory_state *st, int64_t memories, const mn_cuda_plan *pl, mn_rule_kargs *a,
+                         void **work, size_t *work_bytes)
 {
     const mn_rule *r = &st->rule;
     const mn_dims *d = &st->dims;
@@ -217,8 +245,8 @@ static mn_status prepare(const mn_memory_state *st, int64_t memories, mn_rule_ka
     mn_rule_layout lo;
     mn_rule_layout_init(&lo, r->layers, r->bias, d->dk, d->dv, r->layers > 1 ? d->dh : 0,
                         mn_rule_chunk_rows(r->step));
-    a->work_floats = lo.total;
-    *work_bytes = sizeof(float) * (size_t)lo.total * (size_t)memories;
+    a->work_floats = pl && pl->path == MN_PATH_FUSED ? mn_fused_work_floats(r, d) : lo.total;
+    *work_bytes = sizeof(float) * (size_t)a->work_floats * (size_t)memories;
     return mn_cuda_alloc(*work_bytes, work);
 }
 
@@ -226,13 +254,14 @@ static mn_status prepare(const mn_memory_state *st, int64_t memories, mn_rule_ka
  * ordered on it) and wait: a fault inside the kernel is reported by this
  * call, not by whatever runs next. With profiling on, events either side
  * time it (the wait is there anyway). */
-static mn_status launch(const loaded_module *m, bool step, int64_t memories, mn_rule_kargs *a)
+static mn_status launch(const loaded_module *m, cudaKernel_t kernel, const char *kname, int threads, long smem,
+                        int64_t memories, mn_rule_kargs *a)
 {
-    dim3 grid = {(unsigned)memories, 1, 1}, block = {MN_RULE_THREADS, 1, 1};
+    dim3 grid = {(unsigned)memories, 1, 1}, block = {(unsigned)threads, 1, 1};
     void *args[1] = {a};
     bool timed = prof.on && prof.events;
     if (timed) MN_CUDA_CHECK(cudaEventRecord(prof.start, 0));
-    MN_CUDA_CHECK(cudaLaunchKernel((const void *)(step ? m->step : m->read), grid, block, args, 0, 0));
+    MN_CUDA_CHECK(cudaLaunchKernel((const void *)kernel, grid, block, args, (size_t)smem, 0));
     MN_CUDA_CHECK_LAUNCH();
     if (timed) MN_CUDA_CHECK(cudaEventRecord(prof.stop, 0));
     MN_CUDA_CHECK(cudaStreamSynchronize(0));
@@ -240,7 +269,7 @@ static mn_status launch(const loaded_module *m, bool step, int64_t memories, mn_
         float ms = 0;
         MN_CUDA_CHECK(cudaEventElapsedTime(&ms, prof.start, prof.stop));
         char name[48];
-        snprintf(name, sizeof name, "%s [%.8s]", step ? MN_RULE_STEP_KERNEL : MN_RULE_READ_KERNEL, m->key);
+        snprintf(name, sizeof name, "%s [%.8s]", kname, m->key);
         profile_record(name, ms, grid, block);
     }
     return MN_OK;
@@ -254,12 +283,16 @@ static mn_status cuda_segment_run(mn_memory_state *st, const mn_segment_inputs *
         st->steps_done += nsteps;
         return MN_OK;
     }
+    mn_cuda_plan pl;
+    MN_TRY(device_plan(&st->rule, &st->dims, st->precision, &pl));
+    /* it keeps the step count and reports progress itself */
+    if (pl.path == MN_PATH_LARGE) return mn_cuda_large_segment_run(st, in, out, n, nsteps);
     loaded_module *mod;
-    MN_TRY(rule_module(&st->rule, &st->dims, st->precision, &mod));
+    MN_TRY(rule_module(&st->rule, &st->dims, st->precision, &pl, &mod));
     mn_rule_kargs a;
     void *work = NULL;
     size_t work_bytes = 0;
-    MN_TRY(prepare(st, memories, &a, &work, &work_bytes));
+    MN_TRY(prepare(st, memories, &pl, &a, &work, &work_bytes));
     a.k = f32(&in->k);
     a.v = f32(&in->v);
     a.q = f32(&in->q);
@@ -277,7 +310,9 @@ static mn_status cuda_segment_run(mn_memory_state *st, const mn_segment_inputs *
     a.n = n;
     a.nsteps = nsteps;
     a.steps_done = st->steps_done;
-    mn_status s = launch(mod, true, memories, &a);
+    mn_status s = pl.path == MN_PATH_FUSED
+                      ? launch(mod, mod->fused, MN_FUSED_STEP_KERNEL, pl.threads, pl.smem_bytes, memories, &a)
+                      : launch(mod, mod->step, MN_RULE_STEP_KERNEL, MN_RULE_THREADS, 0, memories, &a);
     mn_cuda_free(work, work_bytes);
     if (s != MN_OK) return s;
     st->steps_done += nsteps;
@@ -289,17 +324,20 @@ static mn_status cuda_read(const mn_memory_state *st, const mn_tensor *q, mn_ten
 {
     int64_t memories = st->dims.B * st->dims.H, rows = q->shape[2];
     if (rows == 0 || memories == 0) return MN_OK;
+    mn_cuda_plan pl;
+    MN_TRY(device_plan(&st->rule, &st->dims, st->precision, &pl));
+    if (pl.path == MN_PATH_LARGE) return mn_cuda_large_read(st, q, y);
     loaded_module *mod;
-    MN_TRY(rule_module(&st->rule, &st->dims, st->precision, &mod));
+    MN_TRY(rule_module(&st->rule, &st->dims, st->precision, NULL, &mod));
     mn_rule_kargs a;
     void *work = NULL;
     size_t work_bytes = 0;
-    MN_TRY(prepare(st, memories, &a, &work, &work_bytes));
+    MN_TRY(prepare(st, memories, NULL, &a, &work, &work_bytes));
     a.q = f32(q);
     a.y = f32(y);
     a.work = work;
     a.n = rows;
-    mn_status s = launch(mod, false, memories, &a);
+    mn_status s = launch(mod, mod->read, MN_RULE_READ_KERNEL, MN_RULE_THREADS, 0, memories, &a);
     mn_cuda_free(work, work_bytes);
     return s;
 }

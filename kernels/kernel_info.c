@@ -3,12 +3,14 @@
  * rule as the GPU engine would compile them. No CUDA runtime here: the
  * device's part is kernels/engine_cuda.c. */
 #include "kernel_info.h"
+#include "plan.h"
 #include "codegen.h"
 #include "cuda.h"
 #include "nvrtc.h"
 #include "rule_kernel.cuh" /* MN_RULE_THREADS: the engine's block size */
 
 #include <ctype.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -136,15 +138,22 @@ mn_status mn_cuda_rule_kernel_info(const mn_rule *r, const mn_dims *d, mn_precis
 {
     int device_arch = mn_cuda_arch();
     if (arch <= 0) arch = device_arch > 0 ? device_arch : 90;
-    char *src = mn_cuda_rule_source(r, d, p);
+    mn_cuda_plan pl;
+    MN_TRY(mn_cuda_plan_rule(r, d, p, d->B * d->H, mn_cuda_smem_optin(), &pl));
+    if (pl.path == MN_PATH_LARGE) pl.path = MN_PATH_GENERAL; /* its kernels are elementwise; the general one is shown */
+    char *src = mn_cuda_plan_source(r, d, p, &pl);
     if (!src) return MN_ERR_ARG; /* the code generator said why */
     mn_status s = mn_nvrtc_kernel_info(src, arch, out);
     free(src);
     MN_TRY(s);
-    if (!mn_kernel_set_find(out, MN_RULE_STEP_KERNEL))
+    const char *step = mn_cuda_plan_step_kernel(&pl);
+    snprintf(out->step_kernel, sizeof out->step_kernel, "%s", step);
+    snprintf(out->path, sizeof out->path, "%s", mn_cuda_path_name(pl.path));
+    if (!mn_kernel_set_find(out, step))
         return mn_fail(MN_ERR_DEVICE, "kernel info: NVRTC's log for sm_%d names no %s (ptxas -v said nothing)", arch,
-                       MN_RULE_STEP_KERNEL);
-    for (int i = 0; i < out->n; i++) out->k[i].block_threads = MN_RULE_THREADS;
+                       step);
+    for (int i = 0; i < out->n; i++)
+        out->k[i].block_threads = strcmp(out->k[i].name, MN_FUSED_STEP_KERNEL) == 0 ? pl.threads : MN_RULE_THREADS;
     if (device_arch == arch && mn_cuda_available()) MN_TRY(mn_cuda_rule_kernel_occupancy(r, d, p, out));
     return MN_OK;
 }

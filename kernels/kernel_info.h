@@ -45,6 +45,8 @@ typedef struct mn_kernel_set {
     int arch;             /* 90 for sm_90 */
     double compile_ms;    /* NVRTC's time for the compile that produced it */
     bool cached;          /* this request compiled nothing (memory or disk) */
+    char step_kernel[48]; /* the kernel that walks the steps on the rule's path (kernels/plan.h) */
+    char path[16];        /* general, fused or large */
     int n;
     mn_kernel_info k[MN_KERNEL_INFO_MAX];
 } mn_kernel_set;

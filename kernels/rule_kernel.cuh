@@ -251,6 +251,10 @@ __device__ __forceinline__ void mn_memory_params(float *const *base, long long m
 
 #define MN_NUMEL(p) mn_rule_param_numel(MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, (p))
 
+/* The general kernels; a fast path's source (MN_FUSED_ROWS defined) keeps
+ * only the helpers above and brings its own step kernel. */
+#ifndef MN_FUSED_ROWS
+
 /* One segment: every step of memory blockIdx.x (model/engine_cpu.c run_memory). */
 extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kernel(const mn_rule_kargs a)
 {
@@ -408,5 +412,7 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_read_kerne
         mn_forward(W, q + r0 * MN_DK, cr, y + r0 * MN_DV, &ws);
     }
 }
+
+#endif /* MN_FUSED_ROWS */
 
 #endif /* __CUDACC_RTC__ */

@@ -1,0 +1,646 @@
+/* fused_kernel.cuh: the fused per-memory path of the rule engine on the GPU
+ * (DESIGN.md, Fast paths; kernels/plan.h says when it runs). Same contract
+ * as mn_rule_step_kernel in rule_kernel.cuh (SPEC.md section 2), which this
+ * template follows in the source and whose helpers (mn_round, mn_block_sum,
+ * the argument struct) it uses.
+ *
+ * One persistent block per memory walks every step of the segment. The
+ * gradient point's weights P (W itself when refresh = step, else the anchor)
+ * live in shared memory for the whole segment, zero-padded to multiples of
+ * 16 so that every product is whole tensor-core tiles; the activations of
+ * one chunk of MN_FUSED_ROWS token rows sit beside them. A step, per chunk:
+ *   x <- k rows; z = x W1^T + b1, h = phi(z); y = h W2^T + b2 (+ x)
+ *   loss terms and dy = theta R f'(y, v) (padded rows and columns: 0)
+ *   G2 += dy^T h;  dz = (dy W2) * phi'(z);  G1 += dz^T x;  bias sums
+ * then the gradient's norm (summed as the last chunk's G is written), the
+ * clip, and the update of S (global) and W (shared, or the padded copy in
+ * the workspace when P is the anchor). Products: mma.sync m16n8k8 tf32
+ * (tf32 mode), m16n8k16 bf16 (bf16 mode), and for fp32 the 3xTF32 split
+ * (a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi), which keeps fp32's accuracy on
+ * tensor cores. Operands are rounded as mn_round rounds them.
+ *
+ * Workspace per memory (floats): G of each parameter (unpadded, in
+ * parameter order, total rounded up to 4), then, when refresh != step, W in
+ * P's padded layout. */
+
+#ifdef __CUDACC_RTC__
+
+#define MN_FT MN_FUSED_THREADS
+#define MN_FWARPS (MN_FT / 32)
+#define MN_FR MN_FUSED_ROWS
+#define MN_LDK (MN_PDK + MN_FUSED_PAD)
+#define MN_LDH (MN_PDH + MN_FUSED_PAD)
+#define MN_LDV (MN_PDV + MN_FUSED_PAD)
+#define MN_P_AT_W (MN_REFRESH == MN_STEP) /* the gradient point is always the current W */
+
+#if MN_PREC == 2
+#define MN_KSTEP 16
+#else
+#define MN_KSTEP 8
+#endif
+
+/* Layer i of the model (0-based): real and padded sizes. */
+#define MN_LIN(i) ((i) == 0 ? MN_DK : MN_DH)
+#define MN_LOUT(i) ((i) == MN_LAYERS - 1 ? MN_DV : MN_DH)
+#define MN_LPIN(i) ((i) == 0 ? MN_PDK : MN_PDH)
+#define MN_LPOUT(i) ((i) == MN_LAYERS - 1 ? MN_PDV : MN_PDH)
+#define MN_LLD(i) (MN_LPIN(i) + MN_FUSED_PAD)
+
+static_assert(MN_FT == MN_RULE_THREADS, "mn_block_sum is sized for MN_RULE_THREADS");
+static_assert(MN_FR % 16 == 0 && MN_PDK % 16 == 0 && MN_PDV % 16 == 0 && MN_PDH % 16 == 0, "whole tiles");
+
+/* Pointers into one padded copy of the parameters. */
+struct mn_pset {
+    float *w[MN_LAYERS], *b[MN_LAYERS];
+};
+
+__device__ __forceinline__ float *mn_pset_init(mn_pset *ps, float *base)
+{
+#pragma unroll
+    for (int i = 0; i < MN_LAYERS; i++) {
+        ps->w[i] = base;
+        base += (long long)MN_LPOUT(i) * MN_LLD(i);
+        ps->b[i] = MN_BIAS ? base : 0;
+        base += MN_BIAS ? MN_LPOUT(i) : 0;
+    }
+    return base;
+}
+
+/* ---- tensor-core fragments ---- */
+
+__device__ __forceinline__ unsigned mn_tf32_bits(float x)
+{
+    unsigned u;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(x));
+    return u;
+}
+
+/* bf16 bits, round to nearest even, NaN kept (as mn_round in bf16 mode). */
+__device__ __forceinline__ unsigned mn_bf16_bits(float x)
+{
+    unsigned u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return u >> 16;
+}
+
+__device__ __forceinline__ unsigned mn_bf16x2(float lo, float hi) { return mn_bf16_bits(lo) | (mn_bf16_bits(hi) << 16); }
+
+__device__ __forceinline__ void mn_mma_tf32(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                            unsigned b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mn_mma_bf16(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                            unsigned b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* Element (i, j) of a row-major matrix with leading dimension ld, or of its
+ * transpose. */
+template <bool T> __device__ __forceinline__ float mn_el(const float *p, int ld, int i, int j)
+{
+    return T ? p[j * ld + i] : p[i * ld + j];
+}
+
+/* No value to add to a product. */
+struct mn_no_pre {
+    __device__ __forceinline__ float operator()(int, int) const { return 0.0f; }
+};
+
+/* C = A B over the block, M x N x K all multiples of 16, every warp taking
+ * 16 x (8 NT8) output tiles in turn; epi(row, col, value) gets each element
+ * once, from the thread that holds it (the same thread for the same tile in
+ * every call, which is what lets G accumulate without atomics), with
+ * pre(row, col) added: pre is called before the tile's products, so a load
+ * from global memory there is in flight while the tensor cores work.
+ *   A(m, k) = AT ? a[k lda + m] : a[m lda + k]
+ *   B(k, n) = BK ? b[k ldb + n] : b[n ldb + k]   (BK false: b holds B^T rows, as W does) */
+template <int M, int N, int K, bool AT, bool BK, class Epi, class Pre = mn_no_pre>
+__device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre())
+{
+    constexpr int NT8 = ((M / 16) * (N / 32) >= MN_FWARPS && N % 32 == 0) ? 4 : 2;
+    constexpr int NB = N / (8 * NT8);
+    constexpr int TILES = (M / 16) * NB;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    for (int tile = warp; tile < TILES; tile += MN_FWARPS) {
+        const int m0 = (tile / NB) * 16, n0 = (tile % NB) * (8 * NT8);
+        float acc[NT8][4], old[NT8][4];
+#pragma unroll
+        for (int j = 0; j < NT8; j++) {
+            const int n = n0 + 8 * j + 2 * t;
+            acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+            old[j][0] = pre(m0 + g, n);
+            old[j][1] = pre(m0 + g, n + 1);
+            old[j][2] = pre(m0 + g + 8, n);
+            old[j][3] = pre(m0 + g + 8, n + 1);
+        }
+#pragma unroll 2
+        for (int k0 = 0; k0 < K; k0 += MN_KSTEP) {
+#if MN_PREC == 2
+            const unsigned a0 = mn_bf16x2(mn_el<AT>(a, lda, m0 + g, k0 + 2 * t), mn_el<AT>(a, lda, m0 + g, k0 + 2 * t + 1));
+            const unsigned a1 =
+                mn_bf16x2(mn_el<AT>(a, lda, m0 + g + 8, k0 + 2 * t), mn_el<AT>(a, lda, m0 + g + 8, k0 + 2 * t + 1));
+            const unsigned a2 =
+                mn_bf16x2(mn_el<AT>(a, lda, m0 + g, k0 + 2 * t + 8), mn_el<AT>(a, lda, m0 + g, k0 + 2 * t + 9));
+            const unsigned a3 = mn_bf16x2(mn_el<AT>(a, lda, m0 + g + 8, k0 + 2 * t + 8),
+                                          mn_el<AT>(a, lda, m0 + g + 8, k0 + 2 * t + 9));
+#pragma unroll
+            for (int j = 0; j < NT8; j++) {
+                const int n = n0 + 8 * j + g;
+                const unsigned b0 = mn_bf16x2(mn_el<BK>(b, ldb, n, k0 + 2 * t), mn_el<BK>(b, ldb, n, k0 + 2 * t + 1));
+                const unsigned b1 =
+                    mn_bf16x2(mn_el<BK>(b, ldb, n, k0 + 2 * t + 8), mn_el<BK>(b, ldb, n, k0 + 2 * t + 9));
+                mn_mma_bf16(acc[j], a0, a1, a2, a3, b0, b1);
+            }
+#else
+            const float af[4] = {mn_el<AT>(a, lda, m0 + g, k0 + t), mn_el<AT>(a, lda, m0 + g + 8, k0 + t),
+                                 mn_el<AT>(a, lda, m0 + g, k0 + t + 4), mn_el<AT>(a, lda, m0 + g + 8, k0 + t + 4)};
+            unsigned ah[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) ah[i] = mn_tf32_bits(af[i]);
+#if MN_PREC == 0
+            unsigned al[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) al[i] = mn_tf32_bits(af[i] - __uint_as_float(ah[i]));
+#endif
+#pragma unroll
+            for (int j = 0; j < NT8; j++) {
+                const int n = n0 + 8 * j + g;
+                const float bf0 = mn_el<BK>(b, ldb, n, k0 + t), bf1 = mn_el<BK>(b, ldb, n, k0 + t + 4);
+                const unsigned bh0 = mn_tf32_bits(bf0), bh1 = mn_tf32_bits(bf1);
+#if MN_PREC == 0
+                /* small terms first: they are the ones fp32 accumulation would lose */
+                const unsigned bl0 = mn_tf32_bits(bf0 - __uint_as_float(bh0));
+                const unsigned bl1 = mn_tf32_bits(bf1 - __uint_as_float(bh1));
+                mn_mma_tf32(acc[j], al[0], al[1], al[2], al[3], bh0, bh1);
+                mn_mma_tf32(acc[j], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+#endif
+                mn_mma_tf32(acc[j], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+            }
+#endif
+        }
+#pragma unroll
+        for (int j = 0; j < NT8; j++) {
+            const int n = n0 + 8 * j + 2 * t;
+            epi(m0 + g, n, old[j][0] + acc[j][0]);
+            epi(m0 + g, n + 1, old[j][1] + acc[j][1]);
+            epi(m0 + g + 8, n, old[j][2] + acc[j][2]);
+            epi(m0 + g + 8, n + 1, old[j][3] + acc[j][3]);
+        }
+    }
+}
+
+/* Chunk buffers in shared memory. */
+struct mn_fbuf {
+    float *x, *z, *h, *y, *dy; /* [R x ld]; z holds dz after the backward */
+    float *xs, *hs, *ys;       /* one row's forward */
+};
+
+/* A chunk of input rows travels in two halves: mn_rows_fetch loads this
+ * thread's share into registers (all loads issued together), mn_rows_store
+ * puts it in shared memory, zero beyond cr rows and the real width. The
+ * fetch of the next chunk is issued before the current chunk's products, so
+ * its latency hides behind them. */
+#define MN_NX ((MN_FR * MN_PDK + MN_FT - 1) / MN_FT)
+
+__device__ __forceinline__ void mn_rows_fetch(float (&x)[MN_NX], const float *src, int avail)
+{
+#pragma unroll
+    for (int u = 0; u < MN_NX; u++) {
+        const int e = threadIdx.x + u * MN_FT, r = e / MN_PDK, j = e % MN_PDK;
+        x[u] = (e < MN_FR * MN_PDK && r < avail && j < MN_DK) ? src[(long long)r * MN_DK + j] : 0.0f;
+    }
+}
+
+__device__ __forceinline__ void mn_rows_store(float *dst, const float (&x)[MN_NX], int cr)
+{
+#pragma unroll
+    for (int u = 0; u < MN_NX; u++) {
+        const int e = threadIdx.x + u * MN_FT, r = e / MN_PDK, j = e % MN_PDK;
+        if (e < MN_FR * MN_PDK) dst[r * MN_LDK + j] = r < cr ? x[u] : 0.0f;
+    }
+}
+
+/* y = M(x; P) for the chunk in fb.x (cr real rows): z and h kept (hidden
+ * layer), y element (r, j) handed to epi_y with the bias (and residual)
+ * added. Padded hidden units and rows hold h = 0, so whatever phi(0) is
+ * never reaches a product. Ends with a barrier. */
+template <class EpiY>
+__device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf &fb, int cr, EpiY epi_y)
+{
+#if MN_LAYERS == 2
+    mn_gemm<MN_FR, MN_PDH, MN_PDK, false, false>(fb.x, MN_LDK, P.w[0], MN_LLD(0), [&](int r, int j, float acc) {
+        const float z = acc + (MN_BIAS ? P.b[0][j] : 0.0f);
+        fb.z[r * MN_LDH + j] = z;
+        fb.h[r * MN_LDH + j] = (r < cr && j < MN_DH) ? mn_hook_act(z) : 0.0f;
+    });
+    __syncthreads();
+    mn_gemm<MN_FR, MN_PDV, MN_PDH, false, false>(fb.h, MN_LDH, P.w[1], MN_LLD(1), [&](int r, int j, float acc) {
+        float y = acc + (MN_BIAS ? P.b[1][j] : 0.0f);
+        if (MN_RESIDUAL) y += fb.x[r * MN_LDK + j];
+        epi_y(r, j, y);
+    });
+#else
+    mn_gemm<MN_FR, MN_PDV, MN_PDK, false, false>(fb.x, MN_LDK, P.w[0], MN_LLD(0), [&](int r, int j, float acc) {
+        float y = acc + (MN_BIAS ? P.b[0][j] : 0.0f);
+        if (MN_RESIDUAL) y += fb.x[r * MN_LDK + j];
+        epi_y(r, j, y);
+    });
+#endif
+    __syncthreads();
+}
+
+/* y_row = M(x_row; P) for one row, on the CUDA cores (the last token of a
+ * step under retrieve = after). x_row (global, dk floats) -> out (global). */
+__device__ void mn_fused_row(const mn_pset &P, const mn_fbuf &fb, const float *x_row, float *out)
+{
+    for (int j = threadIdx.x; j < MN_DK; j += MN_FT) fb.xs[j] = x_row[j];
+    __syncthreads();
+    const float *in = fb.xs;
+#pragma unroll
+    for (int i = 0; i < MN_LAYERS; i++) {
+        const int ni = MN_LIN(i), no = MN_LOUT(i);
+        const bool last = i == MN_LAYERS - 1;
+        for (int o = threadIdx.x; o < no; o += MN_FT) {
+            const float *wr = P.w[i] + o * MN_LLD(i);
+            float acc = 0.0f;
+            for (int j = 0; j < ni; j++) acc += mn_round(in[j]) * mn_round(wr[j]);
+            if (MN_BIAS) acc += P.b[i][o];
+            if (last) {
+                if (MN_RESIDUAL) acc += fb.xs[o];
+                out[o] = acc;
+            } else {
+                fb.hs[o] = mn_hook_act(acc);
+            }
+        }
+        __syncthreads();
+        in = fb.hs;
+    }
+}
+
+/* Copy parameters: global unpadded [numel] per parameter <-> a padded pset. */
+__device__ void mn_pset_from(const mn_pset &dst, float *const *src)
+{
+#pragma unroll
+    for (int i = 0; i < MN_LAYERS; i++) {
+        const int ni = MN_LIN(i), no = MN_LOUT(i), pin = MN_LPIN(i), pout = MN_LPOUT(i), ld = MN_LLD(i);
+        const float *w = src[i * MN_PER];
+        for (int e = threadIdx.x; e < pout * ld; e += MN_FT) {
+            const int o = e / ld, j = e % ld;
+            dst.w[i][e] = (o < no && j < ni) ? w[o * ni + j] : 0.0f;
+        }
+        (void)pin;
+        if (MN_BIAS) {
+            const float *b = src[i * MN_PER + 1];
+            for (int o = threadIdx.x; o < pout; o += MN_FT) dst.b[i][o] = o < no ? b[o] : 0.0f;
+        }
+    }
+}
+
+__device__ void mn_pset_to(float *const *dst, const mn_pset &src)
+{
+#pragma unroll
+    for (int i = 0; i < MN_LAYERS; i++) {
+        const int ni = MN_LIN(i), no = MN_LOUT(i), ld = MN_LLD(i);
+        float *w = dst[i * MN_PER];
+        for (int e = threadIdx.x; e < no * ni; e += MN_FT) w[e] = src.w[i][(e / ni) * ld + e % ni];
+        if (MN_BIAS) {
+            float *b = dst[i * MN_PER + 1];
+            for (int o = threadIdx.x; o < no; o += MN_FT) b[o] = src.b[i][o];
+        }
+    }
+}
+
+/* Element e of parameter p inside a padded pset. */
+__device__ __forceinline__ float *mn_pset_el(const mn_pset &ps, int p, int e)
+{
+    const int i = p / MN_PER;
+    if (MN_BIAS && p % 2 == 1) return ps.b[i] + e;
+    const int ni = MN_LIN(i);
+    return ps.w[i] + (e / ni) * MN_LLD(i) + e % ni;
+}
+
+/* G (+)= a gradient product over the real rows and columns: the earlier
+ * chunks' sum comes in through pre (loaded before the tile's products), the
+ * new sum is stored, and squared into *ss after the step's last chunk. */
+struct mn_gacc {
+    float *g;
+    int rows, cols;
+    bool first, last;
+    double *ss;
+    struct old {
+        const float *g;
+        int rows, cols;
+        bool skip;
+        __device__ __forceinline__ float operator()(int r, int c) const
+        {
+            return (skip || r >= rows || c >= cols) ? 0.0f : g[r * cols + c];
+        }
+    };
+    __device__ __forceinline__ old pre() const { return old{g, rows, cols, first}; }
+    __device__ __forceinline__ void operator()(int r, int c, float s) const
+    {
+        if (r >= rows || c >= cols) return;
+        g[r * cols + c] = s;
+        if (last) *ss += (double)s * s;
+    }
+};
+
+/* Column sums over the chunk's real rows into a bias gradient. */
+__device__ __forceinline__ void mn_bias_grad(float *gb, const float *src, int ld, int cols, int cr, bool first,
+                                             bool last, double *ss)
+{
+    for (int o = threadIdx.x; o < cols; o += MN_FT) {
+        double acc = 0.0;
+        for (int r = 0; r < cr; r++) acc += src[r * ld + o];
+        const float s = first ? (float)acc : gb[o] + (float)acc;
+        gb[o] = s;
+        if (last) *ss += (double)s * s;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(const mn_rule_kargs a)
+{
+    extern __shared__ float4 mn_smem4[];
+    const long long m = blockIdx.x, n = a.n, nsteps = a.nsteps;
+    const int tid = threadIdx.x;
+
+    /* shared memory: P, then the chunk buffers (kernels/plan.c counts the same) */
+    float *sp = (float *)mn_smem4;
+    mn_pset P;
+    sp = mn_pset_init(&P, sp);
+    mn_fbuf fb;
+    fb.x = sp;
+    sp += MN_FR * MN_LDK;
+#if MN_LAYERS == 2
+    fb.z = sp;
+    sp += MN_FR * MN_LDH;
+    fb.h = sp;
+    sp += MN_FR * MN_LDH;
+#else
+    fb.z = fb.h = 0;
+#endif
+    fb.y = sp;
+    sp += MN_FR * MN_LDV;
+    fb.dy = sp;
+    sp += MN_FR * MN_LDV;
+    fb.xs = sp;
+    sp += MN_PDK;
+    fb.hs = sp;
+    sp += MN_PDH;
+    fb.ys = sp;
+
+    /* workspace: G per parameter, then W padded when P is the anchor */
+    float *work = a.work + m * a.work_floats;
+    float *G[MN_NPARAMS];
+    {
+        long long off = 0;
+#pragma unroll
+        for (int p = 0; p < MN_NPARAMS; p++) {
+            G[p] = work + off;
+            off += MN_NUMEL(p);
+        }
+    }
+    mn_pset Wp; /* where the current W lives: P itself, or the padded global copy */
+    if (MN_P_AT_W) Wp = P;
+    else {
+        long long off = 0;
+#pragma unroll
+        for (int p = 0; p < MN_NPARAMS; p++) off += MN_NUMEL(p);
+        mn_pset_init(&Wp, work + ((off + 3) & ~3LL));
+    }
+
+    float *W[MN_NPARAMS], *Sm[MN_NPARAMS], *A[MN_NPARAMS];
+    mn_memory_params(a.W, m, W);
+    mn_memory_params(a.S, m, Sm);
+    mn_memory_params(a.A, m, A);
+    const float *k = a.k + m * n * MN_DK, *v = a.v + m * n * MN_DV;
+    const float *q = a.q ? a.q + m * n * MN_DK : 0;
+    const float *theta = a.theta + m * n, *eta = a.eta + m * nsteps, *alpha = a.alpha + m * nsteps;
+    float *y_out = a.y ? a.y + m * n * MN_DV : 0;
+    float *loss_out = a.loss + m * n;
+    const double R = MN_FEATURE_SCALE;
+
+    if (MN_P_AT_W) {
+        mn_pset_from(P, W);
+    } else {
+        mn_pset_from(P, A);
+        mn_pset_from(Wp, W);
+    }
+    __syncthreads();
+
+    float xnext[MN_NX]; /* the next chunk's k rows, in flight */
+    mn_rows_fetch(xnext, k, n < MN_FR ? (int)n : MN_FR);
+
+    for (long long sl = 0; sl < nsteps; sl++) {
+        const long long s_global = a.steps_done + sl, t0 = sl * MN_STEP;
+        const int rows = (int)(t0 + MN_STEP <= n ? MN_STEP : n - t0);
+        bool at_current = MN_P_AT_W;
+        if (!MN_P_AT_W && MN_REFRESH > 0 && s_global % (MN_REFRESH > 0 ? MN_REFRESH / MN_STEP : 1) == 0) {
+            /* a new refresh block: the gradient point becomes W^(s) */
+#pragma unroll
+            for (int i = 0; i < MN_LAYERS; i++) {
+                for (int e = tid; e < MN_LPOUT(i) * MN_LLD(i); e += MN_FT) P.w[i][e] = Wp.w[i][e];
+                if (MN_BIAS)
+                    for (int o = tid; o < MN_LPOUT(i); o += MN_FT) P.b[i][o] = Wp.b[i][o];
+            }
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++)
+                for (long long e = tid; e < MN_NUMEL(p); e += MN_FT)
+                    A[p][e] = *mn_pset_el(Wp, p, (int)e);
+            __syncthreads();
+            at_current = true;
+        }
+        const double tscale = MN_TOKEN_MEAN ? 1.0 / (double)rows : 1.0;
+        const int before_rows = MN_RETRIEVE_BEFORE ? rows : rows - 1;
+        double ss[MN_NPARAMS];
+#pragma unroll
+        for (int p = 0; p < MN_NPARAMS; p++) ss[p] = 0.0;
+
+        for (int r0 = 0; r0 < rows; r0 += MN_FR) {
+            const int cr = rows - r0 < MN_FR ? rows - r0 : MN_FR;
+            const long long t = t0 + r0;
+            const bool first = r0 == 0, last = r0 + MN_FR >= rows;
+            mn_rows_store(fb.x, xnext, cr);
+            {
+                const long long tn = t + cr;
+                mn_rows_fetch(xnext, k + tn * MN_DK, tn >= n ? 0 : (n - tn < MN_FR ? (int)(n - tn) : MN_FR));
+            }
+            /* this thread's v and theta of the loss pass, loaded while the forward runs */
+            constexpr int NL = (MN_FR * MN_PDV + MN_FT - 1) / MN_FT;
+            float vl[NL], th[NL];
+#pragma unroll
+            for (int u = 0; u < NL; u++) {
+                const int e = tid + u * MN_FT, r = e / MN_PDV, j = e % MN_PDV;
+                const bool real = e < MN_FR * MN_PDV && r < cr && j < MN_DV;
+                vl[u] = real ? v[(t + r) * MN_DV + j] : 0.0f;
+                th[u] = real ? theta[t + r] : 0.0f;
+            }
+            __syncthreads();
+            mn_fused_forward(P, fb, cr, [&](int r, int j, float y) { fb.y[r * MN_LDV + j] = y; });
+
+            /* loss terms (into fb.y) and dL/dy, token weights theta (and 1/rows for mean) */
+            const bool y_here = y_out && !q && at_current;
+#pragma unroll
+            for (int u = 0; u < NL; u++) {
+                const int e = tid + u * MN_FT, r = e / MN_PDV, j = e % MN_PDV;
+                if (e >= MN_FR * MN_PDV) break;
+                float d = 0.0f;
+                if (r < cr && j < MN_DV) {
+                    const float yy = fb.y[r * MN_LDV + j], vv = vl[u], rr = yy - vv;
+                    const float wt = (float)((double)th[u] * tscale);
+                    if (y_here && r0 + r < before_rows) y_out[(t + r) * MN_DV + j] = yy;
+                    fb.y[r * MN_LDV + j] = mn_hook_loss(yy, vv, rr);
+                    d = (float)((double)wt * R * (double)mn_hook_loss_grad(yy, vv, rr));
+                }
+                fb.dy[r * MN_LDV + j] = d;
+            }
+            __syncthreads();
+            for (int r = tid; r < cr; r += MN_FT) {
+                double acc = 0.0;
+                for (int j = 0; j < MN_DV; j++) acc += fb.y[r * MN_LDV + j];
+                loss_out[t + r] = (float)(R * acc);
+            }
+
+            /* backward at P */
+#if MN_LAYERS == 2
+            {
+                const mn_gacc g2 = {G[1 * MN_PER], MN_DV, MN_DH, first, last, &ss[1 * MN_PER]};
+                mn_gemm<MN_PDV, MN_PDH, MN_FR, true, true>(fb.dy, MN_LDV, fb.h, MN_LDH, g2, g2.pre());
+                mn_gemm<MN_FR, MN_PDH, MN_PDV, false, true>(fb.dy, MN_LDV, P.w[1], MN_LLD(1),
+                                                            [&](int r, int j, float acc) {
+                                                                float *zp = fb.z + r * MN_LDH + j;
+                                                                *zp = (r < cr && j < MN_DH) ? acc * mn_hook_act_grad(*zp)
+                                                                                            : 0.0f;
+                                                            });
+                if (MN_BIAS) mn_bias_grad(G[1 * MN_PER + 1], fb.dy, MN_LDV, MN_DV, cr, first, last, &ss[MN_PER + 1]);
+                __syncthreads();
+                const mn_gacc g1 = {G[0], MN_DH, MN_DK, first, last, &ss[0]};
+                mn_gemm<MN_PDH, MN_PDK, MN_FR, true, true>(fb.z, MN_LDH, fb.x, MN_LDK, g1, g1.pre());
+                if (MN_BIAS) mn_bias_grad(G[1], fb.z, MN_LDH, MN_DH, cr, first, last, &ss[1]);
+            }
+#else
+            {
+                const mn_gacc g1 = {G[0], MN_DV, MN_DK, first, last, &ss[0]};
+                mn_gemm<MN_PDV, MN_PDK, MN_FR, true, true>(fb.dy, MN_LDV, fb.x, MN_LDK, g1, g1.pre());
+                if (MN_BIAS) mn_bias_grad(G[1], fb.dy, MN_LDV, MN_DV, cr, first, last, &ss[1]);
+            }
+#endif
+            __syncthreads();
+
+            /* retrieval at W^(s) where the forward above was not it on q */
+            const int ret_rows = before_rows - r0 < cr ? before_rows - r0 : cr;
+            if (y_out && ret_rows > 0 && (q || !at_current)) {
+                {
+                    float xq[MN_NX];
+                    mn_rows_fetch(xq, (q ? q : k) + t * MN_DK, cr);
+                    mn_rows_store(fb.x, xq, cr);
+                }
+                __syncthreads();
+                float *yo = y_out + t * MN_DV;
+                mn_fused_forward(Wp, fb, cr, [&](int r, int j, float y) {
+                    if (r < ret_rows && j < MN_DV) yo[r * MN_DV + j] = y;
+                });
+            }
+        }
+
+        /* the step's gradient norm, clip and update */
+        double total = 0.0;
+#pragma unroll
+        for (int p = 0; p < MN_NPARAMS; p++) {
+            ss[p] = mn_block_sum(ss[p]);
+            total += ss[p];
+        }
+        const double gnorm = sqrt(total);
+        const bool finite = total <= MN_DBL_MAX; /* false for NaN and Inf */
+        double cs = 0.0, wsq = 0.0;
+        if (finite) {
+            double scale[MN_NPARAMS];
+            cs = 1.0;
+#if MN_CLIP_MODE == 1
+            double smallest = __longlong_as_double(0x7ff0000000000000LL); /* +Inf */
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++) {
+                scale[p] = mn_hook_clip_scale(MN_CLIP_TENSOR ? sqrt(ss[p]) : gnorm);
+                if (scale[p] < smallest || scale[p] != scale[p]) smallest = scale[p];
+            }
+            cs = smallest;
+#else
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++) scale[p] = 1.0;
+#endif
+            const float e_s = eta[sl], keep = 1.0f - alpha[sl];
+            /* U elements per thread at a time, every load issued before any
+             * store: the loop is bound by memory latency, not bandwidth */
+            constexpr int U = 16;
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++) {
+                const float fs = (float)scale[p];
+                const int numel = (int)MN_NUMEL(p);
+                float *Gp = G[p], *Sp = Sm[p];
+                for (int base = tid; base < numel; base += U * MN_FT) {
+                    float gv[U], sv[U], wv[U];
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        const int e = base + u * MN_FT;
+                        gv[u] = e < numel ? Gp[e] : 0.0f;
+                        sv[u] = e < numel ? Sp[e] : 0.0f;
+                        wv[u] = e < numel ? *mn_pset_el(Wp, p, e) : 0.0f;
+                    }
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        const int e = base + u * MN_FT;
+                        if (e >= numel) break;
+                        float g = gv[u];
+#if MN_CLIP_MODE == 1
+                        g *= fs;
+#elif MN_CLIP_MODE == 2
+                        g = mn_hook_clip_elem(g);
+#endif
+                        const float s = e_s * sv[u] - g;
+                        Sp[e] = s;
+                        const float w = keep * wv[u] + s;
+                        *mn_pset_el(Wp, p, e) = w;
+                        wsq += (double)w * w;
+                    }
+                }
+                (void)fs;
+            }
+        } else {
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++)
+                for (int e = tid; e < (int)MN_NUMEL(p); e += MN_FT) {
+                    const float w = *mn_pset_el(Wp, p, e);
+                    wsq += (double)w * w;
+                }
+        }
+        wsq = mn_block_sum(wsq); /* its barriers also publish the new W */
+        if (tid == 0) {
+            const long long o = m * nsteps + sl;
+            double lsum = 0.0;
+            for (int r = 0; r < rows; r++) lsum += loss_out[t0 + r];
+            a.step_loss[o] = (float)(lsum / (double)rows);
+            a.grad_norm[o] = (float)gnorm;
+            a.skipped[o] = finite ? 0.0f : 1.0f;
+            a.clip_scale[o] = (float)cs;
+            a.weight_norm[o] = (float)sqrt(wsq);
+        }
+        if (y_out && !MN_RETRIEVE_BEFORE) {
+            const long long lastt = t0 + rows - 1;
+            mn_fused_row(Wp, fb, (q ? q : k) + lastt * MN_DK, y_out + lastt * MN_DV);
+        }
+    }
+    __syncthreads();
+    mn_pset_to(W, Wp);
+}
+
+#endif /* __CUDACC_RTC__ */

@@ -1,0 +1,175 @@
+/* plan.c: which CUDA path runs a rule (kernels/plan.h). */
+#include "plan.h"
+#include "codegen.h"
+#include "engine_large.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FUSED_THREADS 256
+#define SM90_SMEM_OPTIN (227L * 1024)
+#define PAD 4 /* floats added to each shared-memory row: conflict-free fragment loads */
+
+const char *mn_cuda_path_name(mn_cuda_path p)
+{
+    switch (p) {
+    case MN_PATH_FUSED: return "fused";
+    case MN_PATH_LARGE: return "large";
+    default: return "general";
+    }
+}
+
+static long up16(long x) { return (x + 15) / 16 * 16; }
+
+/* Must match the carve-up at the top of mn_fused_step_kernel. */
+long mn_fused_smem_bytes(const mn_rule *r, const mn_dims *d, int rows)
+{
+    long dk = up16(d->dk), dv = up16(d->dv), dh = r->layers > 1 ? up16(d->dh) : 0;
+    long f = 0;
+    if (r->layers == 1) {
+        f += dv * (dk + PAD) + (r->bias ? dv : 0);
+    } else {
+        f += dh * (dk + PAD) + (r->bias ? dh : 0);
+        f += dv * (dh + PAD) + (r->bias ? dv : 0);
+    }
+    f += rows * (dk + PAD);                                    /* x */
+    if (r->layers > 1) f += 2L * rows * (dh + PAD);            /* z (then dz), h */
+    f += 2L * rows * (dv + PAD);                               /* y (then loss terms), dy */
+    f += dk + dh + dv;                                         /* one row's forward */
+    return f * (long)sizeof(float);
+}
+
+static int fused_fit(const mn_rule *r, const mn_dims *d, long limit, char *why, size_t wlen, int *rows_out,
+                     long *smem_out)
+{
+    if (r->layers > 2) {
+        snprintf(why, wlen, "%d layers: the fused path covers 1 and 2", r->layers);
+        return 0;
+    }
+    if (d->dk > 128 || d->dv > 128) {
+        snprintf(why, wlen, "dk=%lld, dv=%lld: the fused path needs both <= 128", (long long)d->dk,
+                 (long long)d->dv);
+        return 0;
+    }
+    long wide = d->dk > d->dv ? d->dk : d->dv;
+    if (r->layers == 2 && d->dh > 4 * wide) {
+        snprintf(why, wlen, "hidden=%lld > 4 x max(dk, dv) = %ld: outside the fused path", (long long)d->dh,
+                 4 * wide);
+        return 0;
+    }
+    long first = up16(r->step < 64 ? r->step : 64);
+    for (int rows = 64; rows >= 16; rows /= 2) {
+        if (rows > first) continue;
+        long need = mn_fused_smem_bytes(r, d, rows);
+        if (need <= limit) {
+            *rows_out = rows;
+            *smem_out = need;
+            return 1;
+        }
+    }
+    snprintf(why, wlen, "the weights and 16 rows of activations need %ld KB of shared memory, the device has %ld KB",
+             mn_fused_smem_bytes(r, d, 16) / 1024, limit / 1024);
+    return 0;
+}
+
+mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, int64_t memories, long smem_limit,
+                            mn_cuda_plan *out)
+{
+    (void)p;
+    memset(out, 0, sizeof *out);
+    if (smem_limit <= 0) smem_limit = SM90_SMEM_OPTIN;
+    out->threads = FUSED_THREADS;
+    out->pdk = (int)up16(d->dk);
+    out->pdv = (int)up16(d->dv);
+    out->pdh = r->layers > 1 ? (int)up16(d->dh) : 0;
+    char nofuse[200];
+    int rows = 0;
+    long smem = 0;
+    int fused = fused_fit(r, d, smem_limit, nofuse, sizeof nofuse, &rows, &smem);
+    long big = d->dk;
+    if (d->dv > big) big = d->dv;
+    if (r->layers > 1 && d->dh > big) big = d->dh;
+
+    const char *force = getenv("MNEMO_CUDA_PATH");
+    if (force && *force && strcmp(force, "auto") != 0) {
+        out->forced = true;
+        if (strcmp(force, "general") == 0) {
+            out->path = MN_PATH_GENERAL;
+            snprintf(out->why, sizeof out->why, "MNEMO_CUDA_PATH=general");
+        } else if (strcmp(force, "fused") == 0) {
+            if (!fused) return mn_fail(MN_ERR_UNSUPPORTED, "MNEMO_CUDA_PATH=fused: %s", nofuse);
+            out->path = MN_PATH_FUSED;
+            snprintf(out->why, sizeof out->why, "MNEMO_CUDA_PATH=fused");
+        } else if (strcmp(force, "large") == 0) {
+            out->path = MN_PATH_LARGE;
+            snprintf(out->why, sizeof out->why, "MNEMO_CUDA_PATH=large");
+        } else {
+            return mn_fail(MN_ERR_ARG, "MNEMO_CUDA_PATH=%s: expected general, fused, large or auto", force);
+        }
+    } else if (fused) {
+        out->path = MN_PATH_FUSED;
+        snprintf(out->why, sizeof out->why,
+                 "%d layer%s, dk=%lld, dv=%lld%s: the weights stay in shared memory (%ld KB with %d-row chunks)",
+                 r->layers, r->layers == 1 ? "" : "s", (long long)d->dk, (long long)d->dv,
+                 r->layers > 1 ? ", hidden within 4 d" : "", smem / 1024, rows);
+    } else if (big >= 256) {
+        out->path = MN_PATH_LARGE;
+        snprintf(out->why, sizeof out->why, "a dimension of %ld >= 256 (%s): cuBLAS products, steps from a CUDA graph",
+                 big, nofuse);
+    } else {
+        out->path = MN_PATH_GENERAL;
+        snprintf(out->why, sizeof out->why, "%s", nofuse);
+    }
+    if (out->path == MN_PATH_FUSED) {
+        out->rows = rows;
+        out->smem_bytes = smem;
+    }
+    (void)memories;
+    return MN_OK;
+}
+
+void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len)
+{
+    snprintf(buf, len,
+             "#define MN_FUSED_ROWS %d\n#define MN_FUSED_THREADS %d\n#define MN_PDK %d\n#define MN_PDV %d\n"
+             "#define MN_PDH %d\n#define MN_FUSED_PAD %d\n",
+             pl->rows, pl->threads, pl->pdk, pl->pdv, pl->pdh, PAD);
+}
+
+long mn_fused_work_floats(const mn_rule *r, const mn_dims *d)
+{
+    long g = 0;
+    int np = r->layers * (r->bias ? 2 : 1);
+    for (int p = 0; p < np; p++) {
+        int layer = p / (r->bias ? 2 : 1);
+        long in = layer == 0 ? d->dk : d->dh, out = layer == r->layers - 1 ? d->dv : d->dh;
+        g += (r->bias && p % 2 == 1) ? out : out * in;
+    }
+    g = (g + 3) & ~3L;
+    if (mn_rule_refresh(r) == r->step) return g;
+    /* W in the padded layout of P (fused_kernel.cuh's mn_pset_init) */
+    long pin[2] = {up16(d->dk), up16(d->dh)};
+    for (int i = 0; i < r->layers; i++) {
+        long pi = i == 0 ? pin[0] : pin[1], po = i == r->layers - 1 ? up16(d->dv) : up16(d->dh);
+        g += po * (pi + PAD) + (r->bias ? po : 0);
+    }
+    return g;
+}
+
+char *mn_cuda_plan_source(const mn_rule *r, const mn_dims *d, mn_precision p, const mn_cuda_plan *pl)
+{
+    if (pl->path == MN_PATH_FUSED) {
+        static const char *const fused[] = {"rule_kernel", "fused_kernel", NULL};
+        char defs[256];
+        mn_fused_defines(pl, defs, sizeof defs);
+        return mn_cuda_source_for(r, d, p, fused, defs);
+    }
+    if (pl->path == MN_PATH_LARGE) return mn_cuda_large_source(r, d, p);
+    return mn_cuda_rule_source(r, d, p);
+}
+
+const char *mn_cuda_plan_step_kernel(const mn_cuda_plan *pl)
+{
+    return pl->path == MN_PATH_FUSED ? MN_FUSED_STEP_KERNEL : MN_RULE_STEP_KERNEL;
+}

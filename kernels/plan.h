@@ -1,0 +1,58 @@
+/* plan.h: which CUDA path runs a rule, and why (DESIGN.md, Fast paths).
+ *   fused:   one persistent thread block per memory keeps the gradient
+ *            point's weights in shared memory for the whole segment, the
+ *            products on tensor cores (kernels/fused_kernel.cuh); layers 1
+ *            and 2, dk, dv <= 128, hidden <= 4 max(dk, dv), and the weights
+ *            plus one chunk's activations must fit in shared memory.
+ *   large:   one big memory (a dimension >= 256): cuBLAS products and fused
+ *            elementwise kernels, each step replayed from a CUDA graph
+ *            (kernels/engine_large.c).
+ *   general: everything else (kernels/rule_kernel.cuh).
+ * Plain C, no GPU needed: the REPL shows the plan (rule:plan) on any
+ * machine. MNEMO_CUDA_PATH=general|fused|large|auto overrides the choice
+ * (tests and benchmarks); a forced path that cannot run the rule is an error
+ * that says why. */
+#ifndef MN_PLAN_H
+#define MN_PLAN_H
+
+#include "../model/engine.h"
+
+typedef enum { MN_PATH_GENERAL, MN_PATH_FUSED, MN_PATH_LARGE } mn_cuda_path;
+
+typedef struct mn_cuda_plan {
+    mn_cuda_path path;
+    bool forced;          /* chosen by MNEMO_CUDA_PATH */
+    int rows;             /* fused: token rows per chunk (a multiple of 16) */
+    int threads;          /* fused: threads per block */
+    long smem_bytes;      /* fused: dynamic shared memory per block */
+    int pdk, pdv, pdh;    /* fused: dk, dv, dh padded to multiples of 16 */
+    char why[384];        /* one line: why this path */
+} mn_cuda_plan;
+
+const char *mn_cuda_path_name(mn_cuda_path p);
+
+/* The shared memory a fused block needs (bytes) for the rule at the dims
+ * with chunks of rows rows; its layout is kernels/fused_kernel.cuh's. */
+long mn_fused_smem_bytes(const mn_rule *r, const mn_dims *d, int rows);
+
+/* The plan for memories = B*H memories of the rule at the dims. smem_limit:
+ * the opt-in shared memory per block of the device (0: sm_90's 227 KB).
+ * Fails only when MNEMO_CUDA_PATH forces a path that cannot run the rule, or
+ * names no path. */
+mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, int64_t memories, long smem_limit,
+                            mn_cuda_plan *out);
+
+/* Workspace floats per memory of the fused kernel: the step's gradient, and
+ * W in the padded layout when the gradient point is the anchor. */
+long mn_fused_work_floats(const mn_rule *r, const mn_dims *d);
+
+/* The CUDA source of the plan's path (caller frees; NULL with the error
+ * set), and the name of the kernel that walks the steps in it. */
+char *mn_cuda_plan_source(const mn_rule *r, const mn_dims *d, mn_precision p, const mn_cuda_plan *pl);
+const char *mn_cuda_plan_step_kernel(const mn_cuda_plan *pl);
+#define MN_FUSED_STEP_KERNEL "mn_fused_step_kernel"
+
+/* The extra #define lines of the fused source (MN_FUSED_ROWS, ...). */
+void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len);
+
+#endif

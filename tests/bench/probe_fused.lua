@@ -1,0 +1,59 @@
+-- probe_fused.lua: mnemo alone on the issue's GPU cases, for iterating on
+-- the kernels between full benchmark runs (tests/bench/bench_gpu.py is the
+-- one that compares with PyTorch and writes RESULTS.md). Inputs are made on
+-- the device; each case runs once to warm up (compile, allocator), then
+-- REPEATS times under mnemo.profile; prints the plan and the median GPU time
+-- of the step kernel and of the whole rule:run, per case and precision.
+--   mnemo tests/bench/probe_fused.lua [PRECISIONS=fp32,tf32,bf16] [CASES=P1,P1-lin,P1-c16,P2] [REPEATS=5]
+local precs, names, repeats = ...
+precs = precs or "fp32,tf32,bf16"
+names = names or "P1,P1-lin,P1-c16,P2"
+repeats = tonumber(repeats) or 5
+local m = mnemo
+
+local CASES = {
+  P1 = { B = 4, H = 32, T = 4096, dk = 64, rule = { layers = 2, hidden = 256, activation = "gelu", step = 64,
+    refresh = 64, clip = "norm", clip_max = 1, theta = 0.01, eta = 0.9, alpha = 0.001 } },
+  ["P1-lin"] = { B = 4, H = 32, T = 4096, dk = 64, rule = { layers = 1, step = 64, refresh = 64, clip = "norm",
+    clip_max = 1, theta = 0.01, eta = 0.9, alpha = 0.001 } },
+  ["P1-c16"] = { B = 4, H = 32, T = 4096, dk = 64, rule = { layers = 2, hidden = 256, activation = "gelu", step = 16,
+    refresh = 64, clip = "norm", clip_max = 1, theta = 0.01, eta = 0.9, alpha = 0.001 } },
+  P2 = { B = 1, H = 1, T = 2048, dk = 512, rule = { layers = 2, hidden = 512, activation = "gelu", step = 2048,
+    refresh = 2048, clip = "norm", clip_max = 1, theta = 0.01, eta = 0.9, alpha = 0.001 } },
+}
+
+local function median(xs)
+  table.sort(xs)
+  return xs[(#xs + 1) // 2]
+end
+
+for name in names:gmatch("[^,]+") do
+  local c = assert(CASES[name], "probe_fused: no case " .. name)
+  m.seed(1)
+  local k = (m.randn(c.B, c.H, c.T, c.dk) / math.sqrt(c.dk)):cuda()
+  local v = m.randn(c.B, c.H, c.T, c.dk):cuda()
+  local rule = m.rule(c.rule)
+  for prec in precs:gmatch("[^,]+") do
+    local plan = rule:plan { dk = c.dk, hidden = c.rule.hidden, B = c.B, H = c.H, precision = prec }
+    local ok, err = pcall(function()
+      rule:run { k = k, v = v, device = "cuda", precision = prec }
+      m.synchronize()
+      local ks, ws = {}, {}
+      for _ = 1, repeats do
+        local rep = m.profile(function()
+          rule:run { k = k, v = v, device = "cuda", precision = prec }
+          m.synchronize()
+        end, { quiet = true })
+        ws[#ws + 1] = rep.by["rule:run"].seconds * 1e3
+        local kms = 0
+        for _, kk in ipairs(rep.kernels or {}) do
+          if kk.name:find("step_kernel", 1, true) or kk.name:find("large", 1, true) then kms = kms + kk.seconds * 1e3 end
+        end
+        ks[#ks + 1] = kms
+      end
+      print(("PROBE %-7s %-5s path=%-7s rows=%-3s kernel %8.3f ms  rule:run %8.3f ms"):format(name, prec, plan.path,
+        tostring(plan.rows or "-"), median(ks), median(ws)))
+    end)
+    if not ok then print(("PROBE %-7s %-5s path=%-7s error: %s"):format(name, prec, plan.path, tostring(err))) end
+  end
+end

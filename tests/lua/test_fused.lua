@@ -1,0 +1,150 @@
+-- test_fused.lua: the fused CUDA path (kernels/fused_kernel.cuh) and the
+-- plan that picks it (kernels/plan.h, rule:plan).
+--   Everywhere: which path rule:plan picks for which sizes, and why.
+--   On a GPU: for rules across the space the fused path covers (layers 1
+--   and 2, odd and padded sizes, every loss, clip, step/refresh/retrieve
+--   mode, q given or not, NaN tokens), the run on cuda equals the CPU
+--   engine's in every output, per precision at SPEC.md's tolerances (the
+--   CPU engine is fp32; against it: fp32 2e-5, tf32 5e-3, bf16 3e-2), and
+--   the general path (MNEMO_CUDA_PATH=general, through a child process)
+--   agrees too. Without a GPU those parts are SKIP lines.
+-- Run from the repository root: mnemo tests/lua/test_fused.lua
+local T = dofile("tests/lua/check.lua")
+local m = mnemo or require("mnemo")
+
+local has_cuda_build = pcall(function() return m.rule {}:source() end)
+if not has_cuda_build then
+  local p = m.rule {}:plan()
+  T.eq("plan: a build without CUDA says the CPU engine runs", p.path, "cpu")
+  T.skip("fused/all", "this build has no CUDA")
+  T.done()
+end
+
+---------------------------------------------------------------- the plan
+local forced = os.getenv("MNEMO_CUDA_PATH")
+if forced and forced ~= "" and forced ~= "auto" then
+  T.skip("plan/auto", "MNEMO_CUDA_PATH=" .. forced .. " is set")
+else
+  local mlp = m.rule { layers = 2, hidden = 256, activation = "gelu", step = 64, clip = "norm", clip_max = 1 }
+  local p = mlp:plan { dk = 64, B = 4, H = 32 }
+  T.eq("plan: P1 (64-256-64, c=64) runs fused", p.path, "fused")
+  T.eq("plan: P1 takes 32-row chunks", p.rows, 32)
+  T.ok("plan: P1's shared memory fits sm_90's 227 KB", p.smem_bytes <= 227 * 1024, tostring(p.smem_bytes))
+  T.ok("plan: prints the path and why", tostring(p):find("fused path", 1, true) ~= nil, tostring(p))
+  T.eq("plan: a linear 128x128 memory runs fused", m.rule { step = 16 }:plan { dk = 128 }.path, "fused")
+  T.eq("plan: a step of 4 still takes 16-row chunks (whole tiles)", m.rule { step = 4 }:plan { dk = 8 }.rows, 16)
+  local big = mlp:plan { dk = 512, hidden = 512 }
+  T.eq("plan: d = 512 runs the large path", big.path, "large")
+  T.ok("plan: the large path says which size", big.why:find("512", 1, true) ~= nil, big.why)
+  local three = m.rule { layers = 3, hidden = 32 }:plan { dk = 16 }
+  T.eq("plan: 3 layers run the general path", three.path, "general")
+  T.ok("plan: ... and say so", three.why:find("3 layers", 1, true) ~= nil, three.why)
+  local wide = m.rule { layers = 2, hidden = 600 }:plan { dk = 128 }
+  T.ok("plan: hidden 600 > 4 x 128 is not fused", wide.path ~= "fused", wide.why)
+  local fat = m.rule { layers = 2, hidden = 512, step = 64 }:plan { dk = 128 }
+  T.ok("plan: 128-512-128 does not fit shared memory: says so", fat.path ~= "fused" and
+    fat.why:find("shared memory", 1, true) ~= nil, fat.why)
+  T.raises("plan: unknown option", function() mlp:plan { dk = 64, depth = 3 } end, "unknown option 'depth'")
+end
+
+if not m.cuda_available() then
+  T.skip("fused/gpu", "no usable CUDA device")
+  T.done()
+end
+
+---------------------------------------------------------------- on the GPU
+local TOL = { fp32 = 2e-5, tf32 = 5e-3, bf16 = 3e-2 }
+
+local function data(B, H, T_, dk, dv, seed, with_q, nan_at)
+  m.seed(seed)
+  local d = {
+    k = m.randn(B, H, T_, dk) / math.sqrt(dk),
+    v = m.randn(B, H, T_, dv),
+  }
+  if with_q then d.q = m.randn(B, H, T_, dk) / math.sqrt(dk) end
+  if nan_at then d.k[1][1][nan_at][1] = 0 / 0 end
+  return d
+end
+
+local cases = {
+  { name = "P1-shaped MLP gelu, norm clip", rule = { layers = 2, hidden = 256, activation = "gelu", step = 64,
+    clip = "norm", clip_max = 1, theta = 0.02, eta = 0.9, alpha = 0.001 }, B = 2, H = 2, T = 200, dk = 64 },
+  { name = "linear, mse, c=16", rule = { step = 16, theta = 0.1, eta = 0.8 }, B = 2, H = 3, T = 70, dk = 32 },
+  { name = "linear, odd sizes 5->7, bias", rule = { step = 3, bias = true, theta = 0.2 }, B = 1, H = 2, T = 20,
+    dk = 5, dv = 7 },
+  { name = "MLP silu 12-40-12 residual, l1, q given", rule = { layers = 2, hidden = 40, residual = true,
+    loss = "l1", step = 8, theta = 0.05 }, B = 1, H = 3, T = 45, dk = 12, q = true },
+  { name = "MLP tanh no bias, huber, refresh 0, retrieve before", rule = { layers = 2, hidden = 24,
+    activation = "tanh", bias = false, loss = "huber", loss_delta = 0.5, step = 4, refresh = 0,
+    retrieve = "before", theta = 0.1, eta = 0.5 }, B = 2, H = 1, T = 30, dk = 8, dv = 6 },
+  { name = "MLP relu, c=1 r=4 (Titans parallel form), value clip", rule = { layers = 2, hidden = 16,
+    activation = "relu", step = 1, refresh = 4, clip = "value", clip_max = 0.01, theta = 0.3 },
+    B = 1, H = 2, T = 17, dk = 4 },
+  { name = "MLP, c=64 chunked by 32 rows, softnorm per tensor, mean tokens", rule = { layers = 2, hidden = 64,
+    step = 96, clip = "softnorm", clip_max = 0.5, clip_scope = "tensor", token_reduce = "mean", theta = 0.5 },
+    B = 1, H = 2, T = 250, dk = 32 },
+  { name = "custom loss and activation, sum features", rule = { layers = 2, hidden = 32,
+    activation = "z * sigmoid(1.5 * z)", loss = "abs(r)^1.5 + 0.1 * r^2", feature_reduce = "sum", step = 5,
+    refresh = 10, theta = 0.02 }, B = 1, H = 2, T = 33, dk = 16 },
+  { name = "a NaN token skips its step", rule = { layers = 2, hidden = 32, step = 8, theta = 0.1 },
+    B = 1, H = 2, T = 40, dk = 16, nan_at = 13 },
+  { name = "dot loss, lp, scale clip", rule = { step = 8, loss = "lp", loss_p = 1.5,
+    clip = "scale", clip_expr = "1 / (1 + n)", theta = 0.1 }, B = 2, H = 2, T = 48, dk = 20, dv = 24 },
+}
+
+local function rel(a, b)
+  local d = (a:double() - b:double()):norm()
+  local n = b:double():norm()
+  if d ~= d then return math.huge end
+  return n > 0 and d / n or d
+end
+
+-- every output of res against ref (mnemo.compare: the same NaN places,
+-- relative L2 error per dataset): nil when all pass, else the failing rows
+local function failing(res, ref, tol)
+  local rep = m.compare(res, ref, { rtol = tol, quiet = true })
+  if rep.passed then return nil end
+  local bad = {}
+  for _, row in ipairs(rep.rows) do
+    if row.status ~= "pass" then
+      bad[#bad + 1] = ("%s %s rel %.3g"):format(row.name, tostring(row.detail), tonumber(row.rel) or -1)
+    end
+  end
+  return table.concat(bad, "; ")
+end
+
+for _, c in ipairs(cases) do
+  local ok, err = pcall(function()
+    local rule = m.rule(c.rule)
+    local dv = c.dv or c.dk
+    local plan = rule:plan { dk = c.dk, dv = dv, hidden = c.rule.hidden, B = c.B, H = c.H }
+    T.eq("fused/" .. c.name .. ": planned fused", plan.path, "fused")
+    local d = data(c.B, c.H, c.T, c.dk, dv, 11, c.q, c.nan_at)
+    m.seed(99) -- the same initial weights for every run
+    local ref = rule:run { k = d.k, v = d.v, q = d.q }
+    for _, prec in ipairs { "fp32", "tf32", "bf16" } do
+      m.seed(99)
+      local res = rule:run { k = d.k, v = d.v, q = d.q, device = "cuda", precision = prec }
+      local bad = failing(res, ref, TOL[prec])
+      T.ok(("fused/%s/%s: every output within %g"):format(c.name, prec, TOL[prec]), bad == nil, bad)
+    end
+  end)
+  if not ok then T.ok("fused/" .. c.name .. ": runs", false, tostring(err)) end
+end
+
+-- stateful: a memory fed piece by piece on the fused path equals one run
+do
+  local rule = m.rule { layers = 2, hidden = 32, step = 8, theta = 0.1, eta = 0.9 }
+  local d = data(1, 2, 64, 16, 16, 5)
+  m.seed(3)
+  local one = rule:run { k = d.k, v = d.v, device = "cuda" }
+  m.seed(3)
+  local mem = rule:memory { B = 1, H = 2, dk = 16, device = "cuda" }
+  mem:write { k = d.k:narrow(3, 1, 24), v = d.v:narrow(3, 1, 24) }
+  mem:write { k = d.k:narrow(3, 25, 40), v = d.v:narrow(3, 25, 40) }
+  local st = mem:state()
+  local e = rel(st.W1:cpu(), one.final.W1:cpu())
+  T.ok("fused/memory: two writes equal one run (W1)", e < 1e-6, tostring(e))
+end
+
+T.done()
