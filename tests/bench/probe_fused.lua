@@ -4,8 +4,9 @@
 -- the device; each case runs once to warm up (compile, allocator), then
 -- REPEATS times under mnemo.profile; prints the plan and the median GPU time
 -- of the step kernel and of the whole rule:run, per case and precision.
---   mnemo tests/bench/probe_fused.lua [PRECISIONS=fp32,tf32,bf16] [CASES=P1,P1-lin,P1-c16,P2] [REPEATS=5]
-local precs, names, repeats = ...
+--   mnemo tests/bench/probe_fused.lua [PRECISIONS=fp32,tf32,bf16] [CASES=P1,P1-lin,P1-c16,P2] [REPEATS=5] [T]
+-- (T: tokens per memory instead of the case's; a short run for the profiler)
+local precs, names, repeats, T_override = ...
 precs = precs or "fp32,tf32,bf16"
 names = names or "P1,P1-lin,P1-c16,P2"
 repeats = tonumber(repeats) or 5
@@ -29,6 +30,7 @@ end
 
 for name in names:gmatch("[^,]+") do
   local c = assert(CASES[name], "probe_fused: no case " .. name)
+  if tonumber(T_override) then c.T = math.tointeger(tonumber(T_override)) end
   m.seed(1)
   local k = (m.randn(c.B, c.H, c.T, c.dk) / math.sqrt(c.dk)):cuda()
   local v = m.randn(c.B, c.H, c.T, c.dk):cuda()

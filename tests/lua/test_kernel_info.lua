@@ -43,9 +43,15 @@ T.ok("kernel_info: shared memory, stack and spills are byte counts", int(info.sh
   info.spill_stores >= 0 and int(info.spill_loads) and info.spill_loads >= 0)
 T.ok("kernel_info: block size the engine launches, within the launch bounds", int(info.block_threads) and
   info.block_threads >= 32 and info.block_threads % 32 == 0 and info.max_threads == info.block_threads)
-T.eq("kernel_info: the step kernel is described at the top", info.name, "mn_rule_step_kernel")
-T.ok("kernel_info: kernels lists step then read", #info.kernels == 2 and info.kernels[1].name ==
-  "mn_rule_step_kernel" and info.kernels[2].name == "mn_rule_read_kernel" and info.kernels[2].registers > 0)
+-- the kernels of the path rule:plan picks: this rule runs fused
+T.eq("kernel_info: the planned path", info.path, rule:plan { dk = 32, dv = 16, B = 3, H = 4 }.path)
+T.eq("kernel_info: the step kernel of that path is described at the top", info.name,
+  info.path == "fused" and "mn_fused_step_kernel" or "mn_rule_step_kernel")
+T.ok("kernel_info: kernels lists the step kernel first", #info.kernels >= 1 and info.kernels[1].name == info.name)
+local three = m.rule { layers = 3, hidden = 16, step = 4, theta = 0.1 }:kernel_info { dk = 8 }
+T.ok("kernel_info: the general path lists step then read", three.path == "general" and #three.kernels == 2 and
+  three.kernels[1].name == "mn_rule_step_kernel" and three.kernels[2].name == "mn_rule_read_kernel" and
+  three.kernels[2].registers > 0)
 T.ok("kernel_info: arch is the GPU's, else sm_90", info.arch == (gpu and info.arch or 90) and info.arch >= 50)
 T.ok("kernel_info: compile time and cache flag", type(info.compile_ms) == "number" and info.compile_ms > 0 and
   type(info.cached) == "boolean")
@@ -65,9 +71,9 @@ T.ok("kernel_info: defaults (dk 64)", m.rule {}:kernel_info().dk == 64)
 
 local text = tostring(info)
 T.ok("kernel_info: prints as a table", text:find("sm_%d+") and text:find("regs", 1, true) and
-  text:find("mn_rule_step_kernel%s+" .. info.registers) and text:find("mn_rule_read_kernel", 1, true), text)
+  text:find(info.name .. "%s+" .. info.registers), text)
 T.ok("kernel_info: the REPL printer uses that table", m._pretty == nil or
-  tostring(m._pretty(info)):find("mn_rule_step_kernel", 1, true) ~= nil)
+  tostring(m._pretty(info)):find(info.name, 1, true) ~= nil)
 
 T.raises("kernel_info: unknown option", function() rule:kernel_info { dk = 8, T = 3 } end, "unknown option 'T'")
 T.raises("kernel_info: bad precision", function() rule:kernel_info { precision = "fp8" } end, "kernel_info:")

@@ -209,11 +209,16 @@ static void test_rule_kernels(void)
     mn_dims d = {4, 8, 1, 32, 16, 32, 0};
     mn_kernel_set set;
     mn_status s = make_rule(&r) == MN_OK ? mn_cuda_rule_kernel_info(&r, &d, MN_PREC_TF32, 90, &set) : MN_ERR_ARG;
-    mn_kernel_info *step = s == MN_OK ? mn_kernel_set_find(&set, MN_RULE_STEP_KERNEL) : NULL;
+    /* the kernels of the rule's planned path (kernels/plan.h): the fused
+     * step kernel alone, or the general step and read kernels */
+    mn_kernel_info *step = s == MN_OK ? mn_kernel_set_find(&set, set.step_kernel) : NULL;
     mn_kernel_info *read = s == MN_OK ? mn_kernel_set_find(&set, MN_RULE_READ_KERNEL) : NULL;
-    CHECK("kernel_info/rule/both", step && read && set.arch == 90 && strlen(set.key) == 32);
+    bool general = s == MN_OK && strcmp(set.path, "general") == 0;
+    CHECK("kernel_info/rule/planned_path", s == MN_OK && strcmp(set.path, "fused") == 0 &&
+                                               strcmp(set.step_kernel, "mn_fused_step_kernel") == 0);
+    CHECK("kernel_info/rule/both", step && (read != NULL) == general && set.arch == 90 && strlen(set.key) == 32);
     CHECK("kernel_info/rule/launch_bounds_match_block", step && step->max_threads == step->block_threads &&
-                                                            step->block_threads >= 32 && read->max_threads > 0);
+                                                            step->block_threads >= 32 && (!read || read->max_threads > 0));
     bool gpu = mn_cuda_available() && mn_cuda_arch() == 90;
     if (gpu) {
         CHECK("kernel_info/rule/occupancy", step && step->on_device && step->blocks_per_sm > 0 &&
