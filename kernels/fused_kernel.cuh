@@ -46,7 +46,7 @@
 #define MN_LPOUT(i) ((i) == MN_LAYERS - 1 ? MN_PDV : MN_PDH)
 #define MN_LLD(i) (MN_LPIN(i) + MN_FUSED_PAD)
 
-static_assert(MN_FT == MN_RULE_THREADS, "mn_block_sum is sized for MN_RULE_THREADS");
+static_assert(MN_FT % 32 == 0 && MN_FT <= 1024, "whole warps");
 static_assert(MN_FR % 16 == 0 && MN_PDK % 16 == 0 && MN_PDV % 16 == 0 && MN_PDH % 16 == 0, "whole tiles");
 
 /* Pointers into one padded copy of the parameters. */
@@ -75,16 +75,14 @@ __device__ __forceinline__ unsigned mn_tf32_bits(float x)
     return u;
 }
 
-/* bf16 bits, round to nearest even, NaN kept (as mn_round in bf16 mode). */
-__device__ __forceinline__ unsigned mn_bf16_bits(float x)
+/* Two floats to bf16x2 (lo in the low half), round to nearest even, NaN
+ * kept NaN: what mn_round does in bf16 mode, in one instruction. */
+__device__ __forceinline__ unsigned mn_bf16x2(float lo, float hi)
 {
-    unsigned u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return u >> 16;
+    unsigned u;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(hi), "f"(lo));
+    return u;
 }
-
-__device__ __forceinline__ unsigned mn_bf16x2(float lo, float hi) { return mn_bf16_bits(lo) | (mn_bf16_bits(hi) << 16); }
 
 __device__ __forceinline__ void mn_mma_tf32(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
                                             unsigned b1)
@@ -104,26 +102,39 @@ __device__ __forceinline__ void mn_mma_bf16(float *c, unsigned a0, unsigned a1, 
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* Element (i, j) of a row-major matrix with leading dimension ld, or of its
- * transpose. */
-template <bool T> __device__ __forceinline__ float mn_el(const float *p, int ld, int i, int j)
+/* Elements (i, j) and (i, j + 1) of a row-major matrix with leading
+ * dimension ld (one 8-byte load), or of its transpose (two loads); four
+ * elements (i, j .. j + 3) likewise. j is even (a multiple of 4), ld a
+ * multiple of 4 and the base 16-byte aligned, so the wide loads are aligned. */
+template <bool T> __device__ __forceinline__ float2 mn_pair(const float *p, int ld, int i, int j)
 {
-    return T ? p[j * ld + i] : p[i * ld + j];
+    if (T) return make_float2(p[j * ld + i], p[(j + 1) * ld + i]);
+    return *reinterpret_cast<const float2 *>(p + i * ld + j);
+}
+
+template <bool T> __device__ __forceinline__ float4 mn_quad(const float *p, int ld, int i, int j)
+{
+    if (T) return make_float4(p[j * ld + i], p[(j + 1) * ld + i], p[(j + 2) * ld + i], p[(j + 3) * ld + i]);
+    return *reinterpret_cast<const float4 *>(p + i * ld + j);
 }
 
 /* No value to add to a product. */
 struct mn_no_pre {
-    __device__ __forceinline__ float operator()(int, int) const { return 0.0f; }
+    __device__ __forceinline__ float2 operator()(int, int) const { return make_float2(0.0f, 0.0f); }
 };
 
 /* C = A B over the block, M x N x K all multiples of 16, every warp taking
- * 16 x (8 NT8) output tiles in turn; epi(row, col, value) gets each element
- * once, from the thread that holds it (the same thread for the same tile in
- * every call, which is what lets G accumulate without atomics), with
- * pre(row, col) added: pre is called before the tile's products, so a load
- * from global memory there is in flight while the tensor cores work.
+ * 16 x (8 NT8) output tiles in turn; epi(row, col, c0, c1) gets elements
+ * (row, col) and (row, col + 1), col even, once, from the thread that holds
+ * them (the same thread for the same tile in every call, which is what lets
+ * G accumulate without atomics), with pre(row, col) added: pre is called
+ * before the tile's products, so a load from global memory there is in
+ * flight while the tensor cores work.
  *   A(m, k) = AT ? a[k lda + m] : a[m lda + k]
- *   B(k, n) = BK ? b[k ldb + n] : b[n ldb + k]   (BK false: b holds B^T rows, as W does) */
+ *   B(k, n) = BK ? b[k ldb + n] : b[n ldb + k]   (BK false: b holds B^T rows, as W does)
+ * The k index inside one instruction is permuted (the same way for A and
+ * B, so the sum is unchanged) so that each thread's operands are adjacent
+ * along k: one wide load where k is the contiguous direction. */
 template <int M, int N, int K, bool AT, bool BK, class Epi, class Pre = mn_no_pre>
 __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre())
 {
@@ -133,37 +144,33 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     for (int tile = warp; tile < TILES; tile += MN_FWARPS) {
         const int m0 = (tile / NB) * 16, n0 = (tile % NB) * (8 * NT8);
-        float acc[NT8][4], old[NT8][4];
+        float acc[NT8][4];
+        float2 old[NT8][2];
 #pragma unroll
         for (int j = 0; j < NT8; j++) {
             const int n = n0 + 8 * j + 2 * t;
             acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
             old[j][0] = pre(m0 + g, n);
-            old[j][1] = pre(m0 + g, n + 1);
-            old[j][2] = pre(m0 + g + 8, n);
-            old[j][3] = pre(m0 + g + 8, n + 1);
+            old[j][1] = pre(m0 + g + 8, n);
         }
-#pragma unroll 2
+#pragma unroll(K / MN_KSTEP <= 8 ? K / MN_KSTEP : 8)
         for (int k0 = 0; k0 < K; k0 += MN_KSTEP) {
 #if MN_PREC == 2
-            const unsigned a0 = mn_bf16x2(mn_el<AT>(a, lda, m0 + g, k0 + 2 * t), mn_el<AT>(a, lda, m0 + g, k0 + 2 * t + 1));
-            const unsigned a1 =
-                mn_bf16x2(mn_el<AT>(a, lda, m0 + g + 8, k0 + 2 * t), mn_el<AT>(a, lda, m0 + g + 8, k0 + 2 * t + 1));
-            const unsigned a2 =
-                mn_bf16x2(mn_el<AT>(a, lda, m0 + g, k0 + 2 * t + 8), mn_el<AT>(a, lda, m0 + g, k0 + 2 * t + 9));
-            const unsigned a3 = mn_bf16x2(mn_el<AT>(a, lda, m0 + g + 8, k0 + 2 * t + 8),
-                                          mn_el<AT>(a, lda, m0 + g + 8, k0 + 2 * t + 9));
+            /* slots 2t, 2t+1, 2t+8, 2t+9 of the instruction hold k = 4t .. 4t+3 */
+            const float4 ar0 = mn_quad<AT>(a, lda, m0 + g, k0 + 4 * t);
+            const float4 ar1 = mn_quad<AT>(a, lda, m0 + g + 8, k0 + 4 * t);
+            const unsigned a0 = mn_bf16x2(ar0.x, ar0.y), a2 = mn_bf16x2(ar0.z, ar0.w);
+            const unsigned a1 = mn_bf16x2(ar1.x, ar1.y), a3 = mn_bf16x2(ar1.z, ar1.w);
 #pragma unroll
             for (int j = 0; j < NT8; j++) {
-                const int n = n0 + 8 * j + g;
-                const unsigned b0 = mn_bf16x2(mn_el<BK>(b, ldb, n, k0 + 2 * t), mn_el<BK>(b, ldb, n, k0 + 2 * t + 1));
-                const unsigned b1 =
-                    mn_bf16x2(mn_el<BK>(b, ldb, n, k0 + 2 * t + 8), mn_el<BK>(b, ldb, n, k0 + 2 * t + 9));
-                mn_mma_bf16(acc[j], a0, a1, a2, a3, b0, b1);
+                const float4 br = mn_quad<BK>(b, ldb, n0 + 8 * j + g, k0 + 4 * t);
+                mn_mma_bf16(acc[j], a0, a1, a2, a3, mn_bf16x2(br.x, br.y), mn_bf16x2(br.z, br.w));
             }
 #else
-            const float af[4] = {mn_el<AT>(a, lda, m0 + g, k0 + t), mn_el<AT>(a, lda, m0 + g + 8, k0 + t),
-                                 mn_el<AT>(a, lda, m0 + g, k0 + t + 4), mn_el<AT>(a, lda, m0 + g + 8, k0 + t + 4)};
+            /* slots t and t+4 of the instruction hold k = 2t and 2t+1 */
+            const float2 ar0 = mn_pair<AT>(a, lda, m0 + g, k0 + 2 * t);
+            const float2 ar1 = mn_pair<AT>(a, lda, m0 + g + 8, k0 + 2 * t);
+            const float af[4] = {ar0.x, ar1.x, ar0.y, ar1.y};
             unsigned ah[4];
 #pragma unroll
             for (int i = 0; i < 4; i++) ah[i] = mn_tf32_bits(af[i]);
@@ -174,13 +181,12 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
 #endif
 #pragma unroll
             for (int j = 0; j < NT8; j++) {
-                const int n = n0 + 8 * j + g;
-                const float bf0 = mn_el<BK>(b, ldb, n, k0 + t), bf1 = mn_el<BK>(b, ldb, n, k0 + t + 4);
-                const unsigned bh0 = mn_tf32_bits(bf0), bh1 = mn_tf32_bits(bf1);
+                const float2 br = mn_pair<BK>(b, ldb, n0 + 8 * j + g, k0 + 2 * t);
+                const unsigned bh0 = mn_tf32_bits(br.x), bh1 = mn_tf32_bits(br.y);
 #if MN_PREC == 0
                 /* small terms first: they are the ones fp32 accumulation would lose */
-                const unsigned bl0 = mn_tf32_bits(bf0 - __uint_as_float(bh0));
-                const unsigned bl1 = mn_tf32_bits(bf1 - __uint_as_float(bh1));
+                const unsigned bl0 = mn_tf32_bits(br.x - __uint_as_float(bh0));
+                const unsigned bl1 = mn_tf32_bits(br.y - __uint_as_float(bh1));
                 mn_mma_tf32(acc[j], al[0], al[1], al[2], al[3], bh0, bh1);
                 mn_mma_tf32(acc[j], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
 #endif
@@ -191,10 +197,8 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
 #pragma unroll
         for (int j = 0; j < NT8; j++) {
             const int n = n0 + 8 * j + 2 * t;
-            epi(m0 + g, n, old[j][0] + acc[j][0]);
-            epi(m0 + g, n + 1, old[j][1] + acc[j][1]);
-            epi(m0 + g + 8, n, old[j][2] + acc[j][2]);
-            epi(m0 + g + 8, n + 1, old[j][3] + acc[j][3]);
+            epi(m0 + g, n, old[j][0].x + acc[j][0], old[j][0].y + acc[j][1]);
+            epi(m0 + g + 8, n, old[j][1].x + acc[j][2], old[j][1].y + acc[j][3]);
         }
     }
 }
@@ -202,7 +206,8 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
 /* Chunk buffers in shared memory. */
 struct mn_fbuf {
     float *x, *z, *h, *y, *dy; /* [R x ld]; z holds dz after the backward */
-    float *xs, *hs, *ys;       /* one row's forward */
+    float *xs, *hs;            /* one row's forward */
+    float *lrow;               /* the chunk's row losses [R] */
 };
 
 /* A chunk of input rows travels in two halves: mn_rows_fetch loads this
@@ -238,52 +243,106 @@ template <class EpiY>
 __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf &fb, int cr, EpiY epi_y)
 {
 #if MN_LAYERS == 2
-    mn_gemm<MN_FR, MN_PDH, MN_PDK, false, false>(fb.x, MN_LDK, P.w[0], MN_LLD(0), [&](int r, int j, float acc) {
-        const float z = acc + (MN_BIAS ? P.b[0][j] : 0.0f);
-        fb.z[r * MN_LDH + j] = z;
-        fb.h[r * MN_LDH + j] = (r < cr && j < MN_DH) ? mn_hook_act(z) : 0.0f;
+    mn_gemm<MN_FR, MN_PDH, MN_PDK, false, false>(fb.x, MN_LDK, P.w[0], MN_LLD(0),
+                                                 [&](int r, int j, float a0, float a1) {
+        float2 z = make_float2(a0, a1);
+        if (MN_BIAS) z.x += P.b[0][j], z.y += P.b[0][j + 1];
+        *reinterpret_cast<float2 *>(fb.z + r * MN_LDH + j) = z;
+        const bool real = r < cr;
+        *reinterpret_cast<float2 *>(fb.h + r * MN_LDH + j) =
+            make_float2(real && j < MN_DH ? mn_hook_act(z.x) : 0.0f, real && j + 1 < MN_DH ? mn_hook_act(z.y) : 0.0f);
     });
     __syncthreads();
-    mn_gemm<MN_FR, MN_PDV, MN_PDH, false, false>(fb.h, MN_LDH, P.w[1], MN_LLD(1), [&](int r, int j, float acc) {
-        float y = acc + (MN_BIAS ? P.b[1][j] : 0.0f);
-        if (MN_RESIDUAL) y += fb.x[r * MN_LDK + j];
-        epi_y(r, j, y);
+    mn_gemm<MN_FR, MN_PDV, MN_PDH, false, false>(fb.h, MN_LDH, P.w[1], MN_LLD(1),
+                                                 [&](int r, int j, float a0, float a1) {
+        float y0 = a0, y1 = a1;
+        if (MN_BIAS) y0 += P.b[1][j], y1 += P.b[1][j + 1];
+        if (MN_RESIDUAL) y0 += fb.x[r * MN_LDK + j], y1 += fb.x[r * MN_LDK + j + 1];
+        epi_y(r, j, y0, y1);
     });
 #else
-    mn_gemm<MN_FR, MN_PDV, MN_PDK, false, false>(fb.x, MN_LDK, P.w[0], MN_LLD(0), [&](int r, int j, float acc) {
-        float y = acc + (MN_BIAS ? P.b[0][j] : 0.0f);
-        if (MN_RESIDUAL) y += fb.x[r * MN_LDK + j];
-        epi_y(r, j, y);
+    mn_gemm<MN_FR, MN_PDV, MN_PDK, false, false>(fb.x, MN_LDK, P.w[0], MN_LLD(0),
+                                                 [&](int r, int j, float a0, float a1) {
+        float y0 = a0, y1 = a1;
+        if (MN_BIAS) y0 += P.b[0][j], y1 += P.b[0][j + 1];
+        if (MN_RESIDUAL) y0 += fb.x[r * MN_LDK + j], y1 += fb.x[r * MN_LDK + j + 1];
+        epi_y(r, j, y0, y1);
     });
 #endif
     __syncthreads();
 }
 
 /* y_row = M(x_row; P) for one row, on the CUDA cores (the last token of a
- * step under retrieve = after). x_row (global, dk floats) -> out (global). */
-__device__ void mn_fused_row(const mn_pset &P, const mn_fbuf &fb, const float *x_row, float *out)
+ * step under retrieve = after). x_row is in shared memory (dk floats), out
+ * in global memory. Each output is a dot product split over a group of
+ * lanes (a power of two, up to a warp) and summed by shuffles, so a layer of
+ * few outputs still keeps every thread busy. */
+template <int NI, int NO>
+__device__ __forceinline__ void mn_row_layer(const float *w, int ld, const float *bias, const float *in, bool last,
+                                             const float *x_res, float *out)
 {
-    for (int j = threadIdx.x; j < MN_DK; j += MN_FT) fb.xs[j] = x_row[j];
-    __syncthreads();
-    const float *in = fb.xs;
+    constexpr int GS = MN_FT / NO >= 32 ? 32 : MN_FT / NO >= 16 ? 16 : MN_FT / NO >= 8 ? 8 : MN_FT / NO >= 4 ? 4
+                                                                                       : MN_FT / NO >= 2 ? 2 : 1;
+    const int lane = threadIdx.x % GS;
+    for (int o0 = 0; o0 < NO; o0 += MN_FT / GS) {
+        const int o = o0 + threadIdx.x / GS; /* the same for the whole group */
+        float acc = 0.0f;
+        if (o < NO) {
+            const float *wr = w + o * ld;
+            for (int j = lane; j < NI; j += GS) acc += mn_round(in[j]) * mn_round(wr[j]);
+        }
 #pragma unroll
-    for (int i = 0; i < MN_LAYERS; i++) {
-        const int ni = MN_LIN(i), no = MN_LOUT(i);
-        const bool last = i == MN_LAYERS - 1;
-        for (int o = threadIdx.x; o < no; o += MN_FT) {
-            const float *wr = P.w[i] + o * MN_LLD(i);
-            float acc = 0.0f;
-            for (int j = 0; j < ni; j++) acc += mn_round(in[j]) * mn_round(wr[j]);
-            if (MN_BIAS) acc += P.b[i][o];
+        for (int off = GS / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off, GS);
+        if (o < NO && lane == 0) {
+            if (MN_BIAS) acc += bias[o];
             if (last) {
-                if (MN_RESIDUAL) acc += fb.xs[o];
+                if (MN_RESIDUAL) acc += x_res[o];
                 out[o] = acc;
             } else {
-                fb.hs[o] = mn_hook_act(acc);
+                out[o] = mn_hook_act(acc);
             }
         }
-        __syncthreads();
-        in = fb.hs;
+    }
+}
+
+__device__ void mn_fused_row(const mn_pset &P, const mn_fbuf &fb, const float *x_row, float *out)
+{
+#if MN_LAYERS == 2
+    mn_row_layer<MN_DK, MN_DH>(P.w[0], MN_LLD(0), P.b[0], x_row, false, x_row, fb.hs);
+    __syncthreads();
+    mn_row_layer<MN_DH, MN_DV>(P.w[1], MN_LLD(1), P.b[1], fb.hs, true, x_row, out);
+#else
+    mn_row_layer<MN_DK, MN_DV>(P.w[0], MN_LLD(0), P.b[0], x_row, true, x_row, out);
+#endif
+    __syncthreads();
+}
+
+/* Sums of v[0..n) over the block, into v, for every thread (one pass for
+ * several values). Starts with a barrier, so back-to-back calls never
+ * overwrite partials still being read. */
+__device__ __forceinline__ double (*mn_block_parts())[MN_FWARPS]
+{
+    __shared__ double part[MN_NPARAMS][MN_FWARPS]; /* one array for every call (kernels/plan.c counts it) */
+    return part;
+}
+
+template <int N> __device__ void mn_block_sums(double *v)
+{
+    double(*part)[MN_FWARPS] = mn_block_parts();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        for (int off = 16; off > 0; off >>= 1) v[i] += __shfl_down_sync(0xffffffffu, v[i], off);
+    __syncthreads();
+    if (lane == 0)
+#pragma unroll
+        for (int i = 0; i < N; i++) part[i][warp] = v[i];
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        double t = 0.0;
+        for (int w = 0; w < MN_FWARPS; w++) t += part[i][w]; /* the same order in every thread */
+        v[i] = t;
     }
 }
 
@@ -341,17 +400,21 @@ struct mn_gacc {
         const float *g;
         int rows, cols;
         bool skip;
-        __device__ __forceinline__ float operator()(int r, int c) const
+        __device__ __forceinline__ float2 operator()(int r, int c) const
         {
-            return (skip || r >= rows || c >= cols) ? 0.0f : g[r * cols + c];
+            if (skip || r >= rows) return make_float2(0.0f, 0.0f);
+            const float *p = g + r * cols + c;
+            return make_float2(c < cols ? p[0] : 0.0f, c + 1 < cols ? p[1] : 0.0f);
         }
     };
     __device__ __forceinline__ old pre() const { return old{g, rows, cols, first}; }
-    __device__ __forceinline__ void operator()(int r, int c, float s) const
+    __device__ __forceinline__ void operator()(int r, int c, float s0, float s1) const
     {
-        if (r >= rows || c >= cols) return;
-        g[r * cols + c] = s;
-        if (last) *ss += (double)s * s;
+        if (r >= rows) return;
+        float *p = g + r * cols + c;
+        if (c < cols) p[0] = s0;
+        if (c + 1 < cols) p[1] = s1;
+        if (last) *ss += (c < cols ? (double)s0 * s0 : 0.0) + (c + 1 < cols ? (double)s1 * s1 : 0.0);
     }
 };
 
@@ -397,7 +460,8 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
     sp += MN_PDK;
     fb.hs = sp;
     sp += MN_PDH;
-    fb.ys = sp;
+    sp += MN_PDV;
+    fb.lrow = sp;
 
     /* workspace: G per parameter, then W padded when P is the anchor */
     float *work = a.work + m * a.work_floats;
@@ -465,11 +529,14 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
         double ss[MN_NPARAMS];
 #pragma unroll
         for (int p = 0; p < MN_NPARAMS; p++) ss[p] = 0.0;
+        double step_lsum = 0.0; /* thread 0's */
+        int last_cr = 0;
 
         for (int r0 = 0; r0 < rows; r0 += MN_FR) {
             const int cr = rows - r0 < MN_FR ? rows - r0 : MN_FR;
             const long long t = t0 + r0;
             const bool first = r0 == 0, last = r0 + MN_FR >= rows;
+            last_cr = cr;
             mn_rows_store(fb.x, xnext, cr);
             {
                 const long long tn = t + cr;
@@ -486,7 +553,9 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                 th[u] = real ? theta[t + r] : 0.0f;
             }
             __syncthreads();
-            mn_fused_forward(P, fb, cr, [&](int r, int j, float y) { fb.y[r * MN_LDV + j] = y; });
+            mn_fused_forward(P, fb, cr, [&](int r, int j, float y0, float y1) {
+                *reinterpret_cast<float2 *>(fb.y + r * MN_LDV + j) = make_float2(y0, y1);
+            });
 
             /* loss terms (into fb.y) and dL/dy, token weights theta (and 1/rows for mean) */
             const bool y_here = y_out && !q && at_current;
@@ -508,7 +577,9 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
             for (int r = tid; r < cr; r += MN_FT) {
                 double acc = 0.0;
                 for (int j = 0; j < MN_DV; j++) acc += fb.y[r * MN_LDV + j];
-                loss_out[t + r] = (float)(R * acc);
+                const float l = (float)(R * acc);
+                loss_out[t + r] = l;
+                fb.lrow[r] = l;
             }
 
             /* backward at P */
@@ -517,11 +588,13 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                 const mn_gacc g2 = {G[1 * MN_PER], MN_DV, MN_DH, first, last, &ss[1 * MN_PER]};
                 mn_gemm<MN_PDV, MN_PDH, MN_FR, true, true>(fb.dy, MN_LDV, fb.h, MN_LDH, g2, g2.pre());
                 mn_gemm<MN_FR, MN_PDH, MN_PDV, false, true>(fb.dy, MN_LDV, P.w[1], MN_LLD(1),
-                                                            [&](int r, int j, float acc) {
-                                                                float *zp = fb.z + r * MN_LDH + j;
-                                                                *zp = (r < cr && j < MN_DH) ? acc * mn_hook_act_grad(*zp)
-                                                                                            : 0.0f;
-                                                            });
+                                                            [&](int r, int j, float a0, float a1) {
+                    float2 *zp = reinterpret_cast<float2 *>(fb.z + r * MN_LDH + j);
+                    const float2 z = *zp;
+                    const bool real = r < cr;
+                    *zp = make_float2(real && j < MN_DH ? a0 * mn_hook_act_grad(z.x) : 0.0f,
+                                      real && j + 1 < MN_DH ? a1 * mn_hook_act_grad(z.y) : 0.0f);
+                });
                 if (MN_BIAS) mn_bias_grad(G[1 * MN_PER + 1], fb.dy, MN_LDV, MN_DV, cr, first, last, &ss[MN_PER + 1]);
                 __syncthreads();
                 const mn_gacc g1 = {G[0], MN_DH, MN_DK, first, last, &ss[0]};
@@ -537,6 +610,14 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
 #endif
             __syncthreads();
 
+            /* the step's loss sum (trace), from the chunk's rows in shared memory */
+            if (tid < 32) {
+                double ls = 0.0;
+                for (int r = tid; r < cr; r += 32) ls += fb.lrow[r];
+                for (int off = 16; off > 0; off >>= 1) ls += __shfl_down_sync(0xffffffffu, ls, off);
+                step_lsum += ls;
+            }
+
             /* retrieval at W^(s) where the forward above was not it on q */
             const int ret_rows = before_rows - r0 < cr ? before_rows - r0 : cr;
             if (y_out && ret_rows > 0 && (q || !at_current)) {
@@ -547,19 +628,18 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                 }
                 __syncthreads();
                 float *yo = y_out + t * MN_DV;
-                mn_fused_forward(Wp, fb, cr, [&](int r, int j, float y) {
-                    if (r < ret_rows && j < MN_DV) yo[r * MN_DV + j] = y;
+                mn_fused_forward(Wp, fb, cr, [&](int r, int j, float y0, float y1) {
+                    if (r < ret_rows && j < MN_DV) yo[r * MN_DV + j] = y0;
+                    if (r < ret_rows && j + 1 < MN_DV) yo[r * MN_DV + j + 1] = y1;
                 });
             }
         }
 
         /* the step's gradient norm, clip and update */
+        mn_block_sums<MN_NPARAMS>(ss);
         double total = 0.0;
 #pragma unroll
-        for (int p = 0; p < MN_NPARAMS; p++) {
-            ss[p] = mn_block_sum(ss[p]);
-            total += ss[p];
-        }
+        for (int p = 0; p < MN_NPARAMS; p++) total += ss[p];
         const double gnorm = sqrt(total);
         const bool finite = total <= MN_DBL_MAX; /* false for NaN and Inf */
         double cs = 0.0, wsq = 0.0;
@@ -623,12 +703,10 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                     wsq += (double)w * w;
                 }
         }
-        wsq = mn_block_sum(wsq); /* its barriers also publish the new W */
+        mn_block_sums<1>(&wsq); /* its barriers also publish the new W */
         if (tid == 0) {
             const long long o = m * nsteps + sl;
-            double lsum = 0.0;
-            for (int r = 0; r < rows; r++) lsum += loss_out[t0 + r];
-            a.step_loss[o] = (float)(lsum / (double)rows);
+            a.step_loss[o] = (float)(step_lsum / (double)rows);
             a.grad_norm[o] = (float)gnorm;
             a.skipped[o] = finite ? 0.0f : 1.0f;
             a.clip_scale[o] = (float)cs;
@@ -636,7 +714,14 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
         }
         if (y_out && !MN_RETRIEVE_BEFORE) {
             const long long lastt = t0 + rows - 1;
-            mn_fused_row(Wp, fb, (q ? q : k) + lastt * MN_DK, y_out + lastt * MN_DV);
+            /* with q = k, the last chunk's k rows are still in fb.x */
+            const float *xr = fb.x + (last_cr - 1) * MN_LDK;
+            if (q) {
+                for (int j = tid; j < MN_DK; j += MN_FT) fb.xs[j] = q[lastt * MN_DK + j];
+                __syncthreads();
+                xr = fb.xs;
+            }
+            mn_fused_row(Wp, fb, xr, y_out + lastt * MN_DV);
         }
     }
     __syncthreads();

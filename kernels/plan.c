@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FUSED_THREADS 256
+#define FUSED_THREADS 512
 #define SM90_SMEM_OPTIN (227L * 1024)
 #define PAD 4 /* floats added to each shared-memory row: conflict-free fragment loads */
 
@@ -36,12 +36,12 @@ long mn_fused_smem_bytes(const mn_rule *r, const mn_dims *d, int rows)
     f += rows * (dk + PAD);                                    /* x */
     if (r->layers > 1) f += 2L * rows * (dh + PAD);            /* z (then dz), h */
     f += 2L * rows * (dv + PAD);                               /* y (then loss terms), dy */
-    f += dk + dh + dv;                                         /* one row's forward */
+    f += dk + dh + dv + rows;                                  /* one row's forward, row losses */
     return f * (long)sizeof(float);
 }
 
-static int fused_fit(const mn_rule *r, const mn_dims *d, long limit, char *why, size_t wlen, int *rows_out,
-                     long *smem_out)
+static int fused_fit(const mn_rule *r, const mn_dims *d, long limit, int threads, char *why, size_t wlen,
+                     int *rows_out, long *smem_out)
 {
     if (r->layers > 2) {
         snprintf(why, wlen, "%d layers: the fused path covers 1 and 2", r->layers);
@@ -59,10 +59,12 @@ static int fused_fit(const mn_rule *r, const mn_dims *d, long limit, char *why, 
         return 0;
     }
     long first = up16(r->step < 64 ? r->step : 64);
+    /* the kernel's static shared memory: the block sums' partials, and a little */
+    long fixed = 64 + 8L * r->layers * (r->bias ? 2 : 1) * (threads / 32);
     for (int rows = 64; rows >= 16; rows /= 2) {
         if (rows > first) continue;
         long need = mn_fused_smem_bytes(r, d, rows);
-        if (need <= limit) {
+        if (need + fixed <= limit) {
             *rows_out = rows;
             *smem_out = need;
             return 1;
@@ -80,13 +82,16 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
     memset(out, 0, sizeof *out);
     if (smem_limit <= 0) smem_limit = SM90_SMEM_OPTIN;
     out->threads = FUSED_THREADS;
+    /* an experiment's knob: the fused block size (256 or 512) */
+    const char *ft = getenv("MNEMO_FUSED_THREADS");
+    if (ft && (strcmp(ft, "256") == 0 || strcmp(ft, "512") == 0)) out->threads = atoi(ft);
     out->pdk = (int)up16(d->dk);
     out->pdv = (int)up16(d->dv);
     out->pdh = r->layers > 1 ? (int)up16(d->dh) : 0;
     char nofuse[200];
     int rows = 0;
     long smem = 0;
-    int fused = fused_fit(r, d, smem_limit, nofuse, sizeof nofuse, &rows, &smem);
+    int fused = fused_fit(r, d, smem_limit, out->threads, nofuse, sizeof nofuse, &rows, &smem);
     long big = d->dk;
     if (d->dv > big) big = d->dv;
     if (r->layers > 1 && d->dh > big) big = d->dh;
@@ -133,8 +138,8 @@ void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len)
 {
     snprintf(buf, len,
              "#define MN_FUSED_ROWS %d\n#define MN_FUSED_THREADS %d\n#define MN_PDK %d\n#define MN_PDV %d\n"
-             "#define MN_PDH %d\n#define MN_FUSED_PAD %d\n",
-             pl->rows, pl->threads, pl->pdk, pl->pdv, pl->pdh, PAD);
+             "#define MN_PDH %d\n#define MN_FUSED_PAD %d\n#define MN_RULE_THREADS %d\n",
+             pl->rows, pl->threads, pl->pdk, pl->pdv, pl->pdh, PAD, pl->threads);
 }
 
 long mn_fused_work_floats(const mn_rule *r, const mn_dims *d)
