@@ -5,15 +5,16 @@
 #   - the unit-test binaries and the Lua tests (the CUDA ones run for real),
 #   - the rule engine from Lua on cuda against cpu (run, memory in pieces,
 #     read, precision modes, rule:source),
-#   - the conformance suite (tests/reference) on cuda in fp32, tf32 and bf16,
-#     and in fp32 on sequences up to 400 tokens (steps longer than the
-#     kernel's 64-row chunk), all at once (they share the kernel cache,
-#     written atomically),
+#   - the conformance suite (tests/reference) on cuda in fp32, tf32 and bf16
+#     on the path the plan picks (the fused kernel for layers 1 and 2), in
+#     fp32 on sequences up to 400 tokens (steps longer than a chunk), and in
+#     fp32 with the general and the large path forced (MNEMO_CUDA_PATH), all
+#     at once (they share the kernel cache, written atomically),
 #   - compute-sanitizer (memcheck; racecheck, initcheck, synccheck on fewer)
 #     on a few `mnemo run` calls,
 #   - one mid-size run timed on cuda and cpu, and compared.
 # Logs go to $OUT (default: a temporary folder): summary.log (every
-# PASS/FAIL/SKIP line), conformance_{fp32,tf32,bf16,long}.log, gpu_logs.tgz
+# PASS/FAIL/SKIP line), conformance_{fp32,tf32,bf16,long,general,large}.log, gpu_logs.tgz
 # with the rest (few files: the device tool brings back at most 8). Ends with
 # "N passed, N failed" (exit 1 on failure).
 # Environment: MNEMO (the binary; env.sh sets it), PYTHON (one with torch and
@@ -77,6 +78,14 @@ if [ -n "$PYTHON" ]; then
         ( MNEMO_DEVICE=cuda MNEMO_PRECISION=$prec timeout "${CONFORMANCE_TIMEOUT:-440}" \
               "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_$prec.log" 2>&1
           echo $? > "$WORK/conformance_$prec.rc" ) &
+    done
+    # the paths the plan did not pick for these small rules, forced
+    # (kernels/plan.h): the general kernel, and the cuBLAS + graph path
+    for path in general large; do
+        ( MNEMO_CUDA_PATH=$path MNEMO_DEVICE=cuda MNEMO_PRECISION=fp32 MNEMO_CONFORMANCE_SEED=3 \
+              MNEMO_CONFORMANCE_COUNT=${PATH_CONFORMANCE_COUNT:-80} timeout "${CONFORMANCE_TIMEOUT:-440}" \
+              "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_$path.log" 2>&1
+          echo $? > "$WORK/conformance_$path.rc" ) &
     done
     # long sequences: steps of more than 64 tokens take the kernel's chunked path
     ( MNEMO_DEVICE=cuda MNEMO_PRECISION=fp32 MNEMO_CONFORMANCE_SEED=7 MNEMO_CONFORMANCE_MAX_T=400 \
@@ -232,7 +241,7 @@ fi
 # ---- collect the conformance runs ----
 if [ -n "$PYTHON" ]; then
     wait
-    for prec in fp32 tf32 bf16 long; do
+    for prec in fp32 tf32 bf16 long general large; do
         echo "== conformance/cuda-$prec"
         tail -1 "$OUT/conformance_$prec.log" | grep -v '^PASS'
         rc=$(cat "$WORK/conformance_$prec.rc" 2>/dev/null || echo 99)
