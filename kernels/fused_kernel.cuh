@@ -32,6 +32,8 @@
 #define MN_LDH (MN_PDH + MN_FUSED_PAD)
 #define MN_LDV (MN_PDV + MN_FUSED_PAD)
 #define MN_P_AT_W (MN_REFRESH == MN_STEP) /* the gradient point is always the current W */
+/* every parameter's rows (and sizes) a multiple of 4 floats: the update goes by float4 */
+#define MN_VEC4 (MN_DK % 4 == 0 && MN_DV % 4 == 0 && (MN_LAYERS == 1 || MN_DH % 4 == 0))
 
 #if MN_PREC == 2
 #define MN_KSTEP 16
@@ -410,24 +412,41 @@ struct mn_gacc {
     __device__ __forceinline__ old pre() const { return old{g, rows, cols, first}; }
     __device__ __forceinline__ void operator()(int r, int c, float s0, float s1) const
     {
-        if (r >= rows) return;
+        if (r >= rows || c >= cols) return;
         float *p = g + r * cols + c;
-        if (c < cols) p[0] = s0;
-        if (c + 1 < cols) p[1] = s1;
-        if (last) *ss += (c < cols ? (double)s0 * s0 : 0.0) + (c + 1 < cols ? (double)s1 * s1 : 0.0);
+        if (c + 1 < cols && ((size_t)p & 7) == 0) {
+            *reinterpret_cast<float2 *>(p) = make_float2(s0, s1);
+        } else {
+            p[0] = s0;
+            if (c + 1 < cols) p[1] = s1;
+            else s1 = 0.0f;
+        }
+        if (last) *ss += (double)s0 * s0 + (double)s1 * s1;
     }
 };
 
-/* Column sums over the chunk's real rows into a bias gradient. */
-__device__ __forceinline__ void mn_bias_grad(float *gb, const float *src, int ld, int cols, int cr, bool first,
-                                             bool last, double *ss)
+/* Column sums over the chunk's real rows into a bias gradient: TP threads
+ * (adjacent lanes) per column take every TP-th row in double and combine by
+ * shuffles, in a fixed order, so the block stays busy and the result
+ * deterministic. */
+template <int COLS>
+__device__ __forceinline__ void mn_bias_grad(float *gb, const float *src, int ld, int cr, bool first, bool last,
+                                             double *ss)
 {
-    for (int o = threadIdx.x; o < cols; o += MN_FT) {
+    constexpr int TP = MN_FT / COLS >= 8 ? 8 : MN_FT / COLS >= 4 ? 4 : MN_FT / COLS >= 2 ? 2 : 1;
+    const int part = threadIdx.x % TP;
+    for (int o0 = 0; o0 < COLS; o0 += MN_FT / TP) {
+        const int o = o0 + threadIdx.x / TP;
         double acc = 0.0;
-        for (int r = 0; r < cr; r++) acc += src[r * ld + o];
-        const float s = first ? (float)acc : gb[o] + (float)acc;
-        gb[o] = s;
-        if (last) *ss += (double)s * s;
+        if (o < COLS)
+            for (int r = part; r < cr; r += TP) acc += src[r * ld + o];
+#pragma unroll
+        for (int off = TP / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off, TP);
+        if (o < COLS && part == 0) {
+            const float s = first ? (float)acc : gb[o] + (float)acc;
+            gb[o] = s;
+            if (last) *ss += (double)s * s;
+        }
     }
 }
 
@@ -595,17 +614,17 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                     *zp = make_float2(real && j < MN_DH ? a0 * mn_hook_act_grad(z.x) : 0.0f,
                                       real && j + 1 < MN_DH ? a1 * mn_hook_act_grad(z.y) : 0.0f);
                 });
-                if (MN_BIAS) mn_bias_grad(G[1 * MN_PER + 1], fb.dy, MN_LDV, MN_DV, cr, first, last, &ss[MN_PER + 1]);
+                if (MN_BIAS) mn_bias_grad<MN_DV>(G[1 * MN_PER + 1], fb.dy, MN_LDV, cr, first, last, &ss[MN_PER + 1]);
                 __syncthreads();
                 const mn_gacc g1 = {G[0], MN_DH, MN_DK, first, last, &ss[0]};
                 mn_gemm<MN_PDH, MN_PDK, MN_FR, true, true>(fb.z, MN_LDH, fb.x, MN_LDK, g1, g1.pre());
-                if (MN_BIAS) mn_bias_grad(G[1], fb.z, MN_LDH, MN_DH, cr, first, last, &ss[1]);
+                if (MN_BIAS) mn_bias_grad<MN_DH>(G[1], fb.z, MN_LDH, cr, first, last, &ss[1]);
             }
 #else
             {
                 const mn_gacc g1 = {G[0], MN_DV, MN_DK, first, last, &ss[0]};
                 mn_gemm<MN_PDV, MN_PDK, MN_FR, true, true>(fb.dy, MN_LDV, fb.x, MN_LDK, g1, g1.pre());
-                if (MN_BIAS) mn_bias_grad(G[1], fb.dy, MN_LDV, MN_DV, cr, first, last, &ss[1]);
+                if (MN_BIAS) mn_bias_grad<MN_DV>(G[1], fb.dy, MN_LDV, cr, first, last, &ss[1]);
             }
 #endif
             __syncthreads();
@@ -659,38 +678,68 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
             for (int p = 0; p < MN_NPARAMS; p++) scale[p] = 1.0;
 #endif
             const float e_s = eta[sl], keep = 1.0f - alpha[sl];
-            /* U elements per thread at a time, every load issued before any
-             * store: the loop is bound by memory latency, not bandwidth */
-            constexpr int U = 16;
+            /* U elements (or float4s) per thread at a time, every load issued
+             * before any store: the loop is bound by memory latency */
 #pragma unroll
             for (int p = 0; p < MN_NPARAMS; p++) {
                 const float fs = (float)scale[p];
                 const int numel = (int)MN_NUMEL(p);
                 float *Gp = G[p], *Sp = Sm[p];
-                for (int base = tid; base < numel; base += U * MN_FT) {
-                    float gv[U], sv[U], wv[U];
+                if (MN_VEC4) {
+                    /* restrict: G, S and W never alias, so the unrolled
+                     * iterations' loads may all be issued first */
+                    const float4 *__restrict__ G4 = reinterpret_cast<const float4 *>(Gp);
+                    float4 *__restrict__ S4 = reinterpret_cast<float4 *>(Sp);
+                    const int n4 = numel / 4;
+#pragma unroll 2
+                    for (int e4 = tid; e4 < n4; e4 += MN_FT) {
+                        float4 *__restrict__ W4 = reinterpret_cast<float4 *>(mn_pset_el(Wp, p, 4 * e4));
+                        const float4 gv = G4[e4], sv = S4[e4], wv = *W4;
+                        float g[4] = {gv.x, gv.y, gv.z, gv.w};
+                        const float so[4] = {sv.x, sv.y, sv.z, sv.w}, wo[4] = {wv.x, wv.y, wv.z, wv.w};
+                        float sn[4], wn[4], q = 0.0f;
 #pragma unroll
-                    for (int u = 0; u < U; u++) {
-                        const int e = base + u * MN_FT;
-                        gv[u] = e < numel ? Gp[e] : 0.0f;
-                        sv[u] = e < numel ? Sp[e] : 0.0f;
-                        wv[u] = e < numel ? *mn_pset_el(Wp, p, e) : 0.0f;
-                    }
-#pragma unroll
-                    for (int u = 0; u < U; u++) {
-                        const int e = base + u * MN_FT;
-                        if (e >= numel) break;
-                        float g = gv[u];
+                        for (int i = 0; i < 4; i++) {
 #if MN_CLIP_MODE == 1
-                        g *= fs;
+                            g[i] *= fs;
 #elif MN_CLIP_MODE == 2
-                        g = mn_hook_clip_elem(g);
+                            g[i] = mn_hook_clip_elem(g[i]);
 #endif
-                        const float s = e_s * sv[u] - g;
-                        Sp[e] = s;
-                        const float w = keep * wv[u] + s;
-                        *mn_pset_el(Wp, p, e) = w;
-                        wsq += (double)w * w;
+                            sn[i] = e_s * so[i] - g[i];
+                            wn[i] = keep * wo[i] + sn[i];
+                            q += wn[i] * wn[i];
+                        }
+                        S4[e4] = make_float4(sn[0], sn[1], sn[2], sn[3]);
+                        *W4 = make_float4(wn[0], wn[1], wn[2], wn[3]);
+                        wsq += (double)q;
+                    }
+                } else {
+                    constexpr int U = 16;
+                    for (int base = tid; base < numel; base += U * MN_FT) {
+                        float gv[U], sv[U], wv[U];
+#pragma unroll
+                        for (int u = 0; u < U; u++) {
+                            const int e = base + u * MN_FT;
+                            gv[u] = e < numel ? Gp[e] : 0.0f;
+                            sv[u] = e < numel ? Sp[e] : 0.0f;
+                            wv[u] = e < numel ? *mn_pset_el(Wp, p, e) : 0.0f;
+                        }
+#pragma unroll
+                        for (int u = 0; u < U; u++) {
+                            const int e = base + u * MN_FT;
+                            if (e >= numel) break;
+                            float g = gv[u];
+#if MN_CLIP_MODE == 1
+                            g *= fs;
+#elif MN_CLIP_MODE == 2
+                            g = mn_hook_clip_elem(g);
+#endif
+                            const float s = e_s * sv[u] - g;
+                            Sp[e] = s;
+                            const float w = keep * wv[u] + s;
+                            *mn_pset_el(Wp, p, e) = w;
+                            wsq += (double)w * w;
+                        }
                     }
                 }
                 (void)fs;
