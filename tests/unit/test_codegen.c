@@ -11,6 +11,7 @@
 #include "engine.h"
 #include "../../kernels/codegen.h"
 #include "../../kernels/nvrtc.h"
+#include "../../kernels/plan.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -149,6 +150,23 @@ static void test_compile_cases(void)
         }
         free(log);
         free(src);
+        /* the fast path the plan picks for it (kernels/plan.h): its source compiles too */
+        mn_cuda_plan pl;
+        if (mn_cuda_plan_rule(&r, &d, c->prec, 1, 0, &pl) == MN_OK && pl.path != MN_PATH_GENERAL) {
+            char *fast = mn_cuda_plan_source(&r, &d, c->prec, &pl);
+            const char *kname = pl.path == MN_PATH_FUSED ? "mn_fused_step_kernel" : "mn_large_";
+            log = NULL;
+            s = fast && strstr(fast, kname) ? mn_cuda_compile_check(fast, 90, &log) : MN_ERR_ARG;
+            snprintf(name, sizeof name, "codegen/nvrtc_sm90/%s/%s path", c->name, mn_cuda_path_name(pl.path));
+            if (s == MN_OK) printf("PASS %s\n", name);
+            else {
+                printf("FAIL %s: %s\n", name, mn_last_error());
+                print_log(log);
+                check_failures_++;
+            }
+            free(log);
+            free(fast);
+        }
         mn_rule_free(&r);
     }
 }
