@@ -67,13 +67,13 @@ the counts of flop_count() and byte_count() below. "% floor" = floor / time.
 
 Limits of the timing method:
   - rule:run is a host wall clock around an engine call that synchronises
-    before it returns, so the kernel is all inside it; but so are the input
-    staging (a host memcpy and a pageable host-to-device copy of k and v:
-    ~270 MB for P1, 1 GB for P3 at 16K) and the output allocations, which
-    PyTorch's times, with inputs already on the device, do not pay. The
-    "staging est." column times k:clone(), v:clone() and their :cuda()
-    copies separately in the same process: subtract it for an engine-only
-    estimate (mnemo can't be timed from the inside without a C change).
+    before it returns, so the kernel is all inside it. Its inputs (k, v,
+    gates, initial weights) are moved to the device before the timing, as
+    PyTorch's are; what it still pays that the baselines do not: the gates'
+    broadcast on the device, the output allocations and the host side of
+    the call (about 0.3 ms: the intercept of P3's times over T). The
+    "staging est." column is what a host copy and upload of k and v would
+    add (k:clone(), v:clone() and their :cuda(), timed separately).
   - CLI - tiny still holds the HDF5 read of the inputs and write of y,
     which grow with T; it is printed for completeness, not for ratios.
   - Repeats rotate no inputs: P1/P3 inputs (>= 67 MB) exceed the L2, and
@@ -688,11 +688,10 @@ def run_case(name, cfg, args, env, work, ceil, clock, cases_left, predict):
             m["staging"] = median(lua.get("staging", []))
             result_path = res_lua
             say("   mnemo rule:run (Lua, mnemo.profile wall): %s ms [%s floor] median of %s (all: %s ms); "
-                "staging est. %s ms (rule:run - staging = %s ms); tiny-T rule:run %s ms" % (
+                "staging est. (not in rule:run: inputs are resident) %s ms; tiny-T rule:run %s ms" % (
                     fmt_t(m["run"]), pct(rec["floor"], m["run"]),
                     "runs 2.." if len(runs) > 1 else "1 run (no full-size warm-up)",
                     ", ".join(fmt_t(x) for x in runs), fmt_t(m["staging"]),
-                    fmt_t(m["run"] - m["staging"]) if m["run"] and m["staging"] else "-",
                     fmt_t(median(lua.get("tiny_run", [])))))
             for n in notes:
                 say("   note: " + n)
@@ -812,7 +811,8 @@ def tables(recs, prec, ceil):
         ceil["bw"] / 1e9, ", ".join("%s %.1f TFLOP/s" % (p, r / 1e12) for p, r in ceil["rates"].items())),
         "",
         "Times in ms (median after warm-up). mnemo rule:run: in-process wall time of the engine call "
-        "(mnemo.profile; includes input staging, see column). CLI raw: whole `mnemo run` process; "
+        "(mnemo.profile; inputs already on the device, as the baselines'; staging est.: what a host upload "
+        "of k and v would add, not included). CLI raw: whole `mnemo run` process; "
         "- tiny: minus a T=min(c,64) run. Baselines: time (baseline / mnemo rule:run: above 1 = mnemo "
         "faster). %% floor = floor / time. Precision %s." % prec,
         "",
