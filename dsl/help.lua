@@ -214,9 +214,10 @@ rule:with{field = value, ...} -> a new Rule
   A copy with some fields replaced, e.g. for a sweep:
   for _, eta in ipairs{0, 0.5, 0.9} do rule:with{eta = eta}:run{...} end]],
   ["Rule:source"] = [[
-rule:source([{dk =, dv =, B =, H =, T =, precision =}]) -> string
-  The CUDA source generated for this rule (hooks from its expressions plus
-  the kernel template), as NVRTC compiles it. Needs no GPU.]],
+rule:source([{dk = 64, dv = dk, hidden =, precision = "fp32"}]) -> string
+  The CUDA source generated for this rule at those sizes (hooks from its
+  expressions plus the kernel template of the path rule:plan picks: fused,
+  large or general), as NVRTC compiles it. Needs no GPU.]],
   ["Rule:kernel_info"] = [[
 rule:kernel_info([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =}])
     -> info

@@ -201,6 +201,6 @@ char *mn_cuda_source_for(const mn_rule *r, const mn_dims *d, mn_precision p, con
 
 char *mn_cuda_rule_source(const mn_rule *r, const mn_dims *d, mn_precision p)
 {
-    static const char *const general[] = {"rule_kernel", NULL};
+    static const char *const general[] = {"update_math", "rule_kernel", NULL};
     return mn_cuda_source_for(r, d, p, general, NULL);
 }

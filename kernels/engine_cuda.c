@@ -10,6 +10,7 @@
 #include "cuda_check.h"
 #include "codegen.h"
 #include "kernel_info.h"
+#include "cuda_module.h"
 #include "nvrtc.h"
 #include "plan.h"
 #include "engine_large.h"
@@ -31,11 +32,6 @@ typedef struct loaded_module {
 
 static loaded_module *modules;
 
-static mn_status load(const void *cubin, cudaLibrary_t *lib)
-{
-    return MN_CUDA_ST(cudaLibraryLoadData(lib, cubin, NULL, NULL, 0, NULL, NULL, 0));
-}
-
 /* The plan for a rule on this device. */
 static mn_status device_plan(const mn_rule *r, const mn_dims *d, mn_precision p, mn_cuda_plan *pl)
 {
@@ -48,34 +44,21 @@ static mn_status device_plan(const mn_rule *r, const mn_dims *d, mn_precision p,
 static mn_status rule_module(const mn_rule *r, const mn_dims *d, mn_precision p, const mn_cuda_plan *pl,
                              loaded_module **out)
 {
-    MN_TRY(mn_cuda_ensure_device());
-    int arch = mn_cuda_arch();
     mn_cuda_plan general = {0};
     general.path = MN_PATH_GENERAL;
     if (!pl || pl->path == MN_PATH_LARGE) pl = &general;
     char *src = mn_cuda_plan_source(r, d, p, pl);
     if (!src) return MN_ERR_ARG;
     char key[33];
-    void *cubin = NULL;
-    size_t size = 0;
-    char opts[256];
-    mn_cuda_cache_key(src, mn_nvrtc_options(arch, opts, sizeof opts), arch, mn_nvrtc_version(), key);
-    for (loaded_module *m = modules; m; m = m->next)
+    mn_status s = mn_cuda_source_key(src, key);
+    for (loaded_module *m = modules; s == MN_OK && m; m = m->next)
         if (strcmp(m->key, key) == 0) {
             free(src);
             *out = m;
             return MN_OK;
         }
     cudaLibrary_t lib;
-    mn_status s = mn_nvrtc_cubin(src, arch, false, key, &cubin, &size);
-    if (s == MN_OK && load(cubin, &lib) != MN_OK) {
-        /* a cached file this driver refuses: compile afresh and replace it */
-        free(cubin);
-        cubin = NULL;
-        s = mn_nvrtc_cubin(src, arch, true, key, &cubin, &size);
-        if (s == MN_OK) s = load(cubin, &lib);
-    }
-    free(cubin);
+    if (s == MN_OK) s = mn_cuda_library_load(src, &lib);
     free(src);
     MN_TRY(s);
     loaded_module *m = calloc(1, sizeof *m);

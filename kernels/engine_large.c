@@ -42,6 +42,7 @@
 #include "engine_large.h"
 #include "codegen.h"
 #include "cuda_check.h"
+#include "cuda_module.h"
 #include "nvrtc.h"
 #include "large_kernels.cuh" /* its first part is C: the argument structs */
 
@@ -70,7 +71,7 @@ const char *const mn_large_kernel_names[] = {
 
 char *mn_cuda_large_source(const mn_rule *r, const mn_dims *d, mn_precision p)
 {
-    static const char *const templates[] = {"large_kernels", NULL};
+    static const char *const templates[] = {"update_math", "large_kernels", NULL};
     return mn_cuda_source_for(r, d, p, templates, NULL);
 }
 
@@ -85,37 +86,20 @@ typedef struct large_module {
 
 static large_module *modules;
 
-static mn_status load(const void *cubin, cudaLibrary_t *lib)
-{
-    return MN_CUDA_ST(cudaLibraryLoadData(lib, cubin, NULL, NULL, 0, NULL, NULL, 0));
-}
-
 static mn_status module_for(const mn_rule *r, const mn_dims *d, mn_precision p, large_module **out)
 {
-    MN_TRY(mn_cuda_ensure_device());
-    int arch = mn_cuda_arch();
     char *src = mn_cuda_large_source(r, d, p);
     if (!src) return MN_ERR_ARG;
-    char key[33], opts[256];
-    mn_cuda_cache_key(src, mn_nvrtc_options(arch, opts, sizeof opts), arch, mn_nvrtc_version(), key);
-    for (large_module *m = modules; m; m = m->next)
+    char key[33];
+    mn_status s = mn_cuda_source_key(src, key);
+    for (large_module *m = modules; s == MN_OK && m; m = m->next)
         if (strcmp(m->key, key) == 0) {
             free(src);
             *out = m;
             return MN_OK;
         }
-    void *cubin = NULL;
-    size_t size = 0;
     cudaLibrary_t lib;
-    mn_status s = mn_nvrtc_cubin(src, arch, false, key, &cubin, &size);
-    if (s == MN_OK && load(cubin, &lib) != MN_OK) {
-        /* a cached file this driver refuses: compile afresh and replace it */
-        free(cubin);
-        cubin = NULL;
-        s = mn_nvrtc_cubin(src, arch, true, key, &cubin, &size);
-        if (s == MN_OK) s = load(cubin, &lib);
-    }
-    free(cubin);
+    if (s == MN_OK) s = mn_cuda_library_load(src, &lib);
     free(src);
     MN_TRY(s);
     large_module *m = calloc(1, sizeof *m);

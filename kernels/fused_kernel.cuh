@@ -664,19 +664,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
         double cs = 0.0, wsq = 0.0;
         if (finite) {
             double scale[MN_NPARAMS];
-            cs = 1.0;
-#if MN_CLIP_MODE == 1
-            double smallest = __longlong_as_double(0x7ff0000000000000LL); /* +Inf */
-#pragma unroll
-            for (int p = 0; p < MN_NPARAMS; p++) {
-                scale[p] = mn_hook_clip_scale(MN_CLIP_TENSOR ? sqrt(ss[p]) : gnorm);
-                if (scale[p] < smallest || scale[p] != scale[p]) smallest = scale[p];
-            }
-            cs = smallest;
-#else
-#pragma unroll
-            for (int p = 0; p < MN_NPARAMS; p++) scale[p] = 1.0;
-#endif
+            cs = mn_clip_scales<MN_NPARAMS>(ss, gnorm, scale);
             const float e_s = eta[sl], keep = 1.0f - alpha[sl];
             /* U elements (or float4s) per thread at a time, every load issued
              * before any store: the loop is bound by memory latency */
@@ -695,18 +683,11 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                     for (int e4 = tid; e4 < n4; e4 += MN_FT) {
                         float4 *__restrict__ W4 = reinterpret_cast<float4 *>(mn_pset_el(Wp, p, 4 * e4));
                         const float4 gv = G4[e4], sv = S4[e4], wv = *W4;
-                        float g[4] = {gv.x, gv.y, gv.z, gv.w};
-                        const float so[4] = {sv.x, sv.y, sv.z, sv.w}, wo[4] = {wv.x, wv.y, wv.z, wv.w};
-                        float sn[4], wn[4], q = 0.0f;
+                        const float g[4] = {gv.x, gv.y, gv.z, gv.w}, wo[4] = {wv.x, wv.y, wv.z, wv.w};
+                        float sn[4] = {sv.x, sv.y, sv.z, sv.w}, wn[4], q = 0.0f;
 #pragma unroll
                         for (int i = 0; i < 4; i++) {
-#if MN_CLIP_MODE == 1
-                            g[i] *= fs;
-#elif MN_CLIP_MODE == 2
-                            g[i] = mn_hook_clip_elem(g[i]);
-#endif
-                            sn[i] = e_s * so[i] - g[i];
-                            wn[i] = keep * wo[i] + sn[i];
+                            wn[i] = mn_update_elem(g[i], fs, e_s, keep, &sn[i], wo[i]);
                             q += wn[i] * wn[i];
                         }
                         S4[e4] = make_float4(sn[0], sn[1], sn[2], sn[3]);
@@ -728,15 +709,8 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                         for (int u = 0; u < U; u++) {
                             const int e = base + u * MN_FT;
                             if (e >= numel) break;
-                            float g = gv[u];
-#if MN_CLIP_MODE == 1
-                            g *= fs;
-#elif MN_CLIP_MODE == 2
-                            g = mn_hook_clip_elem(g);
-#endif
-                            const float s = e_s * sv[u] - g;
-                            Sp[e] = s;
-                            const float w = keep * wv[u] + s;
+                            const float w = mn_update_elem(gv[u], fs, e_s, keep, &sv[u], wv[u]);
+                            Sp[e] = sv[u];
                             *mn_pset_el(Wp, p, e) = w;
                             wsq += (double)w * w;
                         }

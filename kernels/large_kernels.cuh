@@ -368,17 +368,11 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_ker
         const bool finite = total <= MN_LG_DBL_MAX; /* false for NaN and Inf */
         double cs = 0.0;
         if (finite) {
-            cs = 1.0;
-#if MN_CLIP_MODE == 1
-            double smallest = __longlong_as_double(0x7ff0000000000000LL); /* +Inf */
+            double sc[MN_LG_NP];
+            cs = mn_clip_scales<MN_LG_NP>(sq, gnorm, sc);
 #pragma unroll
-            for (int q = 0; q < MN_LG_NP; q++) {
-                const double sc = mn_hook_clip_scale(MN_CLIP_TENSOR ? sqrt(sq[q]) : gnorm);
-                if (sc < smallest || sc != sc) smallest = sc;
-                if (lane == 0) a.scale[mm * MN_LG_NP + q] = (float)sc;
-            }
-            cs = smallest;
-#endif
+            for (int q = 0; q < MN_LG_NP; q++)
+                if (lane == 0) a.scale[mm * MN_LG_NP + q] = (float)sc[q];
         }
         const float *lrow = a.loss + mm * a.n + sl * MN_STEP;
         double lsum = 0.0;
@@ -413,19 +407,9 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_update_k
     double wsq = 0.0;
     if (a.finite[m]) {
         const float e_s = a.eta[m * a.nsteps + sl], keep = 1.0f - a.alpha[m * a.nsteps + sl];
-#if MN_CLIP_MODE == 1
-        const float fs = a.scale[m * MN_LG_NP + p];
-#endif
+        const float fs = MN_CLIP_MODE == 1 ? a.scale[m * MN_LG_NP + p] : 1.0f;
         for (long long e = e0 + threadIdx.x; e < e1; e += MN_LARGE_THREADS) {
-            float g = G[e];
-#if MN_CLIP_MODE == 1
-            g *= fs;
-#elif MN_CLIP_MODE == 2
-            g = mn_hook_clip_elem(g);
-#endif
-            const float s = e_s * Sm[e] - g;
-            Sm[e] = s;
-            const float w = keep * W[e] + s;
+            const float w = mn_update_elem(G[e], fs, e_s, keep, &Sm[e], W[e]);
             W[e] = w;
             if (Wb) Wb[e] = mn_lg_to_op(w);
             wsq += (double)w * w;

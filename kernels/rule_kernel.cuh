@@ -342,37 +342,16 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kerne
         double cs = 0.0, wsq = 0.0;
         if (finite) {
             double scale[MN_NPARAMS];
-            cs = 1.0;
-#if MN_CLIP_MODE == 1
-            double smallest = __longlong_as_double(0x7ff0000000000000LL); /* +Inf */
-#pragma unroll
-            for (int p = 0; p < MN_NPARAMS; p++) {
-                scale[p] = mn_hook_clip_scale(MN_CLIP_TENSOR ? sqrt(sumsq[p]) : gnorm);
-                if (scale[p] < smallest || scale[p] != scale[p]) smallest = scale[p];
-            }
-            cs = smallest;
-#else
-#pragma unroll
-            for (int p = 0; p < MN_NPARAMS; p++) scale[p] = 1.0;
-#endif
+            cs = mn_clip_scales<MN_NPARAMS>(sumsq, gnorm, scale);
             const float e_s = eta[sl], keep = 1.0f - alpha[sl];
 #pragma unroll
             for (int p = 0; p < MN_NPARAMS; p++) {
                 const float fs = (float)scale[p];
                 for (long long e = tid; e < MN_NUMEL(p); e += MN_RULE_THREADS) {
-                    float g = ws.g[p][e];
-#if MN_CLIP_MODE == 1
-                    g *= fs;
-#elif MN_CLIP_MODE == 2
-                    g = mn_hook_clip_elem(g);
-#endif
-                    const float s = e_s * Sm[p][e] - g;
-                    Sm[p][e] = s;
-                    const float w = keep * W[p][e] + s;
+                    const float w = mn_update_elem(ws.g[p][e], fs, e_s, keep, &Sm[p][e], W[p][e]);
                     W[p][e] = w;
                     wsq += (double)w * w;
                 }
-                (void)fs;
             }
         } else {
 #pragma unroll
