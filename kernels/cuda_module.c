@@ -5,8 +5,12 @@
 #include "nvrtc.h"
 
 #include <stdlib.h>
+#include <string.h>
 
-mn_status mn_cuda_source_key(const char *src, char key[33])
+static mn_cuda_module *modules;
+
+/* The cache key of src for this device (kernels/nvrtc.h). */
+static mn_status source_key(const char *src, char key[33])
 {
     MN_TRY(mn_cuda_ensure_device());
     int arch = mn_cuda_arch();
@@ -20,7 +24,9 @@ static mn_status load(const void *cubin, cudaLibrary_t *lib)
     return MN_CUDA_ST(cudaLibraryLoadData(lib, cubin, NULL, NULL, 0, NULL, NULL, 0));
 }
 
-mn_status mn_cuda_library_load(const char *src, cudaLibrary_t *lib)
+/* src compiled by NVRTC, or its CUBIN from the disk cache, loaded; a
+ * cached CUBIN the driver refuses is compiled afresh and replaces it. */
+static mn_status library_load(const char *src, cudaLibrary_t *lib)
 {
     int arch = mn_cuda_arch();
     char k[33]; /* mn_nvrtc_cubin's key: the same as mn_cuda_source_key's */
@@ -36,4 +42,37 @@ mn_status mn_cuda_library_load(const char *src, cudaLibrary_t *lib)
     }
     free(cubin);
     return s;
+}
+
+mn_status mn_cuda_module_get(const char *src, const char *const *names, mn_cuda_module **out)
+{
+    char key[33];
+    MN_TRY(source_key(src, key));
+    for (mn_cuda_module *m = modules; m; m = m->next)
+        if (strcmp(m->key, key) == 0) {
+            *out = m;
+            return MN_OK;
+        }
+    cudaLibrary_t lib;
+    MN_TRY(library_load(src, &lib));
+    mn_cuda_module *m = calloc(1, sizeof *m);
+    if (!m) {
+        (void)cudaLibraryUnload(lib);
+        return mn_fail(MN_ERR_OOM, "out of memory for a loaded kernel");
+    }
+    memcpy(m->key, key, sizeof m->key);
+    m->lib = lib;
+    mn_status s = MN_OK;
+    for (int i = 0; names[i] && s == MN_OK; i++)
+        s = i < MN_MODULE_MAX_KERNELS ? MN_CUDA_ST(cudaLibraryGetKernel(&m->k[i], lib, names[i]))
+                                      : mn_fail(MN_ERR_ARG, "cuda module: more than %d kernels", MN_MODULE_MAX_KERNELS);
+    if (s != MN_OK) {
+        (void)cudaLibraryUnload(lib);
+        free(m);
+        return s;
+    }
+    m->next = modules;
+    modules = m;
+    *out = m;
+    return MN_OK;
 }

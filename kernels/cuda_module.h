@@ -1,19 +1,26 @@
-/* cuda_module.h: a generated CUDA source to a loaded library, for the rule
- * paths (kernels/engine_cuda.c, kernels/engine_large.c), which each keep
- * their loaded libraries by cache key. */
+/* cuda_module.h: a generated CUDA source to a loaded library and its
+ * kernels, for the rule paths (kernels/engine_cuda.c, kernels/engine_large.c),
+ * kept by cache key for the process. */
 #ifndef MN_CUDA_MODULE_H
 #define MN_CUDA_MODULE_H
 
 #include "../model/mn.h"
 #include <cuda_runtime.h>
 
-/* The cache key of src for this device (kernels/nvrtc.h: source, options,
- * arch, NVRTC version). Needs a usable device. */
-mn_status mn_cuda_source_key(const char *src, char key[33]);
+#define MN_MODULE_MAX_KERNELS 16
 
-/* src compiled by NVRTC, or its CUBIN from the disk cache, loaded by the
- * runtime into *lib; a cached CUBIN the driver refuses is compiled afresh
- * and replaces the cached one. */
-mn_status mn_cuda_library_load(const char *src, cudaLibrary_t *lib);
+/* A loaded library and the kernels asked of it, kept for the process. */
+typedef struct mn_cuda_module {
+    char key[33];
+    cudaLibrary_t lib;
+    cudaKernel_t k[MN_MODULE_MAX_KERNELS]; /* in the order of the names asked for */
+    struct mn_cuda_module *next;
+} mn_cuda_module;
+
+/* The module of src with its kernels names[0..] (NULL-terminated, at most
+ * MN_MODULE_MAX_KERNELS): from the process's list by cache key, else
+ * compiled (or read from the disk cache), loaded and added. The same source
+ * always asks for the same names. */
+mn_status mn_cuda_module_get(const char *src, const char *const *names, mn_cuda_module **out);
 
 #endif

@@ -21,16 +21,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- loaded modules, by cache key ---- */
+/* ---- modules: the kernels of a path, in this order ---- */
 
-typedef struct loaded_module {
-    char key[33];
-    cudaLibrary_t lib;
-    cudaKernel_t step, read, fused; /* fused: only in a fused path's module */
-    struct loaded_module *next;
-} loaded_module;
-
-static loaded_module *modules;
+static const char *const general_kernels[] = {MN_RULE_STEP_KERNEL, MN_RULE_READ_KERNEL, NULL};
+static const char *const fused_kernels[] = {MN_FUSED_STEP_KERNEL, NULL};
+enum { K_STEP = 0, K_READ = 1 }; /* the fused module's K_STEP is its step kernel */
 
 /* The plan for a rule on this device. */
 static mn_status device_plan(const mn_rule *r, const mn_dims *d, mn_precision p, mn_cuda_plan *pl)
@@ -42,50 +37,21 @@ static mn_status device_plan(const mn_rule *r, const mn_dims *d, mn_precision p,
 /* The module for a rule at the given dims and precision, on the plan's path
  * (NULL: the general path). */
 static mn_status rule_module(const mn_rule *r, const mn_dims *d, mn_precision p, const mn_cuda_plan *pl,
-                             loaded_module **out)
+                             mn_cuda_module **out)
 {
     mn_cuda_plan general = {0};
     general.path = MN_PATH_GENERAL;
     if (!pl || pl->path == MN_PATH_LARGE) pl = &general;
     char *src = mn_cuda_plan_source(r, d, p, pl);
     if (!src) return MN_ERR_ARG;
-    char key[33];
-    mn_status s = mn_cuda_source_key(src, key);
-    for (loaded_module *m = modules; s == MN_OK && m; m = m->next)
-        if (strcmp(m->key, key) == 0) {
-            free(src);
-            *out = m;
-            return MN_OK;
-        }
-    cudaLibrary_t lib;
-    if (s == MN_OK) s = mn_cuda_library_load(src, &lib);
+    bool fused = pl->path == MN_PATH_FUSED;
+    mn_status s = mn_cuda_module_get(src, fused ? fused_kernels : general_kernels, out);
     free(src);
     MN_TRY(s);
-    loaded_module *m = calloc(1, sizeof *m);
-    if (!m) {
-        (void)cudaLibraryUnload(lib);
-        return mn_fail(MN_ERR_OOM, "out of memory for a loaded kernel");
-    }
-    memcpy(m->key, key, sizeof m->key);
-    m->lib = lib;
-    if (pl->path == MN_PATH_FUSED) {
-        s = MN_CUDA_ST(cudaLibraryGetKernel(&m->fused, lib, MN_FUSED_STEP_KERNEL));
-        /* past 48 KB, dynamic shared memory must be asked for */
-        if (s == MN_OK)
-            s = MN_CUDA_ST(cudaKernelSetAttributeForDevice(m->fused, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                           (int)pl->smem_bytes, 0));
-    } else {
-        s = MN_CUDA_ST(cudaLibraryGetKernel(&m->step, lib, MN_RULE_STEP_KERNEL));
-        if (s == MN_OK) s = MN_CUDA_ST(cudaLibraryGetKernel(&m->read, lib, MN_RULE_READ_KERNEL));
-    }
-    if (s != MN_OK) {
-        (void)cudaLibraryUnload(lib);
-        free(m);
-        return s;
-    }
-    m->next = modules;
-    modules = m;
-    *out = m;
+    /* past 48 KB, dynamic shared memory must be asked for */
+    if (fused)
+        MN_CUDA_CHECK(cudaKernelSetAttributeForDevice((*out)->k[K_STEP], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      (int)pl->smem_bytes, 0));
     return MN_OK;
 }
 
@@ -115,16 +81,16 @@ static mn_status kernel_occupancy(cudaKernel_t kernel, int threads, long smem, m
 
 mn_status mn_cuda_rule_kernel_occupancy(const mn_rule *r, const mn_dims *d, mn_precision p, mn_kernel_set *set)
 {
-    loaded_module *m;
+    mn_cuda_module *m;
     mn_cuda_plan pl;
     MN_TRY(device_plan(r, d, p, &pl));
     MN_TRY(rule_module(r, d, p, &pl, &m));
-    loaded_module *gm = m;
+    mn_cuda_module *gm = m;
     if (pl.path == MN_PATH_FUSED) MN_TRY(rule_module(r, d, p, NULL, &gm)); /* reads run the general module */
     const struct { const char *name; cudaKernel_t k; int threads; long smem; } ks[] = {
-        {MN_RULE_STEP_KERNEL, m->step, MN_RULE_THREADS, 0},
-        {MN_RULE_READ_KERNEL, gm->read, MN_RULE_THREADS, 0},
-        {MN_FUSED_STEP_KERNEL, m->fused, pl.threads, pl.smem_bytes}};
+        {MN_RULE_STEP_KERNEL, pl.path == MN_PATH_FUSED ? NULL : m->k[K_STEP], MN_RULE_THREADS, 0},
+        {MN_RULE_READ_KERNEL, gm->k[K_READ], MN_RULE_THREADS, 0},
+        {MN_FUSED_STEP_KERNEL, pl.path == MN_PATH_FUSED ? m->k[K_STEP] : NULL, pl.threads, pl.smem_bytes}};
     for (size_t i = 0; i < sizeof ks / sizeof *ks; i++) {
         mn_kernel_info *k = mn_kernel_set_find(set, ks[i].name);
         if (k && ks[i].k) MN_TRY(kernel_occupancy(ks[i].k, ks[i].threads, ks[i].smem, k));
@@ -237,7 +203,7 @@ static mn_status prepare(const mn_memory_state *st, int64_t memories, const mn_c
  * ordered on it) and wait: a fault inside the kernel is reported by this
  * call, not by whatever runs next. With profiling on, events either side
  * time it (the wait is there anyway). */
-static mn_status launch(const loaded_module *m, cudaKernel_t kernel, const char *kname, int threads, long smem,
+static mn_status launch(const mn_cuda_module *m, cudaKernel_t kernel, const char *kname, int threads, long smem,
                         int64_t memories, mn_rule_kargs *a)
 {
     dim3 grid = {(unsigned)memories, 1, 1}, block = {(unsigned)threads, 1, 1};
@@ -270,7 +236,7 @@ static mn_status cuda_segment_run(mn_memory_state *st, const mn_segment_inputs *
     MN_TRY(device_plan(&st->rule, &st->dims, st->precision, &pl));
     /* it keeps the step count and reports progress itself */
     if (pl.path == MN_PATH_LARGE) return mn_cuda_large_segment_run(st, in, out, n, nsteps);
-    loaded_module *mod;
+    mn_cuda_module *mod;
     MN_TRY(rule_module(&st->rule, &st->dims, st->precision, &pl, &mod));
     mn_rule_kargs a;
     void *work = NULL;
@@ -294,8 +260,8 @@ static mn_status cuda_segment_run(mn_memory_state *st, const mn_segment_inputs *
     a.nsteps = nsteps;
     a.steps_done = st->steps_done;
     mn_status s = pl.path == MN_PATH_FUSED
-                      ? launch(mod, mod->fused, MN_FUSED_STEP_KERNEL, pl.threads, pl.smem_bytes, memories, &a)
-                      : launch(mod, mod->step, MN_RULE_STEP_KERNEL, MN_RULE_THREADS, 0, memories, &a);
+                      ? launch(mod, mod->k[K_STEP], MN_FUSED_STEP_KERNEL, pl.threads, pl.smem_bytes, memories, &a)
+                      : launch(mod, mod->k[K_STEP], MN_RULE_STEP_KERNEL, MN_RULE_THREADS, 0, memories, &a);
     mn_cuda_free(work, work_bytes);
     if (s != MN_OK) return s;
     st->steps_done += nsteps;
@@ -310,7 +276,7 @@ static mn_status cuda_read(const mn_memory_state *st, const mn_tensor *q, mn_ten
     mn_cuda_plan pl;
     MN_TRY(device_plan(&st->rule, &st->dims, st->precision, &pl));
     if (pl.path == MN_PATH_LARGE) return mn_cuda_large_read(st, q, y);
-    loaded_module *mod;
+    mn_cuda_module *mod;
     MN_TRY(rule_module(&st->rule, &st->dims, st->precision, NULL, &mod));
     mn_rule_kargs a;
     void *work = NULL;
@@ -320,7 +286,7 @@ static mn_status cuda_read(const mn_memory_state *st, const mn_tensor *q, mn_ten
     a.y = f32(y);
     a.work = work;
     a.n = rows;
-    mn_status s = launch(mod, mod->read, MN_RULE_READ_KERNEL, MN_RULE_THREADS, 0, memories, &a);
+    mn_status s = launch(mod, mod->k[K_READ], MN_RULE_READ_KERNEL, MN_RULE_THREADS, 0, memories, &a);
     mn_cuda_free(work, work_bytes);
     return s;
 }

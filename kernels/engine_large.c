@@ -75,51 +75,13 @@ char *mn_cuda_large_source(const mn_rule *r, const mn_dims *d, mn_precision p)
     return mn_cuda_source_for(r, d, p, templates, NULL);
 }
 
-/* ---- loaded modules, by cache key (as engine_cuda.c keeps its own) ---- */
-
-typedef struct large_module {
-    char key[33];
-    cudaLibrary_t lib;
-    cudaKernel_t k[K_COUNT];
-    struct large_module *next;
-} large_module;
-
-static large_module *modules;
-
-static mn_status module_for(const mn_rule *r, const mn_dims *d, mn_precision p, large_module **out)
+static mn_status module_for(const mn_rule *r, const mn_dims *d, mn_precision p, mn_cuda_module **out)
 {
     char *src = mn_cuda_large_source(r, d, p);
     if (!src) return MN_ERR_ARG;
-    char key[33];
-    mn_status s = mn_cuda_source_key(src, key);
-    for (large_module *m = modules; s == MN_OK && m; m = m->next)
-        if (strcmp(m->key, key) == 0) {
-            free(src);
-            *out = m;
-            return MN_OK;
-        }
-    cudaLibrary_t lib;
-    if (s == MN_OK) s = mn_cuda_library_load(src, &lib);
+    mn_status s = mn_cuda_module_get(src, mn_large_kernel_names, out);
     free(src);
-    MN_TRY(s);
-    large_module *m = calloc(1, sizeof *m);
-    if (!m) {
-        (void)cudaLibraryUnload(lib);
-        return mn_fail(MN_ERR_OOM, "out of memory for a loaded kernel");
-    }
-    memcpy(m->key, key, sizeof m->key);
-    m->lib = lib;
-    for (int i = 0; i < K_COUNT && s == MN_OK; i++)
-        s = MN_CUDA_ST(cudaLibraryGetKernel(&m->k[i], lib, mn_large_kernel_names[i]));
-    if (s != MN_OK) {
-        (void)cudaLibraryUnload(lib);
-        free(m);
-        return s;
-    }
-    m->next = modules;
-    modules = m;
-    *out = m;
-    return MN_OK;
+    return s;
 }
 
 /* ---- the stream, the event and the cuBLAS handle, created once ---- */
@@ -162,7 +124,7 @@ static mn_status shared_init(void)
 /* ---- one segment or read: sizes, workspace, weights ---- */
 
 typedef struct run {
-    large_module *mod;
+    mn_cuda_module *mod;
     mn_large_kargs a;
     int L, per, np, refresh, step;
     long long M, dk, dv, dh, wide, CR;

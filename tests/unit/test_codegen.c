@@ -54,6 +54,25 @@ static mn_dims dims_of(const rule_case *c)
 }
 
 
+/* NVRTC compiles src for sm_90: one PASS line with the time, or FAIL with
+ * the start of the log. */
+static void compile_line(const char *label, const char *src)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    char *log = NULL;
+    mn_status s = mn_cuda_compile_check(src, 90, &log);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    if (s == MN_OK) printf("PASS %s (%.2f s)\n", label, secs);
+    else {
+        printf("FAIL %s: %s\n", label, mn_last_error());
+        print_log(log);
+        check_failures_++;
+    }
+    free(log);
+}
+
 static void test_compile_cases(void)
 {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -79,36 +98,17 @@ static void test_compile_cases(void)
                      strstr(src, "mn_hook_act_grad(float z)") && strstr(src, "mn_hook_clip_scale(double n)") &&
                      strstr(src, "mn_hook_clip_elem(float g)") && strstr(src, "mn_rule_step_kernel");
         CHECK(name, hooks);
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        char *log = NULL;
-        mn_status s = mn_cuda_compile_check(src, 90, &log);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-        snprintf(name, sizeof name, "codegen/nvrtc_sm90/%s (%.2f s)", c->name, secs);
-        if (s == MN_OK) printf("PASS %s\n", name);
-        else {
-            printf("FAIL %s: %s\n", name, mn_last_error());
-            print_log(log);
-            check_failures_++;
-        }
-        free(log);
+        snprintf(name, sizeof name, "codegen/nvrtc_sm90/%s", c->name);
+        compile_line(name, src);
         free(src);
         /* the fast path the plan picks for it (kernels/plan.h): its source compiles too */
         mn_cuda_plan pl;
         if (mn_cuda_plan_rule(&r, &d, c->prec, 1, 0, &pl) == MN_OK && pl.path != MN_PATH_GENERAL) {
             char *fast = mn_cuda_plan_source(&r, &d, c->prec, &pl);
             const char *kname = pl.path == MN_PATH_FUSED ? "mn_fused_step_kernel" : "mn_large_";
-            log = NULL;
-            s = fast && strstr(fast, kname) ? mn_cuda_compile_check(fast, 90, &log) : MN_ERR_ARG;
             snprintf(name, sizeof name, "codegen/nvrtc_sm90/%s/%s path", c->name, mn_cuda_path_name(pl.path));
-            if (s == MN_OK) printf("PASS %s\n", name);
-            else {
-                printf("FAIL %s: %s\n", name, mn_last_error());
-                print_log(log);
-                check_failures_++;
-            }
-            free(log);
+            CHECK(name, fast && strstr(fast, kname));
+            if (fast) compile_line(name, fast);
             free(fast);
         }
         mn_rule_free(&r);
