@@ -75,5 +75,10 @@ local out = mlp:run{ k = wl.k, v = wl.v, q = wl.q, theta = wl.write_mask * 0.3, 
 local acc = mnemo.metrics.recall(out.outputs.y, wl.values, wl.target_index)
 print(string.format("associative recall of 8 pairs among 8 distractors: %.2f (chance %.2f)", acc, 1 / 8))
 
+part("7. on a GPU")
+-- which CUDA path would run this rule for 128 memories, and why (no GPU
+-- needed); on a GPU: mlp:run{ ..., device = "cuda", precision = "tf32" }
+print(mlp:plan{ dk = 64, hidden = 64, B = 4, H = 32, precision = "tf32" })
+
 part("done")
 print("more: help(), help(mnemo.data), examples/titans_mlp.lua, examples/sweep.lua")
