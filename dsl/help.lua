@@ -236,16 +236,18 @@ rule:kernel_info([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32",
   one. Prints as a table.
   e.g. rule:kernel_info{dk = 128, precision = "bf16"}]],
   ["Rule:plan"] = [[
-rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32"}]) -> a plan
+rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =}]) -> a plan
   Which CUDA path would run the rule at those sizes, and why:
     fused    one thread block per memory keeps the weights in shared
              memory for the whole sequence, products on tensor cores
              (layers 1-2, dk, dv <= 128, hidden <= 4 d, when they fit)
     large    a dimension >= 256: cuBLAS products, each step from a graph
     general  everything else (one thread block per memory, plain loops)
+  For the GPU here, else for arch (e.g. 80 for sm_80; default sm_90).
   Fields: path, why, forced, rows (token rows per chunk), threads,
-  smem_bytes, kernel, memories, precision, device. MNEMO_CUDA_PATH=general,
-  fused or large forces a path (for tests and benchmarks). Needs no GPU.
+  smem_bytes, kernel, memories, precision, arch, device.
+  MNEMO_CUDA_PATH=general, fused or large forces a path (for tests and
+  benchmarks). Needs no GPU.
   e.g. print(rule:plan{dk = 64, hidden = 256, B = 4, H = 32})]],
   ["Memory:write"] = [[
 mem:write(k, v [, gates]) or mem:write{k =, v =, theta =, ...} -> per-step table

@@ -219,7 +219,9 @@ int l_rule_plan(lua_State *L, const mn_rule *r, int opts)
     int arch;
     kernel_opts(L, r, opts, "plan", &d, &prec, &arch);
     mn_cuda_plan pl;
-    if (mn_cuda_plan_rule(r, &d, prec, d.B * d.H, mn_cuda_smem_optin(), &pl) != MN_OK)
+    int dev_arch = mn_cuda_arch();
+    if (arch == 0) arch = dev_arch;
+    if (mn_cuda_plan_rule(r, &d, prec, d.B * d.H, arch, arch == dev_arch ? mn_cuda_smem_optin() : 0, &pl) != MN_OK)
         return luaL_error(L, "plan: %s", mn_last_error());
     lua_createtable(L, 0, 10);
     set_str(L, "path", mn_cuda_path_name(pl.path));
@@ -236,7 +238,8 @@ int l_rule_plan(lua_State *L, const mn_rule *r, int opts)
     } else if (pl.path == MN_PATH_GENERAL) {
         set_str(L, "kernel", MN_RULE_STEP_KERNEL);
     }
-    set_str(L, "device", mn_cuda_available() ? mn_cuda_describe() : "none (planned for sm_90)");
+    set_int(L, "arch", arch > 0 ? arch : 90);
+    set_str(L, "device", mn_cuda_available() ? mn_cuda_describe() : "none");
     luaL_setmetatable(L, PLAN_MT);
     return 1;
 }

@@ -319,7 +319,7 @@ static int rule_source(lua_State *L)
     if (d.dh == 0) d.dh = r->hidden > 0 ? r->hidden : 64;
 #ifdef MN_HAVE_CUDA
     mn_cuda_plan pl;
-    if (mn_cuda_plan_rule(r, &d, prec, 1, mn_cuda_smem_optin(), &pl) != MN_OK) return l_raise(L);
+    if (mn_cuda_plan_rule(r, &d, prec, 1, mn_cuda_arch(), mn_cuda_smem_optin(), &pl) != MN_OK) return l_raise(L);
     char *src = mn_cuda_plan_source(r, &d, prec, &pl);
     if (!src) return l_raise(L);
     lua_pushstring(L, src);

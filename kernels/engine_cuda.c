@@ -31,7 +31,7 @@ enum { K_STEP = 0, K_READ = 1 }; /* the fused module's K_STEP is its step kernel
 static mn_status device_plan(const mn_rule *r, const mn_dims *d, mn_precision p, mn_cuda_plan *pl)
 {
     MN_TRY(mn_cuda_ensure_device());
-    return mn_cuda_plan_rule(r, d, p, d->B * d->H, mn_cuda_smem_optin(), pl);
+    return mn_cuda_plan_rule(r, d, p, d->B * d->H, mn_cuda_arch(), mn_cuda_smem_optin(), pl);
 }
 
 /* The module for a rule at the given dims and precision, on the plan's path

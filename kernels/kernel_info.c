@@ -139,7 +139,7 @@ mn_status mn_cuda_rule_kernel_info(const mn_rule *r, const mn_dims *d, mn_precis
     int device_arch = mn_cuda_arch();
     if (arch <= 0) arch = device_arch > 0 ? device_arch : 90;
     mn_cuda_plan pl;
-    MN_TRY(mn_cuda_plan_rule(r, d, p, d->B * d->H, mn_cuda_smem_optin(), &pl));
+    MN_TRY(mn_cuda_plan_rule(r, d, p, d->B * d->H, arch, arch == device_arch ? mn_cuda_smem_optin() : 0, &pl));
     if (pl.path == MN_PATH_LARGE) pl.path = MN_PATH_GENERAL; /* its kernels are elementwise; the general one is shown */
     char *src = mn_cuda_plan_source(r, d, p, &pl);
     if (!src) return MN_ERR_ARG; /* the code generator said why */

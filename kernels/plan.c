@@ -75,12 +75,22 @@ static int fused_fit(const mn_rule *r, const mn_dims *d, long limit, int threads
     return 0;
 }
 
-mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, int64_t memories, long smem_limit,
-                            mn_cuda_plan *out)
+/* The opt-in shared memory per block of an sm, when no device says. */
+static long smem_of_arch(int arch)
+{
+    if (arch >= 90) return SM90_SMEM_OPTIN;
+    if (arch == 80 || arch == 87) return 163L * 1024;
+    if (arch >= 86) return 99L * 1024;
+    return 48L * 1024;
+}
+
+mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, int64_t memories, int arch,
+                            long smem_limit, mn_cuda_plan *out)
 {
     (void)p;
     memset(out, 0, sizeof *out);
-    if (smem_limit <= 0) smem_limit = SM90_SMEM_OPTIN;
+    if (arch <= 0) arch = 90;
+    if (smem_limit <= 0) smem_limit = smem_of_arch(arch);
     out->threads = FUSED_THREADS;
     /* an experiment's knob: the fused block size (256 or 512) */
     const char *ft = getenv("MNEMO_FUSED_THREADS");
@@ -92,6 +102,10 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
     int rows = 0;
     long smem = 0;
     int fused = fused_fit(r, d, smem_limit, out->threads, nofuse, sizeof nofuse, &rows, &smem);
+    if (fused && arch < 80) { /* mma.sync on tf32 and bf16 operands came with sm_80 */
+        snprintf(nofuse, sizeof nofuse, "sm_%d: the fused path's tensor-core products need sm_80 or newer", arch);
+        fused = 0;
+    }
     long big = d->dk;
     if (d->dv > big) big = d->dv;
     if (r->layers > 1 && d->dh > big) big = d->dh;

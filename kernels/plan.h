@@ -35,12 +35,13 @@ const char *mn_cuda_path_name(mn_cuda_path p);
  * with chunks of rows rows; its layout is kernels/fused_kernel.cuh's. */
 long mn_fused_smem_bytes(const mn_rule *r, const mn_dims *d, int rows);
 
-/* The plan for memories = B*H memories of the rule at the dims. smem_limit:
- * the opt-in shared memory per block of the device (0: sm_90's 227 KB).
+/* The plan for memories = B*H memories of the rule at the dims, on an sm
+ * of compute capability arch (90 for sm_90; 0: sm_90). smem_limit: the
+ * opt-in shared memory per block of the device (0: what that arch has).
  * Fails only when MNEMO_CUDA_PATH forces a path that cannot run the rule, or
  * names no path. */
-mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, int64_t memories, long smem_limit,
-                            mn_cuda_plan *out);
+mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, int64_t memories, int arch,
+                            long smem_limit, mn_cuda_plan *out);
 
 /* Workspace floats per memory of the fused kernel: the step's gradient, and
  * W in the padded layout when the gradient point is the anchor. */

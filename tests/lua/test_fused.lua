@@ -45,6 +45,14 @@ else
   T.ok("plan: 128-512-128 does not fit shared memory: says so", fat.path ~= "fused" and
     fat.why:find("shared memory", 1, true) ~= nil, fat.why)
   T.raises("plan: unknown option", function() mlp:plan { dk = 64, depth = 3 } end, "unknown option 'depth'")
+  local turing = m.rule { step = 16 }:plan { dk = 64, arch = 75 }
+  T.ok("plan: sm_75 has no tf32/bf16 mma: the general path, and why", turing.path == "general" and
+    turing.why:find("sm_75", 1, true) ~= nil, turing.why)
+  T.eq("plan: on sm_80 a linear 64x64 memory runs fused", m.rule { step = 16 }:plan { dk = 64, arch = 80 }.path,
+    "fused")
+  local ada = mlp:plan { dk = 64, B = 4, H = 32, arch = 89 }
+  T.ok("plan: P1 does not fit sm_89's 99 KB of shared memory: hidden 256 goes large", ada.path == "large" and
+    ada.why:find("99 KB", 1, true) ~= nil, ada.why)
 end
 
 if not m.cuda_available() then

@@ -103,7 +103,7 @@ static void test_compile_cases(void)
         free(src);
         /* the fast path the plan picks for it (kernels/plan.h): its source compiles too */
         mn_cuda_plan pl;
-        if (mn_cuda_plan_rule(&r, &d, c->prec, 1, 0, &pl) == MN_OK && pl.path != MN_PATH_GENERAL) {
+        if (mn_cuda_plan_rule(&r, &d, c->prec, 1, 90, 0, &pl) == MN_OK && pl.path != MN_PATH_GENERAL) {
             char *fast = mn_cuda_plan_source(&r, &d, c->prec, &pl);
             const char *kname = pl.path == MN_PATH_FUSED ? "mn_fused_step_kernel" : "mn_large_";
             snprintf(name, sizeof name, "codegen/nvrtc_sm90/%s/%s path", c->name, mn_cuda_path_name(pl.path));
