@@ -59,19 +59,24 @@ static const char *shape_str(const mn_tensor *t, char *buf)
 static mn_status materialize(mn_tensor *out, const mn_tensor *src, int ndim, const int64_t *shape,
                              mn_device dev)
 {
-    /* already what the engines read (they never write their inputs): no copy,
-     * which for resident k and v saves two full passes over them */
-    bool same = src->storage && src->storage->device == dev && src->dtype == MN_F32 && src->ndim == ndim &&
-                mn_tensor_is_contiguous(src);
-    for (int i = 0; same && i < ndim; i++) same = src->shape[i] == shape[i];
-    if (same) {
-        mn_tensor_share(out, src);
-        return MN_OK;
-    }
     MN_TRY(mn_tensor_empty(out, MN_F32, ndim, shape, dev));
     mn_status st = mn_tensor_copy_into(out, src);
     if (st != MN_OK) mn_tensor_release(out);
     return st;
+}
+
+/* A segment input as the engines read it (they never write their inputs):
+ * src itself when it already is a contiguous f32 tensor of the full shape
+ * on dev, which for resident k and v saves two passes over them; else a
+ * materialized copy. Never for parameters, which the engines update. */
+static mn_status input_view(mn_tensor *out, const mn_tensor *src, int ndim, const int64_t *shape, mn_device dev)
+{
+    bool same = src->storage && src->storage->device == dev && src->dtype == MN_F32 && src->ndim == ndim &&
+                mn_tensor_is_contiguous(src);
+    for (int i = 0; same && i < ndim; i++) same = src->shape[i] == shape[i];
+    if (!same) return materialize(out, src, ndim, shape, dev);
+    mn_tensor_share(out, src);
+    return MN_OK;
 }
 
 /* Initial parameter or momentum i: [...], [H,...] or [B,H,...]. */
@@ -226,16 +231,16 @@ mn_status mn_segment_run(mn_memory_state *st, const mn_segment_inputs *in, mn_se
     mat.want_y = in->want_y;
     int64_t kshape[4] = {d->B, d->H, n, d->dk}, vshape[4] = {d->B, d->H, n, d->dv};
     int64_t tshape[3] = {d->B, d->H, n}, sshape[3] = {d->B, d->H, S};
-    mn_status s = materialize(&mat.k, &in->k, 4, kshape, dev);
-    if (s == MN_OK) s = materialize(&mat.v, &in->v, 4, vshape, dev);
-    if (s == MN_OK && in->q.storage) s = materialize(&mat.q, &in->q, 4, kshape, dev);
-    if (s == MN_OK) s = materialize(&mat.theta, &in->theta, 3, tshape, dev);
+    mn_status s = input_view(&mat.k, &in->k, 4, kshape, dev);
+    if (s == MN_OK) s = input_view(&mat.v, &in->v, 4, vshape, dev);
+    if (s == MN_OK && in->q.storage) s = input_view(&mat.q, &in->q, 4, kshape, dev);
+    if (s == MN_OK) s = input_view(&mat.theta, &in->theta, 3, tshape, dev);
     if (s == MN_OK) {
-        if (in->eta.storage) s = materialize(&mat.eta, &in->eta, 3, sshape, dev);
+        if (in->eta.storage) s = input_view(&mat.eta, &in->eta, 3, sshape, dev);
         else s = mn_tensor_zeros(&mat.eta, MN_F32, 3, sshape, dev);
     }
     if (s == MN_OK) {
-        if (in->alpha.storage) s = materialize(&mat.alpha, &in->alpha, 3, sshape, dev);
+        if (in->alpha.storage) s = input_view(&mat.alpha, &in->alpha, 3, sshape, dev);
         else s = mn_tensor_zeros(&mat.alpha, MN_F32, 3, sshape, dev);
     }
     if (s == MN_OK && in->want_y) s = mn_tensor_empty(&out->y, MN_F32, 4, vshape, dev);
@@ -266,7 +271,7 @@ mn_status mn_memory_read(const mn_memory_state *st, const mn_tensor *q, mn_tenso
     if (!eng) return MN_ERR_DEVICE;
     mn_tensor mat = {0};
     int64_t qshape[4] = {d->B, d->H, q->shape[2], d->dk};
-    MN_TRY(materialize(&mat, q, 4, qshape, st->device));
+    MN_TRY(input_view(&mat, q, 4, qshape, st->device));
     int64_t yshape[4] = {d->B, d->H, q->shape[2], d->dv};
     mn_status s = mn_tensor_empty(y, MN_F32, 4, yshape, st->device);
     if (s == MN_OK) s = eng->read(st, &mat, y);
