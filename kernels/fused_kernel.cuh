@@ -1,8 +1,8 @@
 /* fused_kernel.cuh: the fused per-memory path of the rule engine on the GPU
  * (DESIGN.md, Fast paths; kernels/plan.h says when it runs). Same contract
  * as mn_rule_step_kernel in rule_kernel.cuh (SPEC.md section 2), which this
- * template follows in the source and whose helpers (mn_round, mn_block_sum,
- * the argument struct) it uses.
+ * template follows in the source and whose helpers (mn_round, the argument
+ * struct, mn_memory_params) it uses, with update_math.cuh's clip and update.
  *
  * One persistent block per memory walks every step of the segment. The
  * gradient point's weights P (W itself when refresh = step, else the anchor)
@@ -17,7 +17,9 @@
  * the workspace when P is the anchor). Products: mma.sync m16n8k8 tf32
  * (tf32 mode), m16n8k16 bf16 (bf16 mode), and for fp32 the 3xTF32 split
  * (a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi), which keeps fp32's accuracy on
- * tensor cores. Operands are rounded as mn_round rounds them.
+ * tensor cores. Operands are rounded as mn_round rounds them. The block has
+ * MN_FUSED_THREADS threads (512: more warps to hide the latency of the
+ * many short dependent steps; tests/bench/RESULTS.md has the measurements).
  *
  * Workspace per memory (floats): G of each parameter (unpadded, in
  * parameter order, total rounded up to 4), then, when refresh != step, W in
