@@ -257,22 +257,17 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
             make_float2(real && j < MN_DH ? mn_hook_act(z.x) : 0.0f, real && j + 1 < MN_DH ? mn_hook_act(z.y) : 0.0f);
     });
     __syncthreads();
-    mn_gemm<MN_FR, MN_PDV, MN_PDH, false, false>(fb.h, MN_LDH, P.w[1], MN_LLD(1),
-                                                 [&](int r, int j, float a0, float a1) {
-        float y0 = a0, y1 = a1;
-        if (MN_BIAS) y0 += P.b[1][j], y1 += P.b[1][j + 1];
-        if (MN_RESIDUAL) y0 += fb.x[r * MN_LDK + j], y1 += fb.x[r * MN_LDK + j + 1];
-        epi_y(r, j, y0, y1);
-    });
-#else
-    mn_gemm<MN_FR, MN_PDV, MN_PDK, false, false>(fb.x, MN_LDK, P.w[0], MN_LLD(0),
-                                                 [&](int r, int j, float a0, float a1) {
-        float y0 = a0, y1 = a1;
-        if (MN_BIAS) y0 += P.b[0][j], y1 += P.b[0][j + 1];
-        if (MN_RESIDUAL) y0 += fb.x[r * MN_LDK + j], y1 += fb.x[r * MN_LDK + j + 1];
-        epi_y(r, j, y0, y1);
-    });
 #endif
+    /* the output layer: its input (h, or x for a linear memory) has the
+     * leading dimension of the layer's padded weights */
+    constexpr int OUT = MN_LAYERS - 1;
+    mn_gemm<MN_FR, MN_PDV, MN_LPIN(OUT), false, false>(MN_LAYERS == 2 ? fb.h : fb.x, MN_LLD(OUT), P.w[OUT],
+                                                        MN_LLD(OUT), [&](int r, int j, float a0, float a1) {
+        float y0 = a0, y1 = a1;
+        if (MN_BIAS) y0 += P.b[OUT][j], y1 += P.b[OUT][j + 1];
+        if (MN_RESIDUAL) y0 += fb.x[r * MN_LDK + j], y1 += fb.x[r * MN_LDK + j + 1];
+        epi_y(r, j, y0, y1);
+    });
     __syncthreads();
 }
 

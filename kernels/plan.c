@@ -2,6 +2,7 @@
 #include "plan.h"
 #include "codegen.h"
 #include "engine_large.h"
+#include "rule_kernel.cuh" /* its first part is C: mn_rule_param_numel */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,17 +23,23 @@ const char *mn_cuda_path_name(mn_cuda_path p)
 
 static long up16(long x) { return (x + 15) / 16 * 16; }
 
+/* Floats of the parameters in the kernel's padded layout: per layer W
+ * [pout x (pin + PAD)] then b [pout] (fused_kernel.cuh's mn_pset_init). */
+static long padded_param_floats(const mn_rule *r, const mn_dims *d)
+{
+    long f = 0;
+    for (int i = 0; i < r->layers; i++) {
+        long pin = up16(i == 0 ? d->dk : d->dh), pout = up16(i == r->layers - 1 ? d->dv : d->dh);
+        f += pout * (pin + PAD) + (r->bias ? pout : 0);
+    }
+    return f;
+}
+
 /* Must match the carve-up at the top of mn_fused_step_kernel. */
 long mn_fused_smem_bytes(const mn_rule *r, const mn_dims *d, int rows)
 {
     long dk = up16(d->dk), dv = up16(d->dv), dh = r->layers > 1 ? up16(d->dh) : 0;
-    long f = 0;
-    if (r->layers == 1) {
-        f += dv * (dk + PAD) + (r->bias ? dv : 0);
-    } else {
-        f += dh * (dk + PAD) + (r->bias ? dh : 0);
-        f += dv * (dh + PAD) + (r->bias ? dv : 0);
-    }
+    long f = padded_param_floats(r, d);
     f += rows * (dk + PAD);                                    /* x */
     if (r->layers > 1) f += 2L * rows * (dh + PAD);            /* z (then dz), h */
     f += 2L * rows * (dv + PAD);                               /* y (then loss terms), dy */
@@ -160,20 +167,10 @@ long mn_fused_work_floats(const mn_rule *r, const mn_dims *d)
 {
     long g = 0;
     int np = r->layers * (r->bias ? 2 : 1);
-    for (int p = 0; p < np; p++) {
-        int layer = p / (r->bias ? 2 : 1);
-        long in = layer == 0 ? d->dk : d->dh, out = layer == r->layers - 1 ? d->dv : d->dh;
-        g += (r->bias && p % 2 == 1) ? out : out * in;
-    }
+    for (int p = 0; p < np; p++) g += mn_rule_param_numel(r->layers, r->bias, d->dk, d->dv, d->dh, p);
     g = (g + 3) & ~3L;
-    if (mn_rule_refresh(r) == r->step) return g;
-    /* W in the padded layout of P (fused_kernel.cuh's mn_pset_init) */
-    long pin[2] = {up16(d->dk), up16(d->dh)};
-    for (int i = 0; i < r->layers; i++) {
-        long pi = i == 0 ? pin[0] : pin[1], po = i == r->layers - 1 ? up16(d->dv) : up16(d->dh);
-        g += po * (pi + PAD) + (r->bias ? po : 0);
-    }
-    return g;
+    /* and W in the padded layout when the gradient point is the anchor */
+    return mn_rule_refresh(r) == r->step ? g : g + padded_param_floats(r, d);
 }
 
 char *mn_cuda_plan_source(const mn_rule *r, const mn_dims *d, mn_precision p, const mn_cuda_plan *pl)
