@@ -165,18 +165,24 @@ mnemo.load(path) -> tree
 mnemo.seed(n)
   Seeds the global generator behind rand, randn and parameter
   initialisers; the same n gives the same numbers on every machine.]],
+  ["mnemo.vocabulary"] = [[
+mnemo.vocabulary() -> {fields = {...}, parts = {loss = {...}, clip = {...}, ...}}
+  The rule's vocabulary as data: every field (name, type, default, doc,
+  alias, min/max, v2) and every part list (activation, loss, clip,
+  clip_scope, reduction, retrieve, out_norm, qk_norm, precondition), each
+  part with its name, built-in expression, variables, doc and flags
+  (custom, kink, scale, elementwise, planned). help(mnemo.rule) is made
+  from it; so are the tests that run every part.]],
   ["mnemo.rule"] = [[
 mnemo.rule{...} -> a Rule
-  An update rule from a table of fields (SPEC.md sections 1-4): layers,
-  hidden, activation, bias, residual (the memory model); loss, delta, p,
-  feature_reduce, token_reduce (the loss); step, refresh, retrieve (the
-  step loop); clip, clip_max, clip_scope, clip_scale (clipping); theta,
-  eta, alpha (gates: numbers, tensors or functions of the inputs);
-  constants (named numbers for expressions). Custom parts are expression
-  strings or Lua functions of symbolic arguments. Unknown fields are
-  errors. Methods: rule:run{k=, v=, ...}, rule:memory{...},
-  rule:experiment{...}, rule:attrs(), rule:expressions(), rule:with{...}.
-  See help("rules").]],
+  An update rule from a table of fields (the list below comes from the
+  rule table itself, mnemo.vocabulary()); also theta, eta, alpha (gates:
+  numbers, tensors or functions of the inputs), constants (named numbers
+  for expressions) and clip_scale (a custom scale clip in n). Custom parts
+  (activation, loss, clip) are expression strings or Lua functions of
+  symbolic arguments. Unknown fields are errors. Methods:
+  rule:run{k=, v=, ...}, rule:memory{...}, rule:experiment{...},
+  rule:attrs(), rule:expressions(), rule:with{...}. See help("rules").]],
   ["Rule:run"] = [[
 rule:run{k =, v = [, q =] [, theta =, eta =, alpha =] [, init =] [, seed =] [, device =] [, precision =]} -> result
   One run over k [B,H,T,dk] and v [B,H,T,dv] ([T,d] or [H,T,d] also do)
@@ -461,7 +467,27 @@ mnemo.plot.available() -> ok, types
 }
 
 -- Notes and examples shown after a function's doc.
+-- help(mnemo.rule)'s field list, from the rule table (model/rule.def).
+local function rule_fields_note(M)
+  local ok, voc = pcall(M.vocabulary)
+  if not ok then return nil end
+  local lines = { "  Fields (name, default: meaning):" }
+  for _, f in ipairs(voc.fields) do
+    local extra = f.alias and (" (or " .. f.alias .. ")") or ""
+    lines[#lines + 1] = string.format("    %-15s %s: %s%s", f.name, tostring(f.default), f.doc, extra)
+    if f.parts then
+      local names = {}
+      for _, p in ipairs(voc.parts[f.parts]) do
+        names[#names + 1] = p.name .. (p.flags.planned and " (v2, not yet run)" or "")
+      end
+      lines[#lines + 1] = "        one of: " .. table.concat(names, ", ")
+    end
+  end
+  return table.concat(lines, "\n")
+end
+
 H.notes = {
+  ["mnemo.rule"] = rule_fields_note,
   ["mnemo.zeros"] = [[
   e.g. mnemo.zeros(2, 3), mnemo.zeros({2, 3}, "f64"),
        mnemo.zeros(4, {device = "cuda"})]],

@@ -11,6 +11,7 @@
 #include "l_rule_internal.h"
 #include "l_expr.h"
 #include "../model/experiment.h"
+#include "../model/rule_io.h"
 #ifdef MN_HAVE_CUDA
 #include "../kernels/codegen.h"
 #include "../kernels/cuda.h"
@@ -22,11 +23,6 @@
 #include <string.h>
 
 /* ---- building a rule from a table ---- */
-
-static const char *const rule_keys[] = {
-    "layers", "hidden", "activation", "bias", "residual", "loss", "loss_delta", "loss_p", "delta", "p",
-    "feature_reduce", "token_reduce", "step", "refresh", "retrieve", "clip", "clip_max", "clip_scope",
-    "clip_scale", "clip_expr", "loss_expr", "activation_expr", "constants", "theta", "eta", "alpha", NULL};
 
 int l_rule_field_int(lua_State *L, int t, const char *key, int dflt)
 {
@@ -41,31 +37,6 @@ int l_rule_field_int(lua_State *L, int t, const char *key, int dflt)
     }
     lua_pop(L, 1);
     return v;
-}
-
-static double field_number(lua_State *L, int t, const char *key, double dflt)
-{
-    int type = lua_getfield(L, t, key);
-    double v = dflt;
-    if (type != LUA_TNIL) {
-        int isnum;
-        v = lua_tonumberx(L, -1, &isnum);
-        if (!isnum) luaL_error(L, "mnemo.rule: field '%s' must be a number, got %s", key, luaL_typename(L, -1));
-    }
-    lua_pop(L, 1);
-    return v;
-}
-
-/* The string field, or NULL when absent; the string stays valid while the
- * table holds it. */
-static const char *field_string(lua_State *L, int t, const char *key)
-{
-    int type = lua_getfield(L, t, key);
-    const char *s = NULL;
-    if (type == LUA_TSTRING) s = lua_tostring(L, -1);
-    else if (type != LUA_TNIL) luaL_error(L, "mnemo.rule: field '%s' must be a string, got %s", key, luaL_typename(L, -1));
-    lua_pop(L, 1);
-    return s;
 }
 
 /* Call the function at idx with symbolic arguments named vars (plus a table
@@ -90,34 +61,11 @@ static mn_expr *symbolic_call(lua_State *L, int idx, const char *part, const cha
     return e;
 }
 
-/* A custom part from a function or an expression string at field key. */
-static mn_expr *custom_part(lua_State *L, int t, const char *key, const char *const *vars, int nvars, const mn_rule *r)
+/* True when s is a bare word that is not one of the part's variables or the
+ * rule's constants: it was meant as a built-in name (a typo such as "hubr"),
+ * not as an expression. */
+static bool misspelt_name_str(const char *s, const char *const *vars, int nvars, const mn_rule *r)
 {
-    lua_getfield(L, t, key);
-    mn_expr *e = NULL;
-    if (lua_isfunction(L, -1)) e = symbolic_call(L, lua_gettop(L), key, vars, nvars, r);
-    else if (lua_type(L, -1) == LUA_TSTRING) {
-        if (mn_expr_parse(lua_tostring(L, -1), &e) != MN_OK) {
-            lua_pop(L, 1);
-            luaL_error(L, "mnemo.rule: %s: %s", key, mn_last_error());
-        }
-    } else if ((e = l_test_expr(L, -1))) mn_expr_ref(e);
-    lua_pop(L, 1);
-    return e;
-}
-
-static const char *const loss_vars[] = {"y", "v", "r"};
-static const char *const act_vars[] = {"z"};
-static const char *const g_vars[] = {"g"};
-static const char *const n_vars[] = {"n"};
-
-/* True when the string at the top of the stack is a bare word that is not
- * one of the part's variables or the rule's constants: it was meant as a
- * built-in name (a typo such as "hubr"), not as an expression. */
-static bool misspelt_name(lua_State *L, const char *const *vars, int nvars, const mn_rule *r)
-{
-    if (lua_type(L, -1) != LUA_TSTRING) return false;
-    const char *s = lua_tostring(L, -1);
     if (!(s[0] == '_' || ((s[0] | 32) >= 'a' && (s[0] | 32) <= 'z'))) return false;
     for (const char *p = s; *p; p++)
         if (!(*p == '_' || (*p >= '0' && *p <= '9') || ((*p | 32) >= 'a' && (*p | 32) <= 'z'))) return false;
@@ -128,89 +76,227 @@ static bool misspelt_name(lua_State *L, const char *const *vars, int nvars, cons
     return true;
 }
 
-/* Fill r from the table at t; raises on any error (r is owned by a
- * userdata, so its expressions are freed by the GC). */
+/* The Lua table becomes the attribute tree a file gives (rule_io.h), so one
+ * reader checks both. The tree and the constants are owned by a userdata on
+ * the stack while it is built, so a Lua error in between leaks nothing. */
+typedef struct rule_build {
+    mn_node *tree;
+    mn_rule consts; /* the constants alone: for symbolic calls and names */
+} rule_build;
+
+static int rule_build_gc(lua_State *L)
+{
+    rule_build *rb = luaL_checkudata(L, 1, "mnemo.RuleBuild");
+    mn_node_free(rb->tree);
+    rb->tree = NULL;
+    mn_rule_free(&rb->consts);
+    return 0;
+}
+
+static rule_build *push_rule_build(lua_State *L)
+{
+    rule_build *rb = lua_newuserdatauv(L, sizeof *rb, 0);
+    memset(rb, 0, sizeof *rb);
+    mn_rule_init(&rb->consts);
+    if (luaL_newmetatable(L, "mnemo.RuleBuild")) {
+        lua_pushcfunction(L, rule_build_gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_setmetatable(L, -2);
+    rb->tree = mn_node_group("rule");
+    if (!rb->tree) luaL_error(L, "mnemo.rule: out of memory");
+    return rb;
+}
+
+/* A part's variables ("y v r") as names. */
+static int vars_of(const mn_part *part, char buf[4][8], const char *names[4])
+{
+    int n = 0;
+    for (const char *p = part->vars; *p && n < 4;) {
+        while (*p == ' ') p++;
+        int len = (int)strcspn(p, " ");
+        if (len == 0) break;
+        snprintf(buf[n], sizeof buf[n], "%.*s", len, p);
+        names[n] = buf[n];
+        n++;
+        p += len;
+    }
+    return n;
+}
+
+/* The expression at idx (a function of symbolic arguments, an expression
+ * string or an Expr) as its string, added to the tree as attr. */
+static void add_expr(lua_State *L, rule_build *rb, int idx, const char *key, const char *attr, const mn_part *part)
+{
+    char buf[4][8];
+    const char *vars[4];
+    int nvars = vars_of(part, buf, vars);
+    mn_expr *e = NULL;
+    if (lua_isfunction(L, idx)) e = symbolic_call(L, idx, key, vars, nvars, &rb->consts);
+    else if (lua_type(L, idx) == LUA_TSTRING) {
+        if (mn_expr_parse(lua_tostring(L, idx), &e) != MN_OK) luaL_error(L, "mnemo.rule: %s: %s", key, mn_last_error());
+    } else if ((e = l_test_expr(L, idx))) mn_expr_ref(e);
+    else luaL_error(L, "mnemo.rule: field '%s' must be an expression (a string, an Expr or a function of %s), got %s",
+                    key, part->vars, luaL_typename(L, idx));
+    char *src = mn_expr_to_string(e);
+    mn_expr_unref(e);
+    if (!src || !mn_node_add_string(rb->tree, attr, src)) {
+        free(src);
+        luaL_error(L, "mnemo.rule: out of memory");
+    }
+    free(src);
+}
+
+static void add_value(lua_State *L, rule_build *rb, int idx, const char *key, const char *name)
+{
+    bool ok;
+    switch (lua_type(L, idx)) {
+    case LUA_TBOOLEAN: ok = mn_node_add_integer(rb->tree, name, lua_toboolean(L, idx)) != NULL; break;
+    case LUA_TNUMBER:
+        ok = lua_isinteger(L, idx) ? mn_node_add_integer(rb->tree, name, lua_tointeger(L, idx)) != NULL
+                                   : mn_node_add_number(rb->tree, name, lua_tonumber(L, idx)) != NULL;
+        break;
+    case LUA_TSTRING: ok = mn_node_add_string(rb->tree, name, lua_tostring(L, idx)) != NULL; break;
+    default:
+        luaL_error(L, "mnemo.rule: field '%s' must be a number, a name or a boolean, got %s", key, luaL_typename(L, idx));
+        return;
+    }
+    if (!ok) luaL_error(L, "mnemo.rule: out of memory");
+}
+
+/* The custom row of a part list (every list with an expression slot has one). */
+static int custom_row(const mn_part_set *set, unsigned kind)
+{
+    for (int i = 0; i < set->count; i++)
+        if ((set->parts[i].flags & MN_PART_CUSTOM) && (!kind || (set->parts[i].flags & kind))) return i;
+    return -1;
+}
+
+/* A choice field with an expression slot, at idx: a built-in name, a
+ * misspelt one (left for the reader's "unknown loss 'hubr' (one of: ...)"),
+ * or a custom part given directly (a function, an expression string, an
+ * Expr); clip takes functions only as elementwise clips. */
+static void add_part(lua_State *L, rule_build *rb, int idx, const mn_rule_expr_slot *slot)
+{
+    const mn_part_set *set = slot->set;
+    int row = custom_row(set, set == &mn_clip_set ? MN_PART_ELEM : 0);
+    if (lua_type(L, idx) == LUA_TSTRING) {
+        int found;
+        char buf[4][8];
+        const char *vars[4];
+        int nvars = vars_of(&set->parts[row], buf, vars);
+        const char *s = lua_tostring(L, idx);
+        bool named = mn_part_lookup(set, s, &found) == MN_OK || set == &mn_clip_set ||
+                     misspelt_name_str(s, vars, nvars, &rb->consts);
+        if (named) {
+            add_value(L, rb, idx, slot->field, slot->field);
+            return;
+        }
+    } else if (!lua_isfunction(L, idx) && !l_test_expr(L, idx))
+        luaL_error(L, "mnemo.rule: field '%s' must be a name or an expression, got %s", slot->field,
+                   luaL_typename(L, idx));
+    if (!mn_node_add_string(rb->tree, slot->field, set->parts[row].name)) luaL_error(L, "mnemo.rule: out of memory");
+    add_expr(L, rb, idx, slot->field, slot->attr, &set->parts[row]);
+}
+
+static const mn_rule_expr_slot *slot_of_field(const char *field)
+{
+    for (int i = 0; i < mn_rule_expr_slot_count; i++)
+        if (strcmp(mn_rule_expr_slots[i].field, field) == 0) return &mn_rule_expr_slots[i];
+    return NULL;
+}
+
+static const mn_rule_expr_slot *slot_of_attr(const char *attr)
+{
+    for (int i = 0; i < mn_rule_expr_slot_count; i++)
+        if (strcmp(mn_rule_expr_slots[i].attr, attr) == 0) return &mn_rule_expr_slots[i];
+    return NULL;
+}
+
+/* The table key as a rule field (an alias resolved), or NULL. */
+static const mn_field *field_of_key(const char *key)
+{
+    for (int f = 0; f < mn_rule_field_count; f++)
+        if (strcmp(mn_rule_fields[f].name, key) == 0 ||
+            (mn_rule_fields[f].alias && strcmp(mn_rule_fields[f].alias, key) == 0))
+            return &mn_rule_fields[f];
+    return NULL;
+}
+
+static bool is_gate(const char *key)
+{
+    return strcmp(key, "theta") == 0 || strcmp(key, "eta") == 0 || strcmp(key, "alpha") == 0;
+}
+
+/* The part row the tree selects for slot's field so far (its default if the
+ * table did not give it). */
+static const mn_part *selected_part(const rule_build *rb, const mn_rule_expr_slot *slot)
+{
+    const mn_node *n = mn_node_find(rb->tree, slot->field);
+    int i = 0;
+    if (n && n->kind == MN_NODE_STRING && mn_part_lookup(slot->set, n->string, &i) == MN_OK) return &slot->set->parts[i];
+    return &slot->set->parts[(int)mn_rule_field_default(&rb->consts, mn_rule_field_find(slot->field))];
+}
+
+/* Fill r from the table at t; raises on any error. */
 static void rule_from_table(lua_State *L, int t, mn_rule *r)
 {
-    lua_pushnil(L);
-    while (lua_next(L, t)) {
-        if (lua_type(L, -2) != LUA_TSTRING) luaL_error(L, "mnemo.rule: keys must be names, got a %s key", luaL_typename(L, -2));
-        const char *key = lua_tostring(L, -2);
-        bool known = false;
-        for (int i = 0; rule_keys[i] && !known; i++) known = strcmp(key, rule_keys[i]) == 0;
-        if (!known) luaL_error(L, "mnemo.rule: unknown field '%s'", key);
-        lua_pop(L, 1);
-    }
-    r->layers = l_rule_field_int(L, t, "layers", 1);
-    r->hidden = l_rule_field_int(L, t, "hidden", 0);
-    r->bias = l_rule_field_int(L, t, "bias", r->layers >= 2) != 0;
-    r->residual = l_rule_field_int(L, t, "residual", 0) != 0;
-    r->loss_delta = field_number(L, t, "delta", field_number(L, t, "loss_delta", r->loss_delta));
-    r->loss_p = field_number(L, t, "p", field_number(L, t, "loss_p", r->loss_p));
-    r->step = l_rule_field_int(L, t, "step", 1);
-    r->refresh = l_rule_field_int(L, t, "refresh", -1);
-    r->clip_max = field_number(L, t, "clip_max", r->clip_max);
-    const char *s;
-    if ((s = field_string(L, t, "feature_reduce")) && mn_reduce_lookup("feature_reduce", s, &r->feature_reduce) != MN_OK) l_raise(L);
-    if ((s = field_string(L, t, "token_reduce")) && mn_reduce_lookup("token_reduce", s, &r->token_reduce) != MN_OK) l_raise(L);
-    if ((s = field_string(L, t, "retrieve")) && mn_retrieve_lookup(s, &r->retrieve) != MN_OK) l_raise(L);
-    if ((s = field_string(L, t, "clip_scope")) && mn_clip_scope_lookup(s, &r->clip_scope) != MN_OK) l_raise(L);
-
+    rule_build *rb = push_rule_build(L);
+    int top = lua_gettop(L);
     if (lua_getfield(L, t, "constants") == LUA_TTABLE) {
+        mn_node *cg = mn_node_add_group(rb->tree, "constants");
+        if (!cg) luaL_error(L, "mnemo.rule: out of memory");
         lua_pushnil(L);
         while (lua_next(L, -2)) {
             if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TNUMBER)
                 luaL_error(L, "mnemo.rule: constants must map names to numbers");
-            if (mn_rule_set_const(r, lua_tostring(L, -2), lua_tonumber(L, -1)) != MN_OK) l_raise(L);
+            if (mn_rule_set_const(&rb->consts, lua_tostring(L, -2), lua_tonumber(L, -1)) != MN_OK)
+                luaL_error(L, "mnemo.rule: %s", mn_last_error());
+            if (!mn_node_add_number(cg, lua_tostring(L, -2), lua_tonumber(L, -1))) luaL_error(L, "mnemo.rule: out of memory");
             lua_pop(L, 1);
         }
-    }
-    lua_pop(L, 1);
-
-    /* activation: a built-in name, else a custom function or expression */
-    lua_getfield(L, t, "activation");
-    if (lua_type(L, -1) == LUA_TSTRING && mn_activation_lookup(lua_tostring(L, -1), &r->activation) == MN_OK) {
-        if (r->activation == MN_ACT_CUSTOM) r->activation_expr = custom_part(L, t, "activation_expr", act_vars, 1, r);
-    } else if (misspelt_name(L, act_vars, 1, r)) {
-        luaL_error(L, "mnemo.rule: %s", mn_last_error()); /* the lookup's "unknown activation ... (one of: ...)" */
-    } else if (!lua_isnil(L, -1)) {
-        r->activation = MN_ACT_CUSTOM;
-        r->activation_expr = custom_part(L, t, "activation", act_vars, 1, r);
-    }
-    lua_pop(L, 1);
-
-    lua_getfield(L, t, "loss");
-    if (lua_type(L, -1) == LUA_TSTRING && mn_loss_lookup(lua_tostring(L, -1), &r->loss) == MN_OK) {
-        if (r->loss == MN_LOSS_CUSTOM) r->loss_expr = custom_part(L, t, "loss_expr", loss_vars, 3, r);
-    } else if (misspelt_name(L, loss_vars, 3, r)) {
-        luaL_error(L, "mnemo.rule: %s", mn_last_error()); /* the lookup's "unknown loss ... (one of: ...)" */
-    } else if (!lua_isnil(L, -1)) {
-        r->loss = MN_LOSS_CUSTOM;
-        r->loss_expr = custom_part(L, t, "loss", loss_vars, 3, r);
-    }
-    lua_pop(L, 1);
-
-    lua_getfield(L, t, "clip");
-    if (lua_isfunction(L, -1)) {
-        r->clip = MN_CLIP_ELEMENTWISE;
-        r->clip_expr = custom_part(L, t, "clip", g_vars, 1, r);
-    } else if (lua_type(L, -1) == LUA_TSTRING) {
-        if (mn_clip_lookup(lua_tostring(L, -1), &r->clip) != MN_OK) l_raise(L);
-        if (r->clip == MN_CLIP_ELEMENTWISE) r->clip_expr = custom_part(L, t, "clip_expr", g_vars, 1, r);
-        if (r->clip == MN_CLIP_SCALE) {
-            r->clip_expr = custom_part(L, t, "clip_scale", n_vars, 1, r);
-            if (!r->clip_expr) r->clip_expr = custom_part(L, t, "clip_expr", n_vars, 1, r);
+    } else if (!lua_isnil(L, -1)) luaL_error(L, "mnemo.rule: field 'constants' must be a table of numbers");
+    lua_settop(L, top);
+    /* Fields first (in any order), then expressions, whose variables
+     * depend on the part their field selects. */
+    for (int pass = 0; pass < 2; pass++) {
+        lua_pushnil(L);
+        while (lua_next(L, t)) {
+            if (lua_type(L, -2) != LUA_TSTRING)
+                luaL_error(L, "mnemo.rule: keys must be names, got a %s key", luaL_typename(L, -2));
+            const char *key = lua_tostring(L, -2);
+            int v = lua_gettop(L);
+            const mn_field *fd = field_of_key(key);
+            const mn_rule_expr_slot *slot = fd ? slot_of_field(fd->name) : slot_of_attr(key);
+            if (pass == 0) {
+                if (fd && mn_node_find(rb->tree, fd->name))
+                    luaL_error(L, "mnemo.rule: field '%s' is given twice (as '%s' and an alias)", fd->name, key);
+                if (fd && slot) add_part(L, rb, v, slot);
+                else if (fd) add_value(L, rb, v, key, fd->name);
+                else if (!slot && !is_gate(key) && strcmp(key, "constants") != 0 && strcmp(key, "clip_scale") != 0)
+                    luaL_error(L, "mnemo.rule: unknown field '%s'", key);
+            } else if (!fd && slot) {
+                if (mn_node_find(rb->tree, slot->attr))
+                    luaL_error(L, "mnemo.rule: '%s' is given twice (with its field and as '%s')", slot->attr, key);
+                add_expr(L, rb, v, key, slot->attr, selected_part(rb, slot));
+            } else if (strcmp(key, "clip_scale") == 0) {
+                /* Lua's shorthand for clip = "scale" with clip_expr. */
+                const mn_node *clip = mn_node_find(rb->tree, "clip");
+                if (clip && !(clip->kind == MN_NODE_STRING && strcmp(clip->string, "scale") == 0))
+                    luaL_error(L, "mnemo.rule: clip_scale goes with clip = 'scale' (or no clip field)");
+                if (!clip && !mn_node_add_string(rb->tree, "clip", "scale")) luaL_error(L, "mnemo.rule: out of memory");
+                const mn_rule_expr_slot *cs = slot_of_field("clip");
+                if (mn_node_find(rb->tree, cs->attr)) luaL_error(L, "mnemo.rule: clip_scale and clip_expr are both given");
+                add_expr(L, rb, v, key, cs->attr, &mn_clip_set.parts[MN_CLIP_SCALE]);
+            }
+            lua_settop(L, v - 1);
         }
-    } else if (!lua_isnil(L, -1)) luaL_error(L, "mnemo.rule: field 'clip' must be a name or a function of g");
-    lua_pop(L, 1);
-    lua_getfield(L, t, "clip_scale");
-    if (!lua_isnil(L, -1) && r->clip != MN_CLIP_SCALE) {
-        if (r->clip != MN_CLIP_NONE) luaL_error(L, "mnemo.rule: clip_scale goes with clip = 'scale' (or no clip field)");
-        r->clip = MN_CLIP_SCALE;
-        r->clip_expr = custom_part(L, t, "clip_scale", n_vars, 1, r);
     }
-    lua_pop(L, 1);
-    if (mn_rule_validate(r) != MN_OK) luaL_error(L, "mnemo.rule: %s", mn_last_error());
+    mn_rule built;
+    if (mn_rule_from_tree_as(rb->tree, "mnemo.rule", "field", &built) != MN_OK) luaL_error(L, "%s", mn_last_error());
+    mn_rule_free(r);
+    *r = built;
+    lua_settop(L, top - 1);
 }
 
 static int rule_gc(lua_State *L)
@@ -467,6 +553,101 @@ static int rule_with(lua_State *L)
     return 1;
 }
 
+static void push_part_flags(lua_State *L, unsigned flags)
+{
+    static const struct { unsigned flag; const char *name; } names[] = {
+        {MN_PART_CUSTOM, "custom"}, {MN_PART_KINK, "kink"}, {MN_PART_SCALE, "scale"},
+        {MN_PART_ELEM, "elementwise"}, {MN_PART_PLANNED, "planned"}};
+    lua_createtable(L, 0, 5);
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        lua_pushboolean(L, (flags & names[i].flag) != 0);
+        lua_setfield(L, -2, names[i].name);
+    }
+}
+
+/* mnemo.vocabulary() -> {fields = {...}, parts = {loss = {...}, ...}}: the
+ * rule table (model/rule.def) as Lua data, for help() and for tests that
+ * iterate every field and part. */
+static int l_vocabulary(lua_State *L)
+{
+    lua_createtable(L, 0, 2);
+    lua_createtable(L, mn_rule_field_count, 0);
+    static const char *const type_names[] = {"integer", "boolean", "number", "choice"};
+    for (int f = 0; f < mn_rule_field_count; f++) {
+        const mn_field *fd = &mn_rule_fields[f];
+        lua_createtable(L, 0, 8);
+        lua_pushstring(L, fd->name);
+        lua_setfield(L, -2, "name");
+        lua_pushstring(L, type_names[fd->type]);
+        lua_setfield(L, -2, "type");
+        /* The default as a user writes it: a name, a number, or the rule
+         * for a default that depends on earlier fields ("layers >= 2"). */
+        mn_rule fresh;
+        mn_rule_init(&fresh);
+        double x = mn_rule_field_get(&fresh, f);
+        if (strstr(fd->dflt, "r->")) {
+            luaL_Buffer b;
+            luaL_buffinit(L, &b);
+            for (const char *p = fd->dflt; *p; p++) {
+                if (strncmp(p, "r->", 3) == 0) p += 3;
+                luaL_addchar(&b, *p);
+            }
+            luaL_pushresult(&b);
+        } else if (fd->type == MN_FIELD_CHOICE) lua_pushstring(L, mn_part_name(fd->set, (int)x));
+        else if (fd->type == MN_FIELD_BOOL) lua_pushboolean(L, x != 0);
+        else if (fd->type == MN_FIELD_INT) lua_pushinteger(L, (lua_Integer)x);
+        else lua_pushnumber(L, x);
+        mn_rule_free(&fresh);
+        lua_setfield(L, -2, "default");
+        lua_pushstring(L, fd->doc);
+        lua_setfield(L, -2, "doc");
+        lua_pushboolean(L, mn_field_is_v2(fd));
+        lua_setfield(L, -2, "v2");
+        if (fd->alias) {
+            lua_pushstring(L, fd->alias);
+            lua_setfield(L, -2, "alias");
+        }
+        if (fd->type == MN_FIELD_INT) {
+            lua_pushinteger(L, fd->lo);
+            lua_setfield(L, -2, "min");
+            lua_pushinteger(L, fd->hi);
+            lua_setfield(L, -2, "max");
+        }
+        if (fd->set) {
+            lua_pushstring(L, fd->set->what);
+            lua_setfield(L, -2, "parts");
+        }
+        lua_rawseti(L, -2, f + 1);
+    }
+    lua_setfield(L, -2, "fields");
+    const mn_part_set *sets[] = {&mn_activation_set, &mn_loss_set, &mn_clip_set, &mn_scope_set, &mn_reduce_set,
+                                 &mn_retrieve_set, &mn_norm_set, &mn_qknorm_set, &mn_precond_set};
+    lua_createtable(L, 0, (int)(sizeof sets / sizeof *sets));
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) {
+        lua_createtable(L, sets[i]->count, 0);
+        for (int j = 0; j < sets[i]->count; j++) {
+            const mn_part *p = &sets[i]->parts[j];
+            lua_createtable(L, 0, 5);
+            lua_pushstring(L, p->name);
+            lua_setfield(L, -2, "name");
+            if (p->expr) {
+                lua_pushstring(L, p->expr);
+                lua_setfield(L, -2, "expr");
+            }
+            lua_pushstring(L, p->vars);
+            lua_setfield(L, -2, "vars");
+            lua_pushstring(L, p->doc);
+            lua_setfield(L, -2, "doc");
+            push_part_flags(L, p->flags);
+            lua_setfield(L, -2, "flags");
+            lua_rawseti(L, -2, j + 1);
+        }
+        lua_setfield(L, -2, sets[i]->what);
+    }
+    lua_setfield(L, -2, "parts");
+    return 1;
+}
+
 void l_rule_register(lua_State *L)
 {
     int module = lua_gettop(L);
@@ -509,4 +690,6 @@ void l_rule_register(lua_State *L)
     lua_setfield(L, module, "rule");
     lua_pushcfunction(L, l_load_experiment);
     lua_setfield(L, module, "load_experiment");
+    lua_pushcfunction(L, l_vocabulary);
+    lua_setfield(L, module, "vocabulary");
 }

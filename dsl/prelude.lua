@@ -265,7 +265,9 @@ local function entry_text(key, without_notes)
     local od = name and opdoc(name)
     if od then text = format_doc(key .. "(...) -> " .. od) end
   end
-  if text and H.notes and H.notes[key] and not without_notes then text = text .. "\n" .. H.notes[key] end
+  local note = H.notes and H.notes[key]
+  if type(note) == "function" then note = note(M) end -- built from live data (mnemo.vocabulary)
+  if text and note and not without_notes then text = text .. "\n" .. note end
   return text
 end
 

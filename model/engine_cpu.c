@@ -4,7 +4,6 @@
  * of fewer memories than threads gives BLAS the threads instead. */
 #include "engine.h"
 #include "mlp_cpu.h"
-#include "op_math.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -20,11 +19,9 @@ void openblas_set_num_threads(int num_threads);
 int openblas_get_num_threads(void);
 
 typedef struct loss_ctx {
-    mn_loss kind;
-    double delta, p;
     double feature_scale;          /* 1/dv for mean, 1 for sum */
-    mn_expr_program *f, *df;       /* custom loss only */
-    double *by, *bv, *br, *bout;   /* custom loss scratch */
+    mn_expr_program *f, *df;       /* the loss and df/dy, from its expression form */
+    double *by, *bv, *br, *bout;   /* scratch: max_rows x dv */
 } loss_ctx;
 
 /* Everything one thread needs for one memory at a time. */
@@ -34,20 +31,29 @@ typedef struct thread_work {
     float *y, *dy;                 /* max_rows x dv */
     float *weight;                 /* max_rows: theta_t over the token reduction */
     float *grads[MN_MAX_PARAMS];
-    double *gbuf_in, *gbuf_out;    /* custom elementwise clip */
-    mn_expr_program *clip_prog;
+    double *gbuf_in, *gbuf_out;    /* elementwise clips */
+    mn_expr_program *clip_scale;   /* scale clips: the scale at n = |G| */
+    mn_expr_program *clip_elem;    /* elementwise clips: g -> clip(g) */
 } thread_work;
+
+/* The expression e (a new reference, consumed) as a program over vars with
+ * the rule's constants. */
+static mn_status compile_part(const mn_rule *r, mn_expr *e, const char *const *vars, int nvars, mn_expr_program **out)
+{
+    if (!e) return MN_ERR_ARG; /* the builder recorded why */
+    mn_status st = mn_expr_compile(e, vars, nvars, (const char *const *)r->const_names, r->const_values, r->nconsts, out);
+    mn_expr_unref(e);
+    return st;
+}
 
 /* ---- loss: l_t and dl/dy for the rows of one step ---- */
 
+/* Every loss, built-in or custom, runs as the program of its expression form
+ * (rule.def): the same expressions the CUDA hooks are generated from. */
 static mn_status loss_init(loss_ctx *c, const mn_rule *r, int64_t dv, int64_t max_rows)
 {
     memset(c, 0, sizeof *c);
-    c->kind = r->loss;
-    c->delta = r->loss_delta;
-    c->p = r->loss_p;
     c->feature_scale = r->feature_reduce == MN_REDUCE_MEAN ? 1.0 / (double)dv : 1.0;
-    if (r->loss != MN_LOSS_CUSTOM) return MN_OK;
     int64_t n = max_rows * dv;
     c->by = malloc(sizeof(double) * n);
     c->bv = malloc(sizeof(double) * n);
@@ -55,14 +61,8 @@ static mn_status loss_init(loss_ctx *c, const mn_rule *r, int64_t dv, int64_t ma
     c->bout = malloc(sizeof(double) * n);
     if (!c->by || !c->bv || !c->br || !c->bout) return mn_fail(MN_ERR_OOM, "out of memory for the loss scratch");
     static const char *const vars[] = {"y", "v", "r"};
-    mn_expr *f = mn_rule_loss_expr(r), *df = mn_rule_loss_grad_expr(r);
-    mn_status st = (f && df) ? MN_OK : MN_ERR_OOM;
-    const char *const *cn = (const char *const *)r->const_names;
-    if (st == MN_OK) st = mn_expr_compile(f, vars, 3, cn, r->const_values, r->nconsts, &c->f);
-    if (st == MN_OK) st = mn_expr_compile(df, vars, 3, cn, r->const_values, r->nconsts, &c->df);
-    mn_expr_unref(f);
-    mn_expr_unref(df);
-    return st;
+    MN_TRY(compile_part(r, mn_rule_loss_expr(r), vars, 3, &c->f));
+    return compile_part(r, mn_rule_loss_grad_expr(r), vars, 3, &c->df);
 }
 
 static void loss_free(loss_ctx *c)
@@ -75,123 +75,62 @@ static void loss_free(loss_ctx *c)
     mn_expr_program_free(c->df);
 }
 
-/* f(y, v) and df/dy for one element of a built-in loss (r = y - v). */
-static inline void builtin_loss(const loss_ctx *c, double y, double v, double *f, double *g)
-{
-    double r = y - v;
-    switch (c->kind) {
-    case MN_LOSS_MSE: *f = r * r; *g = 2 * r; break;
-    case MN_LOSS_L1: *f = fabs(r); *g = mn_op_sign(r); break;
-    case MN_LOSS_HUBER:
-        if (fabs(r) <= c->delta) { *f = 0.5 * r * r; *g = r; }
-        else { *f = c->delta * (fabs(r) - 0.5 * c->delta); *g = c->delta * mn_op_sign(r); }
-        /* NaN r takes the second branch above; keep it NaN in both. */
-        if (r != r) { *f = r; *g = r; }
-        break;
-    case MN_LOSS_LP: {
-        double a = fabs(r);
-        *f = pow(a, c->p);
-        *g = a == 0 ? 0.0 : c->p * pow(a, c->p - 1) * mn_op_sign(r);
-        if (r != r) *g = r;
-        break;
-    }
-    case MN_LOSS_DOT: *f = -y * v; *g = -v; break;
-    default: *f = *g = NAN; break;
-    }
-}
-
 /* loss_out[t] = R_j f(y_tj, v_tj); dy[t,j] = weight_t * R * df/dy. */
 static void loss_rows(loss_ctx *c, const float *y, const float *v, const float *weight, int64_t rows,
                       int64_t dv, float *loss_out, float *dy)
 {
     double R = c->feature_scale;
-    if (c->kind == MN_LOSS_CUSTOM) {
-        int64_t n = rows * dv;
-        for (int64_t e = 0; e < n; e++) {
-            c->by[e] = y[e];
-            c->bv[e] = v[e];
-            c->br[e] = (double)y[e] - (double)v[e];
-        }
-        const double *in[3] = {c->by, c->bv, c->br};
-        mn_expr_program_run(c->f, in, c->bout, n);
-        for (int64_t t = 0; t < rows; t++) {
-            double acc = 0;
-            for (int64_t j = 0; j < dv; j++) acc += c->bout[t * dv + j];
-            loss_out[t] = (float)(R * acc);
-        }
-        mn_expr_program_run(c->df, in, c->bout, n);
-        for (int64_t t = 0; t < rows; t++)
-            for (int64_t j = 0; j < dv; j++) dy[t * dv + j] = (float)(weight[t] * R * c->bout[t * dv + j]);
-        return;
+    int64_t n = rows * dv;
+    for (int64_t e = 0; e < n; e++) {
+        c->by[e] = y[e];
+        c->bv[e] = v[e];
+        c->br[e] = (double)y[e] - (double)v[e];
     }
+    const double *in[3] = {c->by, c->bv, c->br};
+    mn_expr_program_run(c->f, in, c->bout, n);
     for (int64_t t = 0; t < rows; t++) {
         double acc = 0;
-        for (int64_t j = 0; j < dv; j++) {
-            double f, g;
-            builtin_loss(c, y[t * dv + j], v[t * dv + j], &f, &g);
-            acc += f;
-            dy[t * dv + j] = (float)(weight[t] * R * g);
-        }
+        for (int64_t j = 0; j < dv; j++) acc += c->bout[t * dv + j];
         loss_out[t] = (float)(R * acc);
     }
+    mn_expr_program_run(c->df, in, c->bout, n);
+    for (int64_t t = 0; t < rows; t++)
+        for (int64_t j = 0; j < dv; j++) dy[t * dv + j] = (float)(weight[t] * R * c->bout[t * dv + j]);
 }
 
-/* ---- clip ---- */
+/* ---- clip: by its kind (rule.def), through its expression ---- */
 
-/* The scale a norm-type clip applies at norm n. */
-static double clip_scale_at(const mn_rule *r, double n)
+static double clip_scale_at(const thread_work *tw, double n)
 {
-    double m = r->clip_max;
-    switch (r->clip) {
-    case MN_CLIP_NORM: return n > 0 ? fmin(1.0, m / n) : 1.0;
-    case MN_CLIP_SOFTNORM: return n > 0 ? m * tanh(n / m) / n : 1.0;
-    case MN_CLIP_SCALE: {
-        static const char *const nv[] = {"n"};
-        return mn_expr_eval(r->clip_expr, nv, &n, 1, (const char *const *)r->const_names, r->const_values,
-                            r->nconsts);
-    }
-    default: return 1.0;
-    }
+    double scale;
+    const double *in[1] = {&n};
+    mn_expr_program_run(tw->clip_scale, in, &scale, 1);
+    return scale;
 }
 
 /* Clip the gradients in place; returns the clip_scale output of the step. */
 static double clip_grads(const mn_rule *r, thread_work *tw, const mn_mlp_shape *s, const double *sumsq,
                          double global_norm)
 {
-    switch (r->clip) {
-    case MN_CLIP_NONE: return 1.0;
-    case MN_CLIP_NORM:
-    case MN_CLIP_SOFTNORM:
-    case MN_CLIP_SCALE: {
+    if (tw->clip_scale) {
         double smallest = INFINITY;
         for (int p = 0; p < s->nparams; p++) {
-            double scale = r->clip_scope == MN_SCOPE_GLOBAL ? clip_scale_at(r, global_norm)
-                                                           : clip_scale_at(r, sqrt(sumsq[p]));
+            double scale = clip_scale_at(tw, r->clip_scope == MN_SCOPE_GLOBAL ? global_norm : sqrt(sumsq[p]));
             if (scale < smallest || scale != scale) smallest = scale;
             float fs = (float)scale;
             for (int64_t e = 0; e < s->numel[p]; e++) tw->grads[p][e] *= fs;
         }
         return s->nparams ? smallest : 1.0;
     }
-    case MN_CLIP_VALUE: {
-        float m = (float)r->clip_max;
-        for (int p = 0; p < s->nparams; p++)
-            for (int64_t e = 0; e < s->numel[p]; e++) {
-                float g = tw->grads[p][e];
-                tw->grads[p][e] = g > m ? m : (g < -m ? -m : g);
-            }
-        return 1.0;
-    }
-    case MN_CLIP_ELEMENTWISE:
+    if (tw->clip_elem) {
         for (int p = 0; p < s->nparams; p++) {
             for (int64_t e = 0; e < s->numel[p]; e++) tw->gbuf_in[e] = tw->grads[p][e];
             const double *in[1] = {tw->gbuf_in};
-            mn_expr_program_run(tw->clip_prog, in, tw->gbuf_out, s->numel[p]);
+            mn_expr_program_run(tw->clip_elem, in, tw->gbuf_out, s->numel[p]);
             for (int64_t e = 0; e < s->numel[p]; e++) tw->grads[p][e] = (float)tw->gbuf_out[e];
         }
-        return 1.0;
-    default: return 1.0;
     }
+    return 1.0;
 }
 
 static void thread_work_free(thread_work *tw)
@@ -204,7 +143,8 @@ static void thread_work_free(thread_work *tw)
     for (int p = 0; p < MN_MAX_PARAMS; p++) free(tw->grads[p]);
     free(tw->gbuf_in);
     free(tw->gbuf_out);
-    mn_expr_program_free(tw->clip_prog);
+    mn_expr_program_free(tw->clip_scale);
+    mn_expr_program_free(tw->clip_elem);
     memset(tw, 0, sizeof *tw);
 }
 
@@ -225,12 +165,13 @@ static mn_status thread_work_init(thread_work *tw, const mn_rule *r, const mn_ml
         ok = (tw->grads[p] = malloc(sizeof(float) * s->numel[p])) != NULL;
         if (s->numel[p] > biggest) biggest = s->numel[p];
     }
-    if (ok && r->clip == MN_CLIP_ELEMENTWISE) {
+    if (ok && mn_rule_clip_scales(r)) {
+        static const char *const nv[] = {"n"};
+        st = compile_part(r, mn_rule_clip_expr(r), nv, 1, &tw->clip_scale);
+    } else if (ok && mn_rule_clip_elementwise(r)) {
         ok = (tw->gbuf_in = malloc(sizeof(double) * biggest)) && (tw->gbuf_out = malloc(sizeof(double) * biggest));
         static const char *const gv[] = {"g"};
-        if (ok)
-            st = mn_expr_compile(r->clip_expr, gv, 1, (const char *const *)r->const_names, r->const_values,
-                                 r->nconsts, &tw->clip_prog);
+        if (ok) st = compile_part(r, mn_rule_clip_expr(r), gv, 1, &tw->clip_elem);
     }
     if (!ok) st = mn_fail(MN_ERR_OOM, "out of memory for the engine's scratch");
     if (st != MN_OK) thread_work_free(tw);

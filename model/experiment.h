@@ -5,6 +5,7 @@
 #define MN_EXPERIMENT_H
 
 #include "engine.h"
+#include "rule_io.h"
 #include "tree.h"
 
 typedef struct mn_experiment {
@@ -16,13 +17,6 @@ typedef struct mn_experiment {
     mn_tensor init_momenta[MN_MAX_PARAMS];
     mn_node *rule_group;                /* /rule as read, copied into results */
 } mn_experiment;
-
-/* Rule from a /rule group's attributes (and its constants subgroup); where
- * names the place for messages ("exp.h5: /rule"). Missing attributes take
- * SPEC defaults; unknown attributes are errors (they are usually typos). */
-mn_status mn_rule_from_tree(const mn_node *group, const char *where, mn_rule *out);
-/* The rule's attributes into group (every attribute, defaults included). */
-mn_status mn_rule_to_tree(const mn_rule *r, mn_node *group);
 
 mn_status mn_experiment_from_tree(const mn_node *root, const char *file, mn_experiment *out);
 mn_status mn_experiment_load(const char *path, mn_experiment *out);

@@ -2,39 +2,141 @@
  * expression form of every part (SPEC.md sections 1, 2 and 4). */
 #include "rule.h"
 
+#include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const activation_names[MN_ACT_COUNT] = {"silu", "gelu", "relu", "tanh", "identity", "custom"};
-static const char *const loss_names[MN_LOSS_COUNT] = {"mse", "l1", "huber", "lp", "dot", "custom"};
-static const char *const clip_names[MN_CLIP_COUNT] = {"none", "norm", "softnorm", "value", "scale", "elementwise"};
+/* ---- the tables of rule.def as data ---- */
+
+#define PART_ROW(SET, E, name, expr, vars, flags, param, doc) {name, expr, vars, flags, MN_PARAM_##param, doc},
+#define PART_SET(LIST, SET, lower, what, count)                                          \
+    static const mn_part lower##_parts[] = {LIST(PART_ROW)};                            \
+    _Static_assert(sizeof lower##_parts / sizeof *lower##_parts == count, "part count"); \
+    const mn_part_set mn_##lower##_set = {what, lower##_parts, count};
+PART_SET(MN_ACTS, ACT, activation, "activation", MN_ACT_COUNT)
+PART_SET(MN_LOSSES, LOSS, loss, "loss", MN_LOSS_COUNT)
+PART_SET(MN_CLIPS, CLIP, clip, "clip", MN_CLIP_COUNT)
+PART_SET(MN_SCOPES, SCOPE, scope, "clip_scope", MN_SCOPE_COUNT)
+PART_SET(MN_REDUCES, REDUCE, reduce, "reduction", MN_REDUCE_COUNT)
+PART_SET(MN_RETRIEVES, RETRIEVE, retrieve, "retrieve", MN_RETRIEVE_COUNT)
+PART_SET(MN_NORMS, NORM, norm, "out_norm", MN_NORM_COUNT)
+PART_SET(MN_QKNORMS, QKNORM, qknorm, "qk_norm", MN_QKNORM_COUNT)
+PART_SET(MN_PRECONDS, PRECOND, precond, "precondition", MN_PRECOND_COUNT)
+#undef PART_SET
+#undef PART_ROW
+
+/* Part parameters: the expression name, and where the value lives. */
+typedef struct {
+    const char *name;
+    size_t offset;
+    const char *field;
+    double above;
+} part_param;
+#define PARAM_ROW(E, pname, member, bound) {pname, offsetof(mn_rule, member), #member, bound},
+static const part_param part_params[MN_PARAM_COUNT] = {MN_PARAMS(PARAM_ROW)};
+#undef PARAM_ROW
+
+#define STR_(x) #x
+#define FIELD_INT_ROW(name, dflt, lo, hi, doc) {#name, MN_FIELD_INT, NULL, lo, hi, NULL, STR_(dflt), doc},
+#define FIELD_BOOL_ROW(name, dflt, doc) {#name, MN_FIELD_BOOL, NULL, 0, 1, NULL, STR_(dflt), doc},
+#define FIELD_NUM_ROW(name, dflt, alias, doc) {#name, MN_FIELD_NUM, alias, 0, 0, NULL, STR_(dflt), doc},
+#define FIELD_CHOICE_ROW(name, ctype, SET, dflt, doc) {#name, MN_FIELD_CHOICE, NULL, 0, 0, &SET##_SETREF, STR_(dflt), doc},
+#define ACT_SETREF mn_activation_set
+#define LOSS_SETREF mn_loss_set
+#define CLIP_SETREF mn_clip_set
+#define SCOPE_SETREF mn_scope_set
+#define REDUCE_SETREF mn_reduce_set
+#define RETRIEVE_SETREF mn_retrieve_set
+#define NORM_SETREF mn_norm_set
+#define QKNORM_SETREF mn_qknorm_set
+#define PRECOND_SETREF mn_precond_set
+const mn_field mn_rule_fields[] = {
+    MN_RULE_FIELDS(FIELD_INT_ROW, FIELD_BOOL_ROW, FIELD_NUM_ROW, FIELD_CHOICE_ROW)};
+const int mn_rule_field_count = (int)(sizeof mn_rule_fields / sizeof *mn_rule_fields);
+
+/* Field ids in table order, for the generic accessors. */
+#define FIELD_ID_INT(name, ...) FIELD_ID_##name,
+#define FIELD_ID_CHOICE(name, ...) FIELD_ID_##name,
+enum { MN_RULE_FIELDS(FIELD_ID_INT, FIELD_ID_INT, FIELD_ID_INT, FIELD_ID_CHOICE) FIELD_ID_COUNT };
+_Static_assert(FIELD_ID_COUNT == sizeof mn_rule_fields / sizeof *mn_rule_fields, "field count");
+
+#define EXPR_SLOT_ROW(field, member, SET) {#field, #member, &SET##_SETREF},
+const mn_rule_expr_slot mn_rule_expr_slots[] = {MN_RULE_EXPRS(EXPR_SLOT_ROW)};
+#undef EXPR_SLOT_ROW
+const int mn_rule_expr_slot_count = (int)(sizeof mn_rule_expr_slots / sizeof *mn_rule_expr_slots);
+
+mn_expr **mn_rule_expr_member(mn_rule *r, int i)
+{
+    mn_expr **members[] = {
+#define EXPR_MEMBER_ROW(field, member, SET) &r->member,
+        MN_RULE_EXPRS(EXPR_MEMBER_ROW)
+#undef EXPR_MEMBER_ROW
+    };
+    return (i >= 0 && i < mn_rule_expr_slot_count) ? members[i] : NULL;
+}
+
+double mn_rule_field_get(const mn_rule *r, int field)
+{
+    switch (field) {
+#define GET_CASE(name, ...) case FIELD_ID_##name: return (double)r->name;
+        MN_RULE_FIELDS(GET_CASE, GET_CASE, GET_CASE, GET_CASE)
+#undef GET_CASE
+    }
+    return NAN;
+}
+
+void mn_rule_field_set(mn_rule *r, int field, double value)
+{
+    switch (field) {
+#define SET_INT(name, ...) case FIELD_ID_##name: r->name = (int)value; return;
+#define SET_BOOL(name, ...) case FIELD_ID_##name: r->name = value != 0; return;
+#define SET_NUM(name, ...) case FIELD_ID_##name: r->name = value; return;
+#define SET_CHOICE(name, ctype, ...) case FIELD_ID_##name: r->name = (ctype)(int)value; return;
+        MN_RULE_FIELDS(SET_INT, SET_BOOL, SET_NUM, SET_CHOICE)
+#undef SET_INT
+#undef SET_BOOL
+#undef SET_NUM
+#undef SET_CHOICE
+    }
+}
+
+double mn_rule_field_default(const mn_rule *r, int field)
+{
+    (void)r; /* read by defaults that depend on earlier fields (bias) */
+    switch (field) {
+#define DFLT_INT(name, dflt, ...) case FIELD_ID_##name: return (double)(dflt);
+#define DFLT_CHOICE(name, ctype, SET, dflt, ...) case FIELD_ID_##name: return (double)(dflt);
+        MN_RULE_FIELDS(DFLT_INT, DFLT_INT, DFLT_INT, DFLT_CHOICE)
+#undef DFLT_INT
+#undef DFLT_CHOICE
+    }
+    return NAN;
+}
+
+int mn_rule_field_find(const char *name)
+{
+    for (int i = 0; i < mn_rule_field_count; i++)
+        if (strcmp(mn_rule_fields[i].name, name) == 0) return i;
+    return -1;
+}
+
+const mn_part *mn_rule_part(const mn_rule *r, const mn_part_set *set, int value)
+{
+    (void)r;
+    return (value >= 0 && value < set->count) ? &set->parts[value] : NULL;
+}
 
 void mn_rule_init(mn_rule *r)
 {
     memset(r, 0, sizeof *r);
-    r->layers = 1;
-    r->hidden = 0;
-    r->activation = MN_ACT_SILU;
-    r->bias = false; /* SPEC: default on for L >= 2; callers that set layers decide (see mn_rule_default_bias) */
-    r->loss = MN_LOSS_MSE;
-    r->loss_delta = 1.0;
-    r->loss_p = 1.5;
-    r->feature_reduce = MN_REDUCE_MEAN;
-    r->token_reduce = MN_REDUCE_SUM;
-    r->step = 1;
-    r->refresh = -1;
-    r->retrieve = MN_RETRIEVE_AFTER;
-    r->clip = MN_CLIP_NONE;
-    r->clip_max = 1.0;
-    r->clip_scope = MN_SCOPE_GLOBAL;
+    for (int f = 0; f < mn_rule_field_count; f++) mn_rule_field_set(r, f, mn_rule_field_default(r, f));
 }
 
 void mn_rule_free(mn_rule *r)
 {
-    mn_expr_unref(r->activation_expr);
-    mn_expr_unref(r->loss_expr);
-    mn_expr_unref(r->clip_expr);
+    for (int i = 0; i < mn_rule_expr_slot_count; i++) mn_expr_unref(*mn_rule_expr_member(r, i));
     for (int i = 0; i < r->nconsts; i++) free(r->const_names[i]);
     memset(r, 0, sizeof *r);
 }
@@ -42,9 +144,7 @@ void mn_rule_free(mn_rule *r)
 mn_status mn_rule_copy(mn_rule *dst, const mn_rule *src)
 {
     *dst = *src;
-    dst->activation_expr = mn_expr_ref(src->activation_expr);
-    dst->loss_expr = mn_expr_ref(src->loss_expr);
-    dst->clip_expr = mn_expr_ref(src->clip_expr);
+    for (int i = 0; i < mn_rule_expr_slot_count; i++) mn_expr_ref(*mn_rule_expr_member(dst, i));
     for (int i = 0; i < src->nconsts; i++) {
         dst->const_names[i] = mn_strdup(src->const_names[i]);
         if (!dst->const_names[i]) {
@@ -78,114 +178,113 @@ mn_status mn_rule_set_const(mn_rule *r, const char *name, double value)
     return MN_OK;
 }
 
-const char *mn_activation_name(mn_activation a) { return (unsigned)a < MN_ACT_COUNT ? activation_names[a] : "?"; }
-const char *mn_loss_name(mn_loss l) { return (unsigned)l < MN_LOSS_COUNT ? loss_names[l] : "?"; }
-const char *mn_clip_name(mn_clip c) { return (unsigned)c < MN_CLIP_COUNT ? clip_names[c] : "?"; }
-
-/* Look name up in names[0..n); on failure list them all in the message. */
-static mn_status lookup_name(const char *what, const char *name, const char *const *names, int n, int *out)
+const char *mn_part_name(const mn_part_set *set, int value)
 {
-    for (int i = 0; i < n; i++)
-        if (strcmp(name, names[i]) == 0) {
+    return (value >= 0 && value < set->count) ? set->parts[value].name : "?";
+}
+
+/* Look name up in the set; on failure list every name in the message. */
+mn_status mn_part_lookup(const mn_part_set *set, const char *name, int *out)
+{
+    for (int i = 0; i < set->count; i++)
+        if (strcmp(name, set->parts[i].name) == 0) {
             *out = i;
             return MN_OK;
         }
-    char list[256] = "";
-    for (int i = 0; i < n; i++) {
-        strncat(list, names[i], sizeof list - strlen(list) - 1);
-        if (i + 1 < n) strncat(list, ", ", sizeof list - strlen(list) - 1);
+    char list[512] = "";
+    for (int i = 0; i < set->count; i++) {
+        strncat(list, set->parts[i].name, sizeof list - strlen(list) - 1);
+        if (i + 1 < set->count) strncat(list, ", ", sizeof list - strlen(list) - 1);
     }
-    return mn_fail(MN_ERR_ARG, "unknown %s '%s' (one of: %s)", what, name, list);
+    return mn_fail(MN_ERR_ARG, "unknown %s '%s' (one of: %s)", set->what, name, list);
 }
 
-mn_status mn_activation_lookup(const char *name, mn_activation *out)
-{
-    int i;
-    MN_TRY(lookup_name("activation", name, activation_names, MN_ACT_COUNT, &i));
-    *out = (mn_activation)i;
-    return MN_OK;
-}
+const char *mn_activation_name(mn_activation a) { return mn_part_name(&mn_activation_set, (int)a); }
+const char *mn_loss_name(mn_loss l) { return mn_part_name(&mn_loss_set, (int)l); }
+const char *mn_clip_name(mn_clip c) { return mn_part_name(&mn_clip_set, (int)c); }
 
 mn_status mn_loss_lookup(const char *name, mn_loss *out)
 {
     int i;
-    MN_TRY(lookup_name("loss", name, loss_names, MN_LOSS_COUNT, &i));
+    MN_TRY(mn_part_lookup(&mn_loss_set, name, &i));
     *out = (mn_loss)i;
-    return MN_OK;
-}
-
-mn_status mn_clip_lookup(const char *name, mn_clip *out)
-{
-    int i;
-    MN_TRY(lookup_name("clip", name, clip_names, MN_CLIP_COUNT, &i));
-    *out = (mn_clip)i;
-    return MN_OK;
-}
-
-mn_status mn_clip_scope_lookup(const char *name, mn_clip_scope *out)
-{
-    static const char *const names[] = {"global", "tensor"};
-    int i;
-    MN_TRY(lookup_name("clip_scope", name, names, 2, &i));
-    *out = (mn_clip_scope)i;
-    return MN_OK;
-}
-
-mn_status mn_reduce_lookup(const char *what, const char *name, mn_reduce *out)
-{
-    static const char *const names[] = {"mean", "sum"};
-    int i;
-    MN_TRY(lookup_name(what, name, names, 2, &i));
-    *out = (mn_reduce)i;
-    return MN_OK;
-}
-
-mn_status mn_retrieve_lookup(const char *name, mn_retrieve *out)
-{
-    static const char *const names[] = {"after", "before"};
-    int i;
-    MN_TRY(lookup_name("retrieve", name, names, 2, &i));
-    *out = (mn_retrieve)i;
     return MN_OK;
 }
 
 int mn_rule_refresh(const mn_rule *r) { return r->refresh < 0 ? r->step : r->refresh; }
 
-/* Names each custom expression may use, besides the rule's constants. */
-static const char *const loss_vars[] = {"y", "v", "r"};
-static const char *const act_vars[] = {"z"};
-static const char *const scale_vars[] = {"n"};
-static const char *const elem_vars[] = {"g"};
-
-static mn_status check_expr(const mn_rule *r, const char *part, const mn_expr *e,
-                            const char *const *vars, int nvars)
+/* A part's variables ("y v r") as an array of names; returns the count. */
+static int part_vars(const mn_part *part, char buf[4][8], const char *names[4])
 {
-    if (!e) return mn_fail(MN_ERR_ARG, "%s: the rule is custom but has no expression", part);
+    int n = 0;
+    for (const char *p = part->vars; *p && n < 4;) {
+        while (*p == ' ') p++;
+        int len = 0;
+        while (p[len] && p[len] != ' ') len++;
+        if (len == 0) break;
+        snprintf(buf[n], sizeof buf[n], "%.*s", len, p);
+        names[n] = buf[n];
+        n++;
+        p += len;
+    }
+    return n;
+}
+
+static mn_status check_expr(const mn_rule *r, const char *attr, const mn_part *part, const mn_expr *e)
+{
+    if (!e) return mn_fail(MN_ERR_ARG, "%s: the rule is custom but has no expression", attr);
+    char buf[4][8];
+    const char *vars[4];
+    int nvars = part_vars(part, buf, vars);
     if (mn_expr_check_names(e, vars, nvars, (const char *const *)r->const_names, r->nconsts) != MN_OK)
-        return mn_fail_context(MN_ERR_ARG, "%s: ", part);
+        return mn_fail_context(MN_ERR_ARG, "%s: ", attr);
     return MN_OK;
 }
 
+/* Every check walks the tables: bounds of integer fields, finite numbers,
+ * choices in range and run by the engines, each selected part's parameter,
+ * the expressions of custom parts. */
 mn_status mn_rule_validate(const mn_rule *r)
 {
-    if (r->layers < 1 || r->layers > MN_MAX_LAYERS)
-        return mn_fail(MN_ERR_ARG, "layers must be between 1 and %d, got %d", MN_MAX_LAYERS, r->layers);
-    if (r->hidden < 0) return mn_fail(MN_ERR_ARG, "hidden must be positive, got %d", r->hidden);
-    if (r->step < 1) return mn_fail(MN_ERR_ARG, "step must be >= 1, got %d", r->step);
+    for (int f = 0; f < mn_rule_field_count; f++) {
+        const mn_field *fd = &mn_rule_fields[f];
+        double x = mn_rule_field_get(r, f);
+        switch (fd->type) {
+        case MN_FIELD_INT:
+            if (x != mn_rule_field_default(r, f) && (x < fd->lo || x > fd->hi))
+                return mn_fail(MN_ERR_ARG, "%s must be between %d and %d, got %g", fd->name, fd->lo, fd->hi, x);
+            break;
+        case MN_FIELD_BOOL: break;
+        case MN_FIELD_NUM:
+            if (!isfinite(x)) return mn_fail(MN_ERR_ARG, "%s must be a finite number, got %g", fd->name, x);
+            break;
+        case MN_FIELD_CHOICE: {
+            const mn_part *part = mn_rule_part(r, fd->set, (int)x);
+            if (!part) return mn_fail(MN_ERR_ARG, "%s: no such choice (%g)", fd->name, x);
+            if (part->flags & MN_PART_PLANNED)
+                return mn_fail(MN_ERR_ARG, "%s '%s' is specified (SPEC v2) but no engine of this version runs it yet",
+                               fd->name, part->name);
+            if (part->param != MN_PARAM_NONE) {
+                const part_param *pp = &part_params[part->param];
+                double value = *(const double *)((const char *)r + pp->offset);
+                if (!(value > pp->above))
+                    return mn_fail(MN_ERR_ARG, "%s must be > %g for %s %s, got %g", pp->field, pp->above, fd->name,
+                                   part->name, value);
+            }
+            break;
+        }
+        }
+    }
+    if (r->glu) return mn_fail(MN_ERR_ARG, "glu is specified (SPEC v2) but no engine of this version runs it yet");
     int refresh = mn_rule_refresh(r);
     if (refresh < 0 || (refresh > 0 && refresh % r->step != 0))
         return mn_fail(MN_ERR_ARG, "refresh %d is not 0 or a multiple of step %d", refresh, r->step);
-    if (r->loss == MN_LOSS_HUBER && !(r->loss_delta > 0))
-        return mn_fail(MN_ERR_ARG, "loss_delta must be > 0 for huber, got %g", r->loss_delta);
-    if (r->loss == MN_LOSS_LP && !(r->loss_p > 1))
-        return mn_fail(MN_ERR_ARG, "loss_p must be > 1 for lp, got %g", r->loss_p);
-    if ((r->clip == MN_CLIP_NORM || r->clip == MN_CLIP_SOFTNORM || r->clip == MN_CLIP_VALUE) &&
-        !(r->clip_max > 0))
-        return mn_fail(MN_ERR_ARG, "clip_max must be > 0 for clip %s, got %g", mn_clip_name(r->clip), r->clip_max);
-    if (r->activation == MN_ACT_CUSTOM) MN_TRY(check_expr(r, "activation_expr", r->activation_expr, act_vars, 1));
-    if (r->loss == MN_LOSS_CUSTOM) MN_TRY(check_expr(r, "loss_expr", r->loss_expr, loss_vars, 3));
-    if (r->clip == MN_CLIP_SCALE) MN_TRY(check_expr(r, "clip_expr", r->clip_expr, scale_vars, 1));
-    if (r->clip == MN_CLIP_ELEMENTWISE) MN_TRY(check_expr(r, "clip_expr", r->clip_expr, elem_vars, 1));
+    for (int i = 0; i < mn_rule_expr_slot_count; i++) {
+        const mn_rule_expr_slot *slot = &mn_rule_expr_slots[i];
+        const mn_part *part = mn_rule_part(r, slot->set, (int)mn_rule_field_get(r, mn_rule_field_find(slot->field)));
+        mn_expr *e = *mn_rule_expr_member((mn_rule *)r, i);
+        if (part->flags & MN_PART_CUSTOM) MN_TRY(check_expr(r, slot->attr, part, e));
+    }
     return MN_OK;
 }
 
@@ -225,44 +324,29 @@ int mn_rule_param_shape(const mn_rule *r, const mn_dims *d, int i, int64_t *shap
 
 /* ---- expression forms ---- */
 
-static mn_expr *var(const char *name) { return mn_expr_var(name); }
-static mn_expr *num(double x) { return mn_expr_num(x); }
-static mn_expr *bin(mn_expr_kind k, mn_expr *a, mn_expr *b) { return mn_expr_binary(k, a, b); }
-static mn_expr *call1(mn_expr_func f, mn_expr *a)
+/* The selected part's expression: the rule's own for a custom part, else the
+ * built-in text parsed with its parameter bound to the rule's value. */
+static mn_expr *part_expr(const mn_rule *r, const mn_part_set *set, int value, mn_expr *custom)
 {
-    mn_expr *args[1] = {a};
-    return mn_expr_call(f, 1, args);
-}
-static mn_expr *call2(mn_expr_func f, mn_expr *a, mn_expr *b)
-{
-    mn_expr *args[2] = {a, b};
-    return mn_expr_call(f, 2, args);
-}
-static mn_expr *call3(mn_expr_func f, mn_expr *a, mn_expr *b, mn_expr *c)
-{
-    mn_expr *args[3] = {a, b, c};
-    return mn_expr_call(f, 3, args);
+    const mn_part *part = mn_rule_part(r, set, value);
+    if (!part) {
+        mn_fail(MN_ERR_ARG, "unknown %s %d", set->what, value);
+        return NULL;
+    }
+    if (part->flags & MN_PART_CUSTOM) return mn_expr_ref(custom);
+    if (!part->expr) return NULL;
+    mn_expr *e;
+    if (mn_expr_parse(part->expr, &e) != MN_OK) return NULL; /* a bad row: test_rule_table catches it */
+    if (part->param == MN_PARAM_NONE) return e;
+    const part_param *pp = &part_params[part->param];
+    const char *names[1] = {pp->name};
+    double values[1] = {*(const double *)((const char *)r + pp->offset)};
+    mn_expr *bound = mn_expr_bind(e, names, values, 1);
+    mn_expr_unref(e);
+    return bound;
 }
 
-mn_expr *mn_rule_loss_expr(const mn_rule *r)
-{
-    double d = r->loss_delta;
-    switch (r->loss) {
-    case MN_LOSS_MSE: return bin(MN_EX_POW, var("r"), num(2));
-    case MN_LOSS_L1: return call1(MN_FN_ABS, var("r"));
-    case MN_LOSS_HUBER:
-        /* where(|r| <= delta, 0.5 r^2, delta (|r| - 0.5 delta)) */
-        return call3(MN_FN_WHERE, bin(MN_EX_LE, call1(MN_FN_ABS, var("r")), num(d)),
-                     bin(MN_EX_MUL, num(0.5), bin(MN_EX_POW, var("r"), num(2))),
-                     bin(MN_EX_MUL, num(d), bin(MN_EX_SUB, call1(MN_FN_ABS, var("r")), num(0.5 * d))));
-    case MN_LOSS_LP: return bin(MN_EX_POW, call1(MN_FN_ABS, var("r")), num(r->loss_p));
-    case MN_LOSS_DOT: return mn_expr_unary(MN_EX_NEG, bin(MN_EX_MUL, var("y"), var("v")));
-    case MN_LOSS_CUSTOM: return mn_expr_ref(r->loss_expr);
-    default: break;
-    }
-    mn_fail(MN_ERR_ARG, "unknown loss %d", (int)r->loss);
-    return NULL;
-}
+mn_expr *mn_rule_loss_expr(const mn_rule *r) { return part_expr(r, &mn_loss_set, r->loss, r->loss_expr); }
 
 /* df/dy with r = y - v: the partial in y plus the partial in r. */
 mn_expr *mn_rule_loss_grad_expr(const mn_rule *r)
@@ -272,7 +356,7 @@ mn_expr *mn_rule_loss_grad_expr(const mn_rule *r)
     mn_expr *dy = mn_expr_diff(f, "y");
     mn_expr *dr = mn_expr_diff(f, "r");
     mn_expr_unref(f);
-    mn_expr *sum = bin(MN_EX_ADD, dy, dr);
+    mn_expr *sum = mn_expr_binary(MN_EX_ADD, dy, dr);
     if (!sum) return NULL;
     mn_expr *simple = mn_expr_simplify(sum);
     mn_expr_unref(sum);
@@ -281,17 +365,7 @@ mn_expr *mn_rule_loss_grad_expr(const mn_rule *r)
 
 mn_expr *mn_rule_activation_expr(const mn_rule *r)
 {
-    switch (r->activation) {
-    case MN_ACT_SILU: return call1(MN_FN_SILU, var("z"));
-    case MN_ACT_GELU: return call1(MN_FN_GELU, var("z"));
-    case MN_ACT_RELU: return call1(MN_FN_RELU, var("z"));
-    case MN_ACT_TANH: return call1(MN_FN_TANH, var("z"));
-    case MN_ACT_IDENTITY: return var("z");
-    case MN_ACT_CUSTOM: return mn_expr_ref(r->activation_expr);
-    default: break;
-    }
-    mn_fail(MN_ERR_ARG, "unknown activation %d", (int)r->activation);
-    return NULL;
+    return part_expr(r, &mn_activation_set, r->activation, r->activation_expr);
 }
 
 mn_expr *mn_rule_activation_grad_expr(const mn_rule *r)
@@ -303,25 +377,7 @@ mn_expr *mn_rule_activation_grad_expr(const mn_rule *r)
     return d;
 }
 
-mn_expr *mn_rule_clip_expr(const mn_rule *r)
-{
-    double m = r->clip_max;
-    switch (r->clip) {
-    case MN_CLIP_NONE: return NULL;
-    case MN_CLIP_NORM:
-        /* min(1, m / n); n = 0 gives m/0 = inf and so scale 1 */
-        return call2(MN_FN_MIN, num(1), bin(MN_EX_DIV, num(m), var("n")));
-    case MN_CLIP_SOFTNORM:
-        /* m tanh(n/m) / n, and 1 at n = 0 */
-        return call3(MN_FN_WHERE, bin(MN_EX_GT, var("n"), num(0)),
-                     bin(MN_EX_DIV, bin(MN_EX_MUL, num(m), call1(MN_FN_TANH, bin(MN_EX_DIV, var("n"), num(m)))),
-                         var("n")),
-                     num(1));
-    case MN_CLIP_VALUE: return call2(MN_FN_MIN, call2(MN_FN_MAX, var("g"), num(-m)), num(m));
-    case MN_CLIP_SCALE:
-    case MN_CLIP_ELEMENTWISE: return mn_expr_ref(r->clip_expr);
-    default: break;
-    }
-    mn_fail(MN_ERR_ARG, "unknown clip %d", (int)r->clip);
-    return NULL;
-}
+mn_expr *mn_rule_clip_expr(const mn_rule *r) { return part_expr(r, &mn_clip_set, r->clip, r->clip_expr); }
+
+bool mn_rule_clip_scales(const mn_rule *r) { return (mn_clip_set.parts[r->clip].flags & MN_PART_SCALE) != 0; }
+bool mn_rule_clip_elementwise(const mn_rule *r) { return (mn_clip_set.parts[r->clip].flags & MN_PART_ELEM) != 0; }

@@ -12,31 +12,62 @@
 #define MN_MAX_PARAMS (2 * MN_MAX_LAYERS)
 #define MN_MAX_CONSTS 32
 
-typedef enum { MN_ACT_SILU, MN_ACT_GELU, MN_ACT_RELU, MN_ACT_TANH, MN_ACT_IDENTITY, MN_ACT_CUSTOM, MN_ACT_COUNT } mn_activation;
-typedef enum { MN_LOSS_MSE, MN_LOSS_L1, MN_LOSS_HUBER, MN_LOSS_LP, MN_LOSS_DOT, MN_LOSS_CUSTOM, MN_LOSS_COUNT } mn_loss;
-typedef enum { MN_CLIP_NONE, MN_CLIP_NORM, MN_CLIP_SOFTNORM, MN_CLIP_VALUE, MN_CLIP_SCALE, MN_CLIP_ELEMENTWISE, MN_CLIP_COUNT } mn_clip;
-typedef enum { MN_SCOPE_GLOBAL, MN_SCOPE_TENSOR } mn_clip_scope;
-typedef enum { MN_REDUCE_MEAN, MN_REDUCE_SUM } mn_reduce;
-typedef enum { MN_RETRIEVE_AFTER, MN_RETRIEVE_BEFORE } mn_retrieve;
+#include "rule.def"
 
+/* The enums of the part lists (MN_ACT_SILU, MN_LOSS_MSE, ...), each with its count. */
+#define MN_PART_ENUM_ROW(SET, E, name, expr, vars, flags, param, doc) MN_##SET##_##E,
+typedef enum { MN_ACTS(MN_PART_ENUM_ROW) MN_ACT_COUNT } mn_activation;
+typedef enum { MN_LOSSES(MN_PART_ENUM_ROW) MN_LOSS_COUNT } mn_loss;
+typedef enum { MN_CLIPS(MN_PART_ENUM_ROW) MN_CLIP_COUNT } mn_clip;
+typedef enum { MN_SCOPES(MN_PART_ENUM_ROW) MN_SCOPE_COUNT } mn_clip_scope;
+typedef enum { MN_REDUCES(MN_PART_ENUM_ROW) MN_REDUCE_COUNT } mn_reduce;
+typedef enum { MN_RETRIEVES(MN_PART_ENUM_ROW) MN_RETRIEVE_COUNT } mn_retrieve;
+typedef enum { MN_NORMS(MN_PART_ENUM_ROW) MN_NORM_COUNT } mn_norm;
+typedef enum { MN_QKNORMS(MN_PART_ENUM_ROW) MN_QKNORM_COUNT } mn_qknorm;
+typedef enum { MN_PRECONDS(MN_PART_ENUM_ROW) MN_PRECOND_COUNT } mn_precondition;
+#undef MN_PART_ENUM_ROW
+
+#define MN_PARAM_ENUM_ROW(E, name, field, above) MN_PARAM_##E,
+typedef enum { MN_PARAMS(MN_PARAM_ENUM_ROW) MN_PARAM_COUNT } mn_part_param;
+#undef MN_PARAM_ENUM_ROW
+
+/* One row of a part list. */
+typedef struct mn_part {
+    const char *name;
+    const char *expr;   /* built-in expression, or NULL */
+    const char *vars;   /* its variables, space-separated */
+    unsigned flags;     /* MN_PART_* (rule.def) */
+    mn_part_param param;
+    const char *doc;
+} mn_part;
+
+/* A part list: what it is called ("loss", "clip", ...) and its rows. */
+typedef struct mn_part_set {
+    const char *what;
+    const mn_part *parts;
+    int count;
+} mn_part_set;
+
+#define MN_PART_SET_DECL(SET, lower) extern const mn_part_set mn_##lower##_set;
+MN_PART_SET_DECL(ACT, activation)
+MN_PART_SET_DECL(LOSS, loss)
+MN_PART_SET_DECL(CLIP, clip)
+MN_PART_SET_DECL(SCOPE, scope)
+MN_PART_SET_DECL(REDUCE, reduce)
+MN_PART_SET_DECL(RETRIEVE, retrieve)
+MN_PART_SET_DECL(NORM, norm)
+MN_PART_SET_DECL(QKNORM, qknorm)
+MN_PART_SET_DECL(PRECOND, precond)
+#undef MN_PART_SET_DECL
+
+/* The struct: one member per row of MN_RULE_FIELDS, then the expressions of
+ * custom parts and the named constants. */
+#define MN_FIELD_INT_MEMBER(name, dflt, lo, hi, doc) int name;
+#define MN_FIELD_BOOL_MEMBER(name, dflt, doc) bool name;
+#define MN_FIELD_NUM_MEMBER(name, dflt, alias, doc) double name;
+#define MN_FIELD_CHOICE_MEMBER(name, ctype, SET, dflt, doc) ctype name;
 typedef struct mn_rule {
-    /* memory model (SPEC section 1) */
-    int layers;           /* L >= 1 */
-    int hidden;           /* dh; 0 = take it from W1's shape */
-    mn_activation activation;
-    bool bias, residual;
-    /* loss (section 2) */
-    mn_loss loss;
-    double loss_delta, loss_p;
-    mn_reduce feature_reduce, token_reduce;
-    /* step structure */
-    int step;             /* c >= 1 */
-    int refresh;          /* r: 0 or a multiple of c; -1 = "same as step" */
-    mn_retrieve retrieve;
-    /* clip */
-    mn_clip clip;
-    double clip_max;
-    mn_clip_scope clip_scope;
+    MN_RULE_FIELDS(MN_FIELD_INT_MEMBER, MN_FIELD_BOOL_MEMBER, MN_FIELD_NUM_MEMBER, MN_FIELD_CHOICE_MEMBER)
     /* custom parts: owned references, NULL unless the part is custom */
     mn_expr *activation_expr; /* in z */
     mn_expr *loss_expr;       /* in y, v, r */
@@ -46,6 +77,46 @@ typedef struct mn_rule {
     char *const_names[MN_MAX_CONSTS];
     double const_values[MN_MAX_CONSTS];
 } mn_rule;
+#undef MN_FIELD_INT_MEMBER
+#undef MN_FIELD_BOOL_MEMBER
+#undef MN_FIELD_NUM_MEMBER
+#undef MN_FIELD_CHOICE_MEMBER
+
+/* The fields as data, for code that walks them (file I/O, the Lua parser,
+ * help): generated from MN_RULE_FIELDS. */
+typedef enum { MN_FIELD_INT, MN_FIELD_BOOL, MN_FIELD_NUM, MN_FIELD_CHOICE } mn_field_type;
+typedef struct mn_field {
+    const char *name;
+    mn_field_type type;
+    const char *alias;          /* NUM: another Lua key, or NULL */
+    int lo, hi;                 /* INT: bounds */
+    const mn_part_set *set;     /* CHOICE: its part list */
+    const char *dflt;           /* the default, as written in rule.def */
+    const char *doc;
+} mn_field;
+extern const mn_field mn_rule_fields[];
+extern const int mn_rule_field_count;
+
+/* The custom expression that goes with a choice field, as data. */
+typedef struct mn_rule_expr_slot {
+    const char *field;          /* "loss" */
+    const char *attr;           /* "loss_expr" */
+    const mn_part_set *set;
+} mn_rule_expr_slot;
+extern const mn_rule_expr_slot mn_rule_expr_slots[];
+extern const int mn_rule_expr_slot_count;
+/* The expression member of slot i. */
+mn_expr **mn_rule_expr_member(mn_rule *r, int i);
+
+/* The part row a choice field currently selects. */
+const mn_part *mn_rule_part(const mn_rule *r, const mn_part_set *set, int value);
+/* Reading a field generically (for writers, help): the field's value as a
+ * double (INT, BOOL, NUM, CHOICE as its index); setting from a double. */
+double mn_rule_field_get(const mn_rule *r, int field);
+void mn_rule_field_set(mn_rule *r, int field, double value);
+/* The field's default for this rule (defaults may read earlier fields). */
+double mn_rule_field_default(const mn_rule *r, int field);
+int mn_rule_field_find(const char *name); /* -1 if not a field */
 
 /* The defaults of SPEC.md (layers 1, silu, mse, mean/sum, step 1, refresh =
  * step, retrieve after, clip none, loss_delta 1, loss_p 1.5, clip_max 1). */
@@ -56,15 +127,12 @@ mn_status mn_rule_set_const(mn_rule *r, const char *name, double value);
 
 /* Names <-> enums; lookups fail with a message listing the valid names,
  * e.g. "unknown loss 'hubr' (one of: mse, l1, huber, lp, dot, custom)". */
+mn_status mn_part_lookup(const mn_part_set *set, const char *name, int *out);
+const char *mn_part_name(const mn_part_set *set, int value);
 const char *mn_activation_name(mn_activation a);
 const char *mn_loss_name(mn_loss l);
 const char *mn_clip_name(mn_clip c);
-mn_status mn_activation_lookup(const char *name, mn_activation *out);
 mn_status mn_loss_lookup(const char *name, mn_loss *out);
-mn_status mn_clip_lookup(const char *name, mn_clip *out);
-mn_status mn_clip_scope_lookup(const char *name, mn_clip_scope *out);
-mn_status mn_reduce_lookup(const char *what, const char *name, mn_reduce *out);
-mn_status mn_retrieve_lookup(const char *name, mn_retrieve *out);
 
 /* The effective refresh interval (resolves -1 to step). */
 int mn_rule_refresh(const mn_rule *r);
@@ -96,5 +164,8 @@ mn_expr *mn_rule_loss_grad_expr(const mn_rule *r);
 mn_expr *mn_rule_activation_expr(const mn_rule *r);
 mn_expr *mn_rule_activation_grad_expr(const mn_rule *r);
 mn_expr *mn_rule_clip_expr(const mn_rule *r); /* NULL for clip none */
+/* The clip's kind (rule.def): a scale of G by expr(n), or expr(g) per element. */
+bool mn_rule_clip_scales(const mn_rule *r);
+bool mn_rule_clip_elementwise(const mn_rule *r);
 
 #endif
