@@ -22,7 +22,9 @@ PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -MMD -MP -fPIC -fopenmp
+# -Werror=switch: a switch over a rule enum has no default, so a new row of
+# model/rule.def that some switch forgets stops the build.
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror=switch -MMD -MP -fPIC -fopenmp
 LDLIBS   = $(PKG_LIBS) -lm -lpthread -fopenmp
 
 # CUDA: auto-detected; the binary links the runtime, cuBLAS and NVRTC, never

@@ -137,7 +137,7 @@ static void activate(const mn_mlp_shape *s, mn_mlp_work *w, const float *z, floa
         for (int64_t i = 0; i < n; i++) h[i] = (float)w->dbuf_out[i];
         break;
     }
-    default: break;
+    case MN_ACT_COUNT: break; /* not an activation */
     }
 }
 
@@ -169,7 +169,7 @@ static void activate_backward(const mn_mlp_shape *s, mn_mlp_work *w, const float
         for (int64_t i = 0; i < n; i++) dz[i] = (float)(dh[i] * w->dbuf_out[i]);
         break;
     }
-    default: break;
+    case MN_ACT_COUNT: break; /* not an activation */
     }
 }
 

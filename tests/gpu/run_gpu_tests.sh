@@ -101,6 +101,11 @@ done
 for t in tests/lua/test_*.lua; do
     [ -f "$t" ] && run_one "lua/$(basename "$t")" "$MNEMO" "$t"
 done
+# Every row of the rule table on each CUDA path forced (the plain run above
+# took the planned path); a path that cannot take a case says SKIP.
+for path in general fused large; do
+    run_one "lua/test_rule_table.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_rule_table.lua
+done
 
 # ---- the rule engine from Lua: cuda against cpu ----
 cat > "$WORK/engine.lua" <<'EOF'
