@@ -61,7 +61,7 @@ ENGINE_LIB = $(BUILD)/libmnemo_engine.a
 # The kernel templates of kernels/ are compiled into the engine as strings
 # (kernels/codegen.c fills their hooks and NVRTC compiles them at run time).
 ifeq ($(CUDA),1)
-CUDA_TEMPLATES = $(sort $(wildcard kernels/*.cuh))
+CUDA_TEMPLATES = model/param_layout.h $(sort $(wildcard kernels/*.cuh))
 ENGINE_OBJ += $(BUILD)/embedded_cuda.o
 endif
 

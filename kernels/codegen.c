@@ -176,6 +176,11 @@ static mn_status build(text *t, const mn_rule *r, const mn_dims *d, mn_precision
     put(t, mn_expr_c_prelude(false));
     if (defines) put(t, defines);
     MN_TRY(put_hooks(t, r));
+    /* The parameter layout (model/param_layout.h) that every template uses. */
+    const char *layout = embedded("param_layout");
+    if (!layout) return mn_fail(MN_ERR_UNSUPPORTED, "cuda source: param_layout.h is not in this build");
+    put(t, "\n");
+    put(t, layout);
     for (const char *const *n = templates; *n; n++) {
         put(t, "\n");
         put(t, embedded(*n));

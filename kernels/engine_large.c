@@ -352,7 +352,7 @@ static mn_status forward(const run *R, float *const *params, const void *const *
     const void *in = R->X;
     for (int i = 0; i < R->L; i++) {
         const bool last = i == R->L - 1;
-        const long long ni = i == 0 ? R->dk : R->dh, no = last ? R->dv : R->dh;
+        const long long ni = mn_layer_in(i, R->dk, R->dh), no = mn_layer_out(i, R->L, R->dv, R->dh);
         float *out = last ? R->Y : R->Z[i];
         /* Z [cr, no] = in [cr, ni] W^T, W [no, ni]: Z^T = op_T(W^T) in^T */
         MN_TRY(gemm(R, CUBLAS_OP_T, CUBLAS_OP_N, no, cr, ni, ops[i * R->per], ni, no * ni, in, ni, R->CR * ni, 0.0f,
@@ -396,7 +396,7 @@ static mn_status backward(const run *R, long long cr, bool accum)
     const int acc = accum ? MN_LARGE_ACCUM : 0;
     int cur = 0; /* D[cur]: dL/dz of layer i */
     for (int i = R->L - 1; i >= 0; i--) {
-        const long long ni = i == 0 ? R->dk : R->dh, no = i == R->L - 1 ? R->dv : R->dh;
+        const long long ni = mn_layer_in(i, R->dk, R->dh), no = mn_layer_out(i, R->L, R->dv, R->dh);
         const void *in = i == 0 ? R->X : R->H[i - 1];
         const void *dz = bf16 ? R->Db : R->D[cur];
         /* G_W [no, ni] (+)= dz^T in: G^T = in^T op_T(dz^T) */
@@ -478,7 +478,7 @@ static mn_status enqueue_step(const run *R, long long rows)
     o.flags = last_row ? 0 : MN_LARGE_ADVANCE;
     MN_TRY(launch(R, K_UPDATE, grid_slices(R), block1, &o));
     for (int i = 0; last_row && i < R->L; i++) {
-        const long long no = i == R->L - 1 ? R->dv : R->dh;
+        const long long no = mn_layer_out(i, R->L, R->dv, R->dh);
         memset(&o, 0, sizeof o);
         o.layer = i;
         o.x = R->q ? R->q : R->k;

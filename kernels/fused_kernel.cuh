@@ -44,10 +44,10 @@
 #endif
 
 /* Layer i of the model (0-based): real and padded sizes. */
-#define MN_LIN(i) ((i) == 0 ? MN_DK : MN_DH)
-#define MN_LOUT(i) ((i) == MN_LAYERS - 1 ? MN_DV : MN_DH)
-#define MN_LPIN(i) ((i) == 0 ? MN_PDK : MN_PDH)
-#define MN_LPOUT(i) ((i) == MN_LAYERS - 1 ? MN_PDV : MN_PDH)
+#define MN_LIN(i) mn_layer_in((i), MN_DK, MN_DH)
+#define MN_LOUT(i) mn_layer_out((i), MN_LAYERS, MN_DV, MN_DH)
+#define MN_LPIN(i) mn_layer_in((i), MN_PDK, MN_PDH)
+#define MN_LPOUT(i) mn_layer_out((i), MN_LAYERS, MN_PDV, MN_PDH)
 #define MN_LLD(i) (MN_LPIN(i) + MN_FUSED_PAD)
 
 static_assert(MN_FT % 32 == 0 && MN_FT <= 1024, "whole warps");

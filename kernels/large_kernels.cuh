@@ -465,7 +465,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_row_kern
 {
     const int layer = o.layer, lane = threadIdx.x & 31;
     const bool last = layer == MN_LAYERS - 1;
-    const int ni = layer == 0 ? MN_DK : MN_DH, no = last ? MN_DV : MN_DH;
+    const int ni = (int)mn_layer_in(layer, MN_DK, MN_DH), no = (int)mn_layer_out(layer, MN_LAYERS, MN_DV, MN_DH);
     const long long m = blockIdx.y, j = (long long)blockIdx.x * MN_LG_WARPS + (threadIdx.x >> 5);
     const long long sl = mn_lg_step(a), t = sl * MN_STEP + o.step_rows - 1;
     const float *x = o.x + (m * a.n + t) * MN_DK;

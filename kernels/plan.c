@@ -2,7 +2,7 @@
 #include "plan.h"
 #include "codegen.h"
 #include "engine_large.h"
-#include "rule_kernel.cuh" /* its first part is C: mn_rule_param_numel */
+#include "rule_kernel.cuh" /* its first part is C: the workspace layout, and param_layout.h */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +29,7 @@ static long padded_param_floats(const mn_rule *r, const mn_dims *d)
 {
     long f = 0;
     for (int i = 0; i < r->layers; i++) {
-        long pin = up16(i == 0 ? d->dk : d->dh), pout = up16(i == r->layers - 1 ? d->dv : d->dh);
+        long pin = up16(mn_layer_in(i, d->dk, d->dh)), pout = up16(mn_layer_out(i, r->layers, d->dv, d->dh));
         f += pout * (pin + PAD) + (r->bias ? pout : 0);
     }
     return f;
@@ -166,8 +166,9 @@ void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len)
 long mn_fused_work_floats(const mn_rule *r, const mn_dims *d)
 {
     long g = 0;
-    int np = r->layers * (r->bias ? 2 : 1);
-    for (int p = 0; p < np; p++) g += mn_rule_param_numel(r->layers, r->bias, d->dk, d->dv, d->dh, p);
+    mn_param_layout lo;
+    mn_param_layout_init(&lo, r->layers, r->bias, d->dk, d->dv, d->dh);
+    g += lo.total;
     g = (g + 3) & ~3L;
     /* and W in the padded layout when the gradient point is the anchor */
     return mn_rule_refresh(r) == r->step ? g : g + padded_param_floats(r, d);

@@ -55,12 +55,11 @@ typedef struct mn_rule_layout {
     long long total;
 } mn_rule_layout;
 
-MN_SHARED_FN long long mn_rule_param_numel(int layers, int bias, long long dk, long long dv, long long dh, int p)
-{
-    int per = bias ? 2 : 1, layer = p / per;
-    long long in = layer == 0 ? dk : dh, out = layer == layers - 1 ? dv : dh;
-    return (bias && p % 2 == 1) ? out : out * in;
-}
+/* Parameter sizes: model/param_layout.h (its text precedes this one in
+ * generated source; the host includes it). */
+#ifndef __CUDACC_RTC__
+#include "../model/param_layout.h"
+#endif
 
 MN_SHARED_FN long long mn_rule_chunk_rows(long long step)
 {
@@ -89,7 +88,7 @@ MN_SHARED_FN void mn_rule_layout_init(mn_rule_layout *lo, int layers, int bias, 
     for (int p = 0; p < MN_RULE_MAX_PARAMS; p++) lo->g[p] = 0;
     for (int p = 0; p < np; p++) {
         lo->g[p] = off;
-        off += mn_rule_param_numel(layers, bias, dk, dv, dh, p);
+        off += mn_param_numel(layers, bias, dk, dv, dh, p);
     }
     lo->total = (off + 3) & ~3LL; /* every block's slice 16-byte aligned */
 }
@@ -100,8 +99,8 @@ MN_SHARED_FN void mn_rule_layout_init(mn_rule_layout *lo, int layers, int bias, 
 
 #define MN_PER (MN_BIAS ? 2 : 1)
 #define MN_NPARAMS (MN_LAYERS * MN_PER)
-#define MN_IN(i) ((i) == 0 ? MN_DK : MN_DH)
-#define MN_OUT(i) ((i) == MN_LAYERS - 1 ? MN_DV : MN_DH)
+#define MN_IN(i) mn_layer_in((i), MN_DK, MN_DH)
+#define MN_OUT(i) mn_layer_out((i), MN_LAYERS, MN_DV, MN_DH)
 #define MN_ROWS (MN_STEP < MN_RULE_CHUNK_MAX ? MN_STEP : MN_RULE_CHUNK_MAX)
 #define MN_DBL_MAX 1.7976931348623157e308
 
@@ -246,10 +245,10 @@ __device__ __forceinline__ void mn_memory_params(float *const *base, long long m
 {
 #pragma unroll
     for (int p = 0; p < MN_NPARAMS; p++)
-        out[p] = base[p] + m * mn_rule_param_numel(MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, p);
+        out[p] = base[p] + m * mn_param_numel(MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, p);
 }
 
-#define MN_NUMEL(p) mn_rule_param_numel(MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, (p))
+#define MN_NUMEL(p) mn_param_numel(MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, (p))
 
 /* The general kernels; a fast path's source (MN_FUSED_ROWS defined) keeps
  * only the helpers above and brings its own step kernel. */

@@ -16,16 +16,13 @@ void mn_mlp_shape_init(mn_mlp_shape *s, const mn_rule *rule, const mn_dims *d)
     s->residual = rule->residual;
     s->activation = rule->activation;
     for (int i = 0; i < rule->layers; i++) {
-        s->in[i] = i == 0 ? d->dk : d->dh;
-        s->out[i] = i == rule->layers - 1 ? d->dv : d->dh;
+        s->in[i] = mn_layer_in(i, d->dk, d->dh);
+        s->out[i] = mn_layer_out(i, rule->layers, d->dv, d->dh);
     }
-    s->nparams = mn_rule_param_count(rule);
-    for (int p = 0; p < s->nparams; p++) {
-        int layer;
-        bool is_bias;
-        mn_rule_param_role(rule, p, &layer, &is_bias);
-        s->numel[p] = is_bias ? s->out[layer] : s->out[layer] * s->in[layer];
-    }
+    mn_param_layout lo;
+    mn_param_layout_init(&lo, rule->layers, rule->bias, d->dk, d->dv, d->dh);
+    s->nparams = lo.nparams;
+    for (int p = 0; p < s->nparams; p++) s->numel[p] = lo.numel[p];
 }
 
 static int64_t widest(const mn_mlp_shape *s)

@@ -288,37 +288,27 @@ mn_status mn_rule_validate(const mn_rule *r)
     return MN_OK;
 }
 
-int mn_rule_param_count(const mn_rule *r) { return r->layers * (r->bias ? 2 : 1); }
+/* Parameter names, roles and shapes: model/param_layout.h. */
+int mn_rule_param_count(const mn_rule *r) { return mn_param_count(r->layers, r->bias); }
 
 void mn_rule_param_role(const mn_rule *r, int i, int *layer, bool *is_bias)
 {
-    int per = r->bias ? 2 : 1;
-    *layer = i / per;
-    *is_bias = r->bias && (i % 2 == 1);
+    *layer = mn_param_layer(r->bias, i);
+    *is_bias = mn_param_is_bias(r->bias, i);
 }
 
 const char *mn_rule_param_name(const mn_rule *r, int i, char *buf, size_t len)
 {
-    int layer;
-    bool is_bias;
-    mn_rule_param_role(r, i, &layer, &is_bias);
-    snprintf(buf, len, "%c%d", is_bias ? 'b' : 'W', layer + 1);
+    snprintf(buf, len, "%c%d", mn_param_is_bias(r->bias, i) ? 'b' : 'W', mn_param_layer(r->bias, i) + 1);
     return buf;
 }
 
 int mn_rule_param_shape(const mn_rule *r, const mn_dims *d, int i, int64_t *shape)
 {
-    int layer;
-    bool is_bias;
-    mn_rule_param_role(r, i, &layer, &is_bias);
-    int64_t in = layer == 0 ? d->dk : d->dh;
-    int64_t out = layer == r->layers - 1 ? d->dv : d->dh;
-    if (is_bias) {
-        shape[0] = out;
-        return 1;
-    }
-    shape[0] = out;
-    shape[1] = in;
+    int layer = mn_param_layer(r->bias, i);
+    shape[0] = mn_layer_out(layer, r->layers, d->dv, d->dh);
+    if (mn_param_is_bias(r->bias, i)) return 1;
+    shape[1] = mn_layer_in(layer, d->dk, d->dh);
     return 2;
 }
 

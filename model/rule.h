@@ -6,6 +6,7 @@
 #define MN_RULE_H
 
 #include "expr.h"
+#include "param_layout.h"
 #include "tensor.h"
 
 #define MN_MAX_LAYERS 8
