@@ -653,15 +653,11 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
 
         /* the step's gradient norm, clip and update */
         mn_block_sums<MN_NPARAMS>(ss);
-        double total = 0.0;
-#pragma unroll
-        for (int p = 0; p < MN_NPARAMS; p++) total += ss[p];
-        const double gnorm = sqrt(total);
-        const bool finite = total <= MN_DBL_MAX; /* false for NaN and Inf */
-        double cs = 0.0, wsq = 0.0;
-        if (finite) {
+        mn_step_control ctl = mn_step_control_of<MN_NPARAMS>(ss);
+        double wsq = 0.0;
+        if (ctl.finite) {
             double scale[MN_NPARAMS];
-            cs = mn_clip_scales<MN_NPARAMS>(ss, gnorm, scale);
+            ctl.clip_scale = mn_clip_scales<MN_NPARAMS>(ss, ctl.gnorm, scale);
             const float e_s = eta[sl], keep = 1.0f - alpha[sl];
             /* U elements (or float4s) per thread at a time, every load issued
              * before any store: the loop is bound by memory latency */
@@ -726,10 +722,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
         mn_block_sums<1>(&wsq); /* its barriers also publish the new W */
         if (tid == 0) {
             const long long o = m * nsteps + sl;
-            a.step_loss[o] = (float)(step_lsum / (double)rows);
-            a.grad_norm[o] = (float)gnorm;
-            a.skipped[o] = finite ? 0.0f : 1.0f;
-            a.clip_scale[o] = (float)cs;
+            mn_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, o, step_lsum, rows, ctl);
             a.weight_norm[o] = (float)sqrt(wsq);
         }
         if (y_out && !MN_RETRIEVE_BEFORE) {

@@ -81,7 +81,6 @@ typedef struct mn_large_op {
 #define MN_LG_NP (MN_LAYERS * MN_LG_PER)
 #define MN_LG_WARPS (MN_LARGE_THREADS / 32)
 #define MN_LG_DH (MN_DH > 0 ? MN_DH : 1) /* a divisor even for one layer */
-#define MN_LG_DBL_MAX 1.7976931348623157e308
 
 /* ---- precision: how GEMM operands are stored, and rounded where we multiply ourselves ---- */
 
@@ -356,20 +355,17 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_ker
     const int lane = threadIdx.x & 31;
     for (long long mm = threadIdx.x >> 5; mm < a.memories; mm += MN_LG_WARPS) {
         const double *pp = a.part + mm * a.nslices;
-        double sq[MN_LG_NP], total = 0.0;
+        double sq[MN_LG_NP];
 #pragma unroll
         for (int q = 0; q < MN_LG_NP; q++) {
             double s = 0.0;
             for (long long i = a.slice_start[q] + lane; i < a.slice_start[q + 1]; i += 32) s += __ldcg(pp + i);
             sq[q] = mn_lg_warp_sum(s);
-            total += sq[q];
         }
-        const double gnorm = sqrt(total);
-        const bool finite = total <= MN_LG_DBL_MAX; /* false for NaN and Inf */
-        double cs = 0.0;
-        if (finite) {
+        mn_step_control ctl = mn_step_control_of<MN_LG_NP>(sq);
+        if (ctl.finite) {
             double sc[MN_LG_NP];
-            cs = mn_clip_scales<MN_LG_NP>(sq, gnorm, sc);
+            ctl.clip_scale = mn_clip_scales<MN_LG_NP>(sq, ctl.gnorm, sc);
 #pragma unroll
             for (int q = 0; q < MN_LG_NP; q++)
                 if (lane == 0) a.scale[mm * MN_LG_NP + q] = (float)sc[q];
@@ -380,11 +376,8 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_ker
         lsum = mn_lg_warp_sum(lsum);
         if (lane == 0) {
             const long long i = mm * a.nsteps + sl;
-            a.step_loss[i] = (float)(lsum / (double)o.step_rows);
-            a.grad_norm[i] = (float)gnorm;
-            a.skipped[i] = finite ? 0.0f : 1.0f;
-            a.clip_scale[i] = (float)cs;
-            a.finite[mm] = finite ? 1 : 0;
+            mn_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, i, lsum, o.step_rows, ctl);
+            a.finite[mm] = ctl.finite ? 1 : 0;
         }
     }
 }

@@ -102,7 +102,6 @@ MN_SHARED_FN void mn_rule_layout_init(mn_rule_layout *lo, int layers, int bias, 
 #define MN_IN(i) mn_layer_in((i), MN_DK, MN_DH)
 #define MN_OUT(i) mn_layer_out((i), MN_LAYERS, MN_DV, MN_DH)
 #define MN_ROWS (MN_STEP < MN_RULE_CHUNK_MAX ? MN_STEP : MN_RULE_CHUNK_MAX)
-#define MN_DBL_MAX 1.7976931348623157e308
 
 /* Operand rounding of the precision mode (what tensor cores compute with). */
 #if MN_PREC == 1
@@ -319,15 +318,14 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kerne
             mn_backward(P, x, cr, &ws);
         }
 
-        double sumsq[MN_NPARAMS], total = 0.0;
+        double sumsq[MN_NPARAMS];
 #pragma unroll
         for (int p = 0; p < MN_NPARAMS; p++) {
             double acc = 0.0;
             for (long long e = tid; e < MN_NUMEL(p); e += MN_RULE_THREADS) acc += (double)ws.g[p][e] * ws.g[p][e];
             sumsq[p] = mn_block_sum(acc);
-            total += sumsq[p];
         }
-        const double gnorm = sqrt(total);
+        mn_step_control ctl = mn_step_control_of<MN_NPARAMS>(sumsq);
         /* retrieval at W^(s) where the forward above was not at W^(s) on q */
         if (y_out && before_rows > 0 && (q || !at_current)) {
             const float *xq = q ? q : k;
@@ -337,11 +335,10 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kerne
             }
         }
 
-        const bool finite = total <= MN_DBL_MAX; /* false for NaN and Inf */
-        double cs = 0.0, wsq = 0.0;
-        if (finite) {
+        double wsq = 0.0;
+        if (ctl.finite) {
             double scale[MN_NPARAMS];
-            cs = mn_clip_scales<MN_NPARAMS>(sumsq, gnorm, scale);
+            ctl.clip_scale = mn_clip_scales<MN_NPARAMS>(sumsq, ctl.gnorm, scale);
             const float e_s = eta[sl], keep = 1.0f - alpha[sl];
 #pragma unroll
             for (int p = 0; p < MN_NPARAMS; p++) {
@@ -362,10 +359,7 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kerne
             const long long o = m * nsteps + sl;
             double lsum = 0.0;
             for (int r = 0; r < rows; r++) lsum += loss_out[t0 + r];
-            a.step_loss[o] = (float)(lsum / (double)rows);
-            a.grad_norm[o] = (float)gnorm;
-            a.skipped[o] = finite ? 0.0f : 1.0f;
-            a.clip_scale[o] = (float)cs;
+            mn_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, o, lsum, rows, ctl);
             a.weight_norm[o] = (float)sqrt(wsq);
         }
         if (y_out && !MN_RETRIEVE_BEFORE) {

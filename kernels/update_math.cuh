@@ -1,7 +1,9 @@
-/* update_math.cuh: the arithmetic of a step's clip and update (SPEC.md
- * section 2), shared by the kernels of the three CUDA paths (rule_kernel,
- * fused_kernel, large_kernels) so that they compute it alike: the scales of
- * a norm-type clip, and one element's clip, momentum and decay. NVRTC only:
+/* update_math.cuh: the per-step epilogue of SPEC.md section 2, shared by the
+ * kernels of the three CUDA paths (rule_kernel, fused_kernel, large_kernels)
+ * so that they compute it alike: the step's control from the gradient's
+ * per-parameter sums of squares (global norm, non-finite guard, the scales
+ * of a norm-type clip), one element's clip, momentum and decay, and the
+ * step's outputs. Each path gathers the sums its own way. NVRTC only:
  * it needs the rule's hooks and MN_* constants, which kernels/codegen.c puts
  * in front of the templates. */
 #ifdef __CUDACC_RTC__
@@ -26,6 +28,38 @@ template <int NP> __device__ __forceinline__ double mn_clip_scales(const double 
     for (int p = 0; p < NP; p++) scale[p] = 1.0;
     return 1.0;
 #endif
+}
+
+/* The step's control: global norm |G| (before clipping), whether the step
+ * runs (every sum finite; false for NaN and Inf), and the clip_scale output
+ * (0 for a skipped step; a running step sets it from mn_clip_scales, inside
+ * its update, where the per-parameter scales live). */
+typedef struct mn_step_control {
+    double gnorm, clip_scale;
+    bool finite;
+} mn_step_control;
+
+template <int NP> __device__ __forceinline__ mn_step_control mn_step_control_of(const double *sumsq)
+{
+    double total = 0.0;
+#pragma unroll
+    for (int p = 0; p < NP; p++) total += sumsq[p];
+    mn_step_control c;
+    c.gnorm = sqrt(total);
+    c.finite = total <= 1.7976931348623157e308;
+    c.clip_scale = 0.0;
+    return c;
+}
+
+/* The step's outputs at index o (memory m's step s): its mean loss over the
+ * step's rows, grad_norm, skipped and clip_scale. */
+__device__ __forceinline__ void mn_step_outputs(float *step_loss, float *grad_norm, float *skipped, float *clip_scale,
+                                                long long o, double loss_sum, long long rows, const mn_step_control &c)
+{
+    step_loss[o] = (float)(loss_sum / (double)rows);
+    grad_norm[o] = (float)c.gnorm;
+    skipped[o] = c.finite ? 0.0f : 1.0f;
+    clip_scale[o] = (float)c.clip_scale;
 }
 
 /* One element of a parameter: its gradient g clipped (times its tensor's
