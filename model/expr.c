@@ -4,6 +4,7 @@
  * The parser lives in expr_parse.c, simplifier and derivative in expr_diff.c,
  * string and C output in expr_emit.c. */
 #include "expr.h"
+#include "op_math.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -172,39 +173,7 @@ bool mn_expr_func_is_internal(mn_expr_func f)
 
 /* ---------------------------------------------------------- scalar math */
 
-/* One definition of each function. NaN in gives NaN out wherever PyTorch's
- * function propagates it (relu, sign, min, max), because SPEC.md section 3
- * wants NaNs at the same places as the reference. */
-static inline double math_sigmoid(double x)
-{
-    double e = exp(-fabs(x)); /* never overflows: stable on both sides */
-    double r = 1.0 / (1.0 + e);
-    return x >= 0 ? r : e * r;
-}
-static inline double math_softplus(double x) { return fmax(x, 0.0) + log1p(exp(-fabs(x))); }
-static inline double math_sign(double x) { return x > 0 ? 1.0 : x < 0 ? -1.0 : x; }
-static inline double math_relu(double x) { return x > 0 ? x : x != x ? x : 0.0; }
-static inline double math_silu(double x) { return x * math_sigmoid(x); }
-/* erfc(-x/sqrt2)/2 == (1 + erf(x/sqrt2))/2 but keeps precision for x << 0 */
-static inline double math_normcdf(double x) { return 0.5 * erfc(-x * 0.70710678118654752440); }
-static inline double math_gelu(double x) { return x * math_normcdf(x); }
-static inline double math_gelu_grad(double x)
-{
-    return math_normcdf(x) + x * 0.39894228040143267794 * exp(-0.5 * x * x);
-}
-static inline double math_min(double a, double b)
-{
-    return (a != a || b != b) ? a + b : a <= b ? a : b;
-}
-static inline double math_max(double a, double b)
-{
-    return (a != a || b != b) ? a + b : a >= b ? a : b;
-}
-static inline double math_where(double c, double a, double b) { return c != 0 ? a : b; }
-/* x^2 is the commonest power (losses, derivatives): a product is faster than
- * pow and exact; the generated C prelude does the same. */
-static inline double math_pow(double a, double b) { return b == 2 ? a * a : pow(a, b); }
-
+/* Every function is defined once, in model/scalar_math.h (through op_math.h). */
 double mn_math_func(mn_expr_func f, double a, double b, double c)
 {
     switch (f) {
@@ -213,16 +182,16 @@ double mn_math_func(mn_expr_func f, double a, double b, double c)
     case MN_FN_EXP: return exp(a);
     case MN_FN_LOG: return log(a);
     case MN_FN_TANH: return tanh(a);
-    case MN_FN_SIGMOID: return math_sigmoid(a);
-    case MN_FN_SOFTPLUS: return math_softplus(a);
-    case MN_FN_SIGN: return math_sign(a);
-    case MN_FN_RELU: return math_relu(a);
-    case MN_FN_SILU: return math_silu(a);
-    case MN_FN_GELU: return math_gelu(a);
-    case MN_FN_MIN: return math_min(a, b);
-    case MN_FN_MAX: return math_max(a, b);
-    case MN_FN_WHERE: return math_where(a, b, c);
-    case MN_FN_GELU_GRAD: return math_gelu_grad(a);
+    case MN_FN_SIGMOID: return mn_sm_sigmoid(a);
+    case MN_FN_SOFTPLUS: return mn_sm_softplus(a);
+    case MN_FN_SIGN: return mn_sm_sign(a);
+    case MN_FN_RELU: return mn_sm_relu(a);
+    case MN_FN_SILU: return mn_sm_silu(a);
+    case MN_FN_GELU: return mn_sm_gelu(a);
+    case MN_FN_MIN: return mn_sm_min(a, b);
+    case MN_FN_MAX: return mn_sm_max(a, b);
+    case MN_FN_WHERE: return mn_sm_where(a, b, c);
+    case MN_FN_GELU_GRAD: return mn_sm_gelu_grad(a);
     case MN_FN_COUNT: break;
     }
     return NAN;
@@ -288,7 +257,7 @@ static double eval_binary(mn_expr_kind kind, double a, double b)
     case MN_EX_SUB: return a - b;
     case MN_EX_MUL: return a * b;
     case MN_EX_DIV: return a / b;
-    case MN_EX_POW: return math_pow(a, b);
+    case MN_EX_POW: return mn_sm_pow(a, b);
     case MN_EX_LT: return a < b ? 1.0 : 0.0;
     case MN_EX_LE: return a <= b ? 1.0 : 0.0;
     case MN_EX_GT: return a > b ? 1.0 : 0.0;
@@ -483,16 +452,16 @@ static void run_call(mn_expr_func f, double *d, const double *a, const double *b
     case MN_FN_EXP: LOOP(exp(a[i])); break;
     case MN_FN_LOG: LOOP(log(a[i])); break;
     case MN_FN_TANH: LOOP(tanh(a[i])); break;
-    case MN_FN_SIGMOID: LOOP(math_sigmoid(a[i])); break;
-    case MN_FN_SOFTPLUS: LOOP(math_softplus(a[i])); break;
-    case MN_FN_SIGN: LOOP(math_sign(a[i])); break;
-    case MN_FN_RELU: LOOP(math_relu(a[i])); break;
-    case MN_FN_SILU: LOOP(math_silu(a[i])); break;
-    case MN_FN_GELU: LOOP(math_gelu(a[i])); break;
-    case MN_FN_MIN: LOOP(math_min(a[i], b[i])); break;
-    case MN_FN_MAX: LOOP(math_max(a[i], b[i])); break;
-    case MN_FN_WHERE: LOOP(math_where(a[i], b[i], c[i])); break;
-    case MN_FN_GELU_GRAD: LOOP(math_gelu_grad(a[i])); break;
+    case MN_FN_SIGMOID: LOOP(mn_sm_sigmoid(a[i])); break;
+    case MN_FN_SOFTPLUS: LOOP(mn_sm_softplus(a[i])); break;
+    case MN_FN_SIGN: LOOP(mn_sm_sign(a[i])); break;
+    case MN_FN_RELU: LOOP(mn_sm_relu(a[i])); break;
+    case MN_FN_SILU: LOOP(mn_sm_silu(a[i])); break;
+    case MN_FN_GELU: LOOP(mn_sm_gelu(a[i])); break;
+    case MN_FN_MIN: LOOP(mn_sm_min(a[i], b[i])); break;
+    case MN_FN_MAX: LOOP(mn_sm_max(a[i], b[i])); break;
+    case MN_FN_WHERE: LOOP(mn_sm_where(a[i], b[i], c[i])); break;
+    case MN_FN_GELU_GRAD: LOOP(mn_sm_gelu_grad(a[i])); break;
     case MN_FN_COUNT: LOOP(NAN); break;
     }
 }
@@ -511,7 +480,7 @@ static void run_op(const program_op *op, double *const *reg, int64_t len)
     case MN_EX_SUB: LOOP(a[i] - b[i]); break;
     case MN_EX_MUL: LOOP(a[i] * b[i]); break;
     case MN_EX_DIV: LOOP(a[i] / b[i]); break;
-    case MN_EX_POW: LOOP(math_pow(a[i], b[i])); break;
+    case MN_EX_POW: LOOP(mn_sm_pow(a[i], b[i])); break;
     case PROGRAM_SQUARE: LOOP(a[i] * a[i]); break;
     case MN_EX_LT: LOOP(a[i] < b[i] ? 1.0 : 0.0); break;
     case MN_EX_LE: LOOP(a[i] <= b[i] ? 1.0 : 0.0); break;

@@ -3,6 +3,7 @@
  * CUDA expression (mn_expr_to_c), and the prelude of mn_f_* functions that
  * generated source includes (mn_expr_c_prelude). */
 #include "expr.h"
+#include "scalar_math.h"
 
 #include <locale.h>
 #include <math.h>
@@ -299,12 +300,12 @@ char *mn_expr_to_c(const mn_expr *e, const char *const *vars, const char *const 
 
 /* -------------------------------------------------------------- prelude */
 
-/* One text for float and double: T is the type, F the suffix of math
- * functions and literals ("f" or ""). The formulas match mn_math_func in
- * expr.c operation for operation, so double-precision generated code agrees
- * with the CPU engine up to the C library. */
+/* The prelude is model/scalar_math.h's one definition, stringized in float
+ * or double (C++ overloads in CUDA keep each hook in its type), with a line
+ * break put back after each function so that rule:source() stays readable. */
 #define MN_PRELUDE_HEAD                                                                    \
-    "/* mnemo expression prelude: the mn_f_* functions that generated expressions call */\n" \
+    "/* mnemo expression prelude: the mn_f_* functions that generated expressions call\n"  \
+    " * (model/scalar_math.h) */\n"                                                        \
     "#ifndef MN_EXPR_PRELUDE\n"                                                            \
     "#define MN_EXPR_PRELUDE 1\n"                                                          \
     "#if !defined(__CUDACC_RTC__)\n"                                                       \
@@ -317,51 +318,35 @@ char *mn_expr_to_c(const mn_expr *e, const char *const *vars, const char *const 
     "#define MN_DEVICE_FN static inline\n"                                                 \
     "#endif\n"                                                                             \
     "#endif\n"
+#define MN_PRELUDE_NAME(name) mn_f_##name
+#define MN_STRINGIZE_(...) #__VA_ARGS__
+#define MN_STRINGIZE(...) MN_STRINGIZE_(__VA_ARGS__)
+static const char body_float[] = MN_STRINGIZE(MN_SCALAR_MATH(MN_DEVICE_FN, float, MN_SM_FLOAT, MN_PRELUDE_NAME));
+static const char body_double[] = MN_STRINGIZE(MN_SCALAR_MATH(MN_DEVICE_FN, double, MN_SM_DOUBLE, MN_PRELUDE_NAME));
 
-#define MN_PRELUDE_BODY(T, F)                                                              \
-    "MN_DEVICE_FN " T " mn_f_abs(" T " x) { return fabs" F "(x); }\n"                      \
-    "MN_DEVICE_FN " T " mn_f_sqrt(" T " x) { return sqrt" F "(x); }\n"                     \
-    "MN_DEVICE_FN " T " mn_f_exp(" T " x) { return exp" F "(x); }\n"                       \
-    "MN_DEVICE_FN " T " mn_f_log(" T " x) { return log" F "(x); }\n"                       \
-    "MN_DEVICE_FN " T " mn_f_tanh(" T " x) { return tanh" F "(x); }\n"                     \
-    "/* exp of -|x| never overflows: stable for both signs */\n"                           \
-    "MN_DEVICE_FN " T " mn_f_sigmoid(" T " x) {\n"                                          \
-    "    " T " e = exp" F "(-fabs" F "(x)), r = 1.0" F " / (1.0" F " + e);\n"              \
-    "    return x >= 0.0" F " ? r : e * r;\n"                                               \
-    "}\n"                                                                                  \
-    "MN_DEVICE_FN " T " mn_f_softplus(" T " x) { return fmax" F "(x, 0.0" F ") + log1p" F  \
-    "(exp" F "(-fabs" F "(x))); }\n"                                                       \
-    "MN_DEVICE_FN " T " mn_f_sign(" T " x) { return x > 0.0" F " ? 1.0" F " : x < 0.0" F   \
-    " ? -1.0" F " : x; }\n"                                                                \
-    "MN_DEVICE_FN " T " mn_f_relu(" T " x) { return x > 0.0" F " ? x : x != x ? x : 0.0" F \
-    "; }\n"                                                                                \
-    "MN_DEVICE_FN " T " mn_f_silu(" T " x) { return x * mn_f_sigmoid(x); }\n"              \
-    "/* Phi(x) = erfc(-x/sqrt2)/2, exact gelu; erfc keeps precision for x << 0 */\n"       \
-    "MN_DEVICE_FN " T " mn_f_gelu(" T " x) { return x * (0.5" F " * erfc" F                \
-    "(-x * 0.70710678118654752440" F ")); }\n"                                             \
-    "MN_DEVICE_FN " T " mn_f_gelu_grad(" T " x) {\n"                                        \
-    "    return 0.5" F " * erfc" F "(-x * 0.70710678118654752440" F ") + x * "              \
-    "0.39894228040143267794" F " * exp" F "(-0.5" F " * x * x);\n"                          \
-    "}\n"                                                                                  \
-    "/* min and max propagate NaN like torch.minimum and torch.maximum */\n"               \
-    "MN_DEVICE_FN " T " mn_f_min(" T " a, " T " b) { return (a != a || b != b) ? a + b : " \
-    "a <= b ? a : b; }\n"                                                                  \
-    "MN_DEVICE_FN " T " mn_f_max(" T " a, " T " b) { return (a != a || b != b) ? a + b : " \
-    "a >= b ? a : b; }\n"                                                                  \
-    "MN_DEVICE_FN " T " mn_f_where(" T " c, " T " a, " T " b) { return c != 0.0" F         \
-    " ? a : b; }\n"                                                                        \
-    "MN_DEVICE_FN " T " mn_f_pow(" T " a, " T " b) { return b == 2.0" F " ? a * a : pow" F \
-    "(a, b); }\n"                                                                          \
-    "MN_DEVICE_FN " T " mn_f_lt(" T " a, " T " b) { return a < b ? 1.0" F " : 0.0" F "; }\n"  \
-    "MN_DEVICE_FN " T " mn_f_le(" T " a, " T " b) { return a <= b ? 1.0" F " : 0.0" F "; }\n" \
-    "MN_DEVICE_FN " T " mn_f_gt(" T " a, " T " b) { return a > b ? 1.0" F " : 0.0" F "; }\n"  \
-    "MN_DEVICE_FN " T " mn_f_ge(" T " a, " T " b) { return a >= b ? 1.0" F " : 0.0" F "; }\n" \
-    "#endif\n"
-
-static const char prelude_float[] = MN_PRELUDE_HEAD MN_PRELUDE_BODY("float", "f");
-static const char prelude_double[] = MN_PRELUDE_HEAD MN_PRELUDE_BODY("double", "");
+/* head + body with a newline before each "MN_DEVICE_FN" + "#endif". */
+static char *make_prelude(const char *body)
+{
+    size_t n = strlen(MN_PRELUDE_HEAD) + 2 * strlen(body) + 16;
+    char *out = malloc(n), *o = out;
+    if (!out) return NULL;
+    o += sprintf(o, "%s", MN_PRELUDE_HEAD);
+    for (const char *p = body; *p; p++) {
+        if (p != body && strncmp(p, "MN_DEVICE_FN", 12) == 0) {
+            if (o > out && o[-1] == ' ') o--;
+            *o++ = '\n';
+        }
+        *o++ = *p;
+    }
+    sprintf(o, "\n#endif\n");
+    return out;
+}
 
 const char *mn_expr_c_prelude(bool single_precision)
 {
-    return single_precision ? prelude_float : prelude_double;
+    /* Made once; the callers (code generation, tests) run on the main thread. */
+    static char *prelude[2];
+    int i = single_precision ? 1 : 0;
+    if (!prelude[i]) prelude[i] = make_prelude(single_precision ? body_float : body_double);
+    return prelude[i] ? prelude[i] : "#error out of memory making the expression prelude\n";
 }

@@ -95,13 +95,11 @@ void mn_mlp_work_free(mn_mlp_work *w)
     memset(w, 0, sizeof *w);
 }
 
-/* Sigmoid in float, split by sign so that expf never overflows; NaN stays NaN. */
-static inline float sigmoidf(float x)
-{
-    if (x >= 0) return 1.0f / (1.0f + expf(-x));
-    float e = expf(x);
-    return e / (1.0f + e);
-}
+/* The shared scalar functions (scalar_math.h) in float: the fast path of the
+ * built-in activations below, held equal to their expression forms by
+ * tests/unit/test_engine.c for every row of the table. */
+#define MN_SM_FLOAT_NAME(name) mn_smf_##name
+MN_SCALAR_MATH(static inline, float, MN_SM_FLOAT, MN_SM_FLOAT_NAME)
 
 /* h = phi(z) over n elements; aux keeps what phi' needs. The engine is fp32
  * (SPEC.md section 3), so the built-in activations compute in float. */
@@ -110,21 +108,21 @@ static void activate(const mn_mlp_shape *s, mn_mlp_work *w, const float *z, floa
     switch (s->activation) {
     case MN_ACT_SILU:
         for (int64_t i = 0; i < n; i++) {
-            float sg = sigmoidf(z[i]);
+            float sg = mn_smf_sigmoid(z[i]);
             aux[i] = sg;
             h[i] = z[i] * sg;
         }
         break;
     case MN_ACT_GELU:
         for (int64_t i = 0; i < n; i++) {
-            float cdf = 0.5f * erfcf(-z[i] * 0.70710678118654752440f);
+            float cdf = mn_smf_normcdf(z[i]);
             aux[i] = cdf;
             h[i] = z[i] * cdf;
         }
         break;
-    case MN_ACT_RELU: for (int64_t i = 0; i < n; i++) h[i] = (float)mn_op_relu(z[i]); break;
+    case MN_ACT_RELU: for (int64_t i = 0; i < n; i++) h[i] = mn_smf_relu(z[i]); break;
     case MN_ACT_TANH:
-        for (int64_t i = 0; i < n; i++) h[i] = aux[i] = tanhf(z[i]);
+        for (int64_t i = 0; i < n; i++) h[i] = aux[i] = mn_smf_tanh(z[i]);
         break;
     case MN_ACT_IDENTITY: memcpy(h, z, sizeof(float) * n); break;
     case MN_ACT_CUSTOM: {
@@ -150,7 +148,7 @@ static void activate_backward(const mn_mlp_shape *s, mn_mlp_work *w, const float
     case MN_ACT_GELU:
         /* gelu' = Phi(z) + z phi(z) */
         for (int64_t i = 0; i < n; i++)
-            dz[i] = dh[i] * (aux[i] + z[i] * 0.39894228040143267794f * expf(-0.5f * z[i] * z[i]));
+            dz[i] = dh[i] * (aux[i] + z[i] * mn_smf_normpdf(z[i]));
         break;
     case MN_ACT_RELU: for (int64_t i = 0; i < n; i++) dz[i] = z[i] > 0 ? dh[i] : 0.0f; break;
     case MN_ACT_TANH:
