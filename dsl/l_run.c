@@ -385,16 +385,14 @@ int l_rule_memory(lua_State *L)
 
 static void push_segment_outputs(lua_State *L, mn_segment_outputs *out)
 {
-    lua_createtable(L, 0, 7);
-    const struct { const char *name; mn_tensor *t; } items[] = {
-        {"y", &out->y}, {"loss", &out->loss}, {"grad_norm", &out->grad_norm}, {"clip_scale", &out->clip_scale},
-        {"skipped", &out->skipped}, {"step_loss", &out->step_loss}, {"weight_norm", &out->weight_norm}};
-    for (size_t i = 0; i < sizeof items / sizeof *items; i++) {
-        if (!items[i].t->storage) continue;
+    lua_createtable(L, 0, mn_segment_output_count);
+    for (int i = 0; i < mn_segment_output_count; i++) {
+        mn_tensor *src = mn_segment_output(out, i);
+        if (!src->storage) continue;
         mn_tensor *t = l_push_empty_tensor(L);
-        *t = *items[i].t; /* the table takes the engine's reference */
-        memset(items[i].t, 0, sizeof *items[i].t);
-        lua_setfield(L, -2, items[i].name);
+        *t = *src; /* the table takes the engine's reference */
+        memset(src, 0, sizeof *src);
+        lua_setfield(L, -2, mn_segment_output_rows[i].name);
     }
 }
 

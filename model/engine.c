@@ -202,15 +202,24 @@ mn_status mn_segment_check(const mn_memory_state *st, const mn_segment_inputs *i
     return MN_OK;
 }
 
+#define OUTPUT_ROW(name, group, shape) {#name, #group},
+const mn_output_row mn_segment_output_rows[] = {MN_SEGMENT_OUTPUTS(OUTPUT_ROW)};
+#undef OUTPUT_ROW
+const int mn_segment_output_count = (int)(sizeof mn_segment_output_rows / sizeof *mn_segment_output_rows);
+
+mn_tensor *mn_segment_output(mn_segment_outputs *out, int i)
+{
+    mn_tensor *members[] = {
+#define OUTPUT_MEMBER(name, group, shape) &out->name,
+        MN_SEGMENT_OUTPUTS(OUTPUT_MEMBER)
+#undef OUTPUT_MEMBER
+    };
+    return (i >= 0 && i < mn_segment_output_count) ? members[i] : NULL;
+}
+
 void mn_segment_outputs_free(mn_segment_outputs *out)
 {
-    mn_tensor_release(&out->y);
-    mn_tensor_release(&out->loss);
-    mn_tensor_release(&out->grad_norm);
-    mn_tensor_release(&out->clip_scale);
-    mn_tensor_release(&out->skipped);
-    mn_tensor_release(&out->step_loss);
-    mn_tensor_release(&out->weight_norm);
+    for (int i = 0; i < mn_segment_output_count; i++) mn_tensor_release(mn_segment_output(out, i));
 }
 
 mn_status mn_segment_run(mn_memory_state *st, const mn_segment_inputs *in, mn_segment_outputs *out)
@@ -243,12 +252,16 @@ mn_status mn_segment_run(mn_memory_state *st, const mn_segment_inputs *in, mn_se
         if (in->alpha.storage) s = input_view(&mat.alpha, &in->alpha, 3, sshape, dev);
         else s = mn_tensor_zeros(&mat.alpha, MN_F32, 3, sshape, dev);
     }
-    if (s == MN_OK && in->want_y) s = mn_tensor_empty(&out->y, MN_F32, 4, vshape, dev);
-    if (s == MN_OK) s = mn_tensor_empty(&out->loss, MN_F32, 3, tshape, dev);
-    mn_tensor *per_step[] = {&out->grad_norm, &out->clip_scale, &out->skipped, &out->step_loss,
-                             &out->weight_norm};
-    for (size_t i = 0; i < sizeof per_step / sizeof *per_step && s == MN_OK; i++)
-        s = mn_tensor_empty(per_step[i], MN_F32, 3, sshape, dev);
+    /* Every output row at its shape (MN_SEGMENT_OUTPUTS); y only when wanted. */
+#define ALLOC_TOKEN_DV(t) (in->want_y ? mn_tensor_empty((t), MN_F32, 4, vshape, dev) : MN_OK)
+#define ALLOC_TOKEN(t) mn_tensor_empty((t), MN_F32, 3, tshape, dev)
+#define ALLOC_STEP(t) mn_tensor_empty((t), MN_F32, 3, sshape, dev)
+#define ALLOC_OUTPUT(name, group, shape) if (s == MN_OK) s = ALLOC_##shape(&out->name);
+    MN_SEGMENT_OUTPUTS(ALLOC_OUTPUT)
+#undef ALLOC_OUTPUT
+#undef ALLOC_TOKEN_DV
+#undef ALLOC_TOKEN
+#undef ALLOC_STEP
     if (s == MN_OK) s = eng->segment_run(st, &mat, out, n, S);
     mn_tensor_release(&mat.k);
     mn_tensor_release(&mat.v);

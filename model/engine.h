@@ -39,14 +39,35 @@ typedef struct mn_segment_inputs {
     bool want_y;                  /* retrieval outputs wanted */
 } mn_segment_inputs;
 
-/* Outputs of one segment, allocated by the engine (f32, on the state's device):
- * y [B,H,n,dv] (when want_y), loss [B,H,n], and per step [B,H,Sseg]:
- * grad_norm, clip_scale, skipped, plus the trace: step_loss (mean l_t over
- * the step's tokens) and weight_norm (global L2 norm of W^(s+1)). */
+/* Outputs of one segment, allocated by the engine (f32, on the state's
+ * device), one row each: X(name, group, shape). group is the result file's
+ * group: "outputs" (SPEC.md section 5) or "trace" (step_loss: mean l_t over
+ * the step's tokens; weight_norm: global L2 norm of W^(s+1)); shape is
+ * TOKEN_DV [B,H,n,dv] (y, only when want_y), TOKEN [B,H,n] or STEP
+ * [B,H,Sseg]. The struct, allocation, release, the result tree and the Lua
+ * result table come from this list; the engines compute each row. */
+#define MN_SEGMENT_OUTPUTS(X)                                                                 \
+    X(y, outputs, TOKEN_DV)                                                                   \
+    X(loss, outputs, TOKEN)                                                                   \
+    X(grad_norm, outputs, STEP)                                                               \
+    X(clip_scale, outputs, STEP)                                                              \
+    X(skipped, outputs, STEP)                                                                 \
+    X(step_loss, trace, STEP)                                                                 \
+    X(weight_norm, trace, STEP)
+
 typedef struct mn_segment_outputs {
-    mn_tensor y, loss;
-    mn_tensor grad_norm, clip_scale, skipped, step_loss, weight_norm;
+#define MN_OUTPUT_MEMBER(name, group, shape) mn_tensor name;
+    MN_SEGMENT_OUTPUTS(MN_OUTPUT_MEMBER)
+#undef MN_OUTPUT_MEMBER
 } mn_segment_outputs;
+
+/* The rows as data: name, group, and the member of out. */
+typedef struct mn_output_row {
+    const char *name, *group;
+} mn_output_row;
+extern const mn_output_row mn_segment_output_rows[];
+extern const int mn_segment_output_count;
+mn_tensor *mn_segment_output(mn_segment_outputs *out, int i);
 
 /* A state from initial parameters given per name (W1, b1, ...) with shapes
  * [...], [H,...] or [B,H,...], and optional initial momenta (NULL entries or

@@ -159,11 +159,16 @@ mn_status mn_result_tree(const mn_rule *rule, const mn_node *rule_group, const m
         if (rule_group) ok = copy_attr_group(rg, rule_group);
         else ok = mn_rule_to_tree(rule, rg) == MN_OK;
     }
+    /* /outputs and (with trace) /trace, from the rows of MN_SEGMENT_OUTPUTS. */
     mn_node *outputs = ok ? mn_node_add_group(root, "outputs") : NULL;
-    ok = outputs && mn_node_add_tensor(outputs, "y", &out->y) && mn_node_add_tensor(outputs, "loss", &out->loss) &&
-         mn_node_add_tensor(outputs, "grad_norm", &out->grad_norm) &&
-         mn_node_add_tensor(outputs, "clip_scale", &out->clip_scale) &&
-         mn_node_add_tensor(outputs, "skipped", &out->skipped);
+    mn_node *tr = ok && trace ? mn_node_add_group(root, "trace") : NULL;
+    ok = outputs && (tr || !trace);
+    for (int i = 0; ok && i < mn_segment_output_count; i++) {
+        const mn_output_row *row = &mn_segment_output_rows[i];
+        mn_node *g = strcmp(row->group, "outputs") == 0 ? outputs : tr;
+        const mn_tensor *t = mn_segment_output((mn_segment_outputs *)out, i);
+        if (g && t->storage) ok = mn_node_add_tensor(g, row->name, t) != NULL;
+    }
     mn_node *fin = ok ? mn_node_add_group(root, "final") : NULL;
     ok = fin != NULL;
     for (int i = 0; ok && i < final->nparams; i++) {
@@ -171,11 +176,6 @@ mn_status mn_result_tree(const mn_rule *rule, const mn_node *rule_group, const m
         mn_rule_param_name(rule, i, name, sizeof name);
         snprintf(sname, sizeof sname, "S_%s", name);
         ok = mn_node_add_tensor(fin, name, &final->params[i]) && mn_node_add_tensor(fin, sname, &final->momenta[i]);
-    }
-    if (ok && trace) {
-        mn_node *tr = mn_node_add_group(root, "trace");
-        ok = tr && mn_node_add_tensor(tr, "step_loss", &out->step_loss) &&
-             mn_node_add_tensor(tr, "weight_norm", &out->weight_norm);
     }
     if (!ok) {
         mn_node_free(root);
