@@ -246,6 +246,13 @@ static mn_status check_expr(const mn_rule *r, const char *attr, const mn_part *p
  * the expressions of custom parts. */
 mn_status mn_rule_validate(const mn_rule *r)
 {
+    /* Numbers first, so that a NaN is named as such before a part's bound. */
+    for (int f = 0; f < mn_rule_field_count; f++) {
+        double x = mn_rule_field_get(r, f);
+        if (mn_rule_fields[f].type == MN_FIELD_NUM && !isfinite(x))
+            return mn_fail(MN_ERR_ARG, "%s must be a finite number, got %s", mn_rule_fields[f].name,
+                           x != x ? "nan" : x > 0 ? "inf" : "-inf");
+    }
     for (int f = 0; f < mn_rule_field_count; f++) {
         const mn_field *fd = &mn_rule_fields[f];
         double x = mn_rule_field_get(r, f);
@@ -255,9 +262,7 @@ mn_status mn_rule_validate(const mn_rule *r)
                 return mn_fail(MN_ERR_ARG, "%s must be between %d and %d, got %g", fd->name, fd->lo, fd->hi, x);
             break;
         case MN_FIELD_BOOL: break;
-        case MN_FIELD_NUM:
-            if (!isfinite(x)) return mn_fail(MN_ERR_ARG, "%s must be a finite number, got %g", fd->name, x);
-            break;
+        case MN_FIELD_NUM: break; /* checked above */
         case MN_FIELD_CHOICE: {
             const mn_part *part = mn_rule_part(r, fd->set, (int)x);
             if (!part) return mn_fail(MN_ERR_ARG, "%s: no such choice (%g)", fd->name, x);
