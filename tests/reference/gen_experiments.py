@@ -342,7 +342,9 @@ def write_config(path, cfg):
             cg = g.create_group("constants")
             for key, val in cfg["constants"].items():
                 cg.attrs[key] = np.float64(val)
-        for group in ("inputs", "gates", "init"):
+        for group in ("inputs", "gates", "init", "upstream"):
+            if group == "upstream" and not cfg.get(group):
+                continue
             g = f.create_group(group)
             for key, arr in cfg[group].items():
                 g.create_dataset(key, data=np.asarray(arr, dtype="<f4"))

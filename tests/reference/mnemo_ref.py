@@ -18,6 +18,12 @@ As a module:
     exp = load_experiment("exp.h5")      # validated, broadcast numpy arrays
     res = run(exp)                       # dict of float64 numpy outputs
     write_result("res.h5", exp, res)
+
+Gradients (SPEC.md section 7): an experiment with /upstream gets res["grads"]
+and a /grads group in its result. The run is then one autograd graph whose
+step gradients come from torch.autograd.grad(..., create_graph=True), as
+titans-pytorch computes them; test_reference_grads.py checks it against
+finite differences.
 """
 
 import argparse
@@ -158,6 +164,7 @@ class Experiment:
         self._read_inputs(f, fn)
         self._read_init(f, fn)
         self._read_gates(f, fn)
+        self._read_upstream(f, fn)
         self._compile_exprs(fn)
 
     def _read_rule(self, f, fn):
@@ -338,6 +345,38 @@ class Experiment:
                                     "[B,H,T]" if name == "theta" else "[B,H,S]", _shape_str(full)))
             setattr(self, name, out)
 
+    def final_names(self):
+        """Final tensors of a run: W1, b1, ..., then S_W1, S_b1, ..."""
+        names = self.param_names()
+        return names + ["S_" + n for n in names]
+
+    def _read_upstream(self, f, fn):
+        """/upstream (SPEC.md sections 5 and 7): dy, dloss and d<final tensor>,
+        any subset, each at its output's full shape. None when absent."""
+        self.upstream = None
+        g = f.get("upstream")
+        if g is None:
+            return
+        if not isinstance(g, h5py.Group):
+            raise InputError("%s: /upstream is not a group" % fn)
+        B, H, T = self.B, self.H, self.T
+        shapes = {"dy": (B, H, T, self.dv), "dloss": (B, H, T)}
+        for n in self.final_names():
+            shapes["d" + n] = (B, H) + self.param_shape(n[2:] if n.startswith("S_") else n)
+        up = {}
+        for key in g:
+            if key not in shapes:
+                raise InputError("%s: unexpected dataset /upstream/%s (expected %s)"
+                                 % (fn, key, ", ".join(shapes)))
+            arr = _read_array(f, "upstream/" + key, fn)
+            if arr is None:
+                raise InputError("%s: /upstream/%s is not a dataset" % (fn, key))
+            if arr.shape != shapes[key]:
+                raise InputError("%s: dataset /upstream/%s: shape %s, expected %s"
+                                 % (fn, key, _shape_str(arr.shape), _shape_str(shapes[key])))
+            up[key] = arr
+        self.upstream = up
+
     def _compile_exprs(self, fn):
         rule = self.rule
         self.loss_expr = self.act_expr = self.clip_expr = None
@@ -439,9 +478,30 @@ def _sqnorm(g):
     return g.pow(2).flatten(2).sum(-1) if g.dim() > 2 else g.pow(2)
 
 
+def _safe_sqrt(sq):
+    """sqrt(sq) with value 0 and gradient 0 at sq = 0 (and at NaN): torch's
+    sqrt has an infinite derivative at 0, and 0 * inf would turn the backward
+    of a zero step gradient into NaN. SPEC.md section 7: at |G| = 0 the clip
+    scale has no gradient."""
+    pos = sq > 0
+    return torch.where(pos, torch.sqrt(torch.where(pos, sq, torch.ones_like(sq))),
+                       torch.zeros_like(sq))
+
+
+def _hold(x, mask):
+    """x's value, with no gradient flowing back to x where mask (broadcast
+    against x) is true. A select, not a product: a NaN cotangent there becomes
+    an exact zero instead of spreading."""
+    return torch.where(mask, x.detach(), x)
+
+
 def clip_step(exp, names, G):
     """Clip the step gradient (SPEC.md section 2). Returns (Gt, scale [B,H])
-    where scale is what clip_scale reports for a step that is not skipped."""
+    where scale is what clip_scale reports for a step that is not skipped.
+    Written so that autograd follows SPEC.md section 7 at the kinks: a norm
+    clip with |G| <= m has scale 1 and no gradient through it, |G| = 0 gives
+    scale 1 without gradient, a value clip passes the gradient where
+    -c <= G <= c (torch's clamp)."""
     rule = exp.rule
     kind, m, scope = rule["clip"], rule["clip_max"], rule["clip_scope"]
     some = G[names[0]]
@@ -454,18 +514,23 @@ def clip_step(exp, names, G):
         return {n: exp.clip_expr(g=G[n]) for n in names}, ones
 
     def scale_of(norm):
+        # Each division sits behind a where on its own denominator too: the
+        # branch that where does not select still gets a zero cotangent, and
+        # zero times the derivative of m / 0 is NaN.
+        one = torch.ones_like(norm)
         if kind == "norm":
-            # the scale is 1 at |G| = 0 (m / 0 is never used)
-            return torch.where(norm > 0, torch.clamp(m / norm, max=1.0), torch.ones_like(norm))
+            big = norm > m
+            return torch.where(big, m / torch.where(big, norm, one), one)
         if kind == "softnorm":
-            return torch.where(norm > 0, m * torch.tanh(norm / m) / norm, torch.ones_like(norm))
+            pos = norm > 0
+            n1 = torch.where(pos, norm, one)
+            return torch.where(pos, m * torch.tanh(n1 / m) / n1, one)
         return exp.clip_expr(n=norm)  # scale: evaluated as written, even at n = 0
 
     if scope == "global":
-        norm = torch.sqrt(sum(_sqnorm(G[n]) for n in names))
-        s = scale_of(norm)
+        s = scale_of(_safe_sqrt(sum(_sqnorm(G[n]) for n in names)))
         return {n: G[n] * _per_memory(s, G[n]) for n in names}, s
-    scales = {n: scale_of(torch.sqrt(_sqnorm(G[n]))) for n in names}
+    scales = {n: scale_of(_safe_sqrt(_sqnorm(G[n]))) for n in names}
     smallest = torch.stack([scales[n] for n in names]).min(dim=0).values
     return {n: G[n] * _per_memory(scales[n], G[n]) for n in names}, smallest
 
@@ -480,24 +545,82 @@ def retrieval_index(exp):
     return a
 
 
-def run(exp, dtype=torch.float64, trace=False):
+def _zero_rows(x, rows):
+    """x [B,H,N,d] with the tokens where rows [B,H,N] is true set to zero: a
+    finite stand-in, so that the zero cotangent of a token whose output is
+    not used meets no NaN or Inf in a product (0 * NaN is NaN)."""
+    return torch.where(rows[..., None], torch.zeros_like(x), x)
+
+
+def _finite_rows(x):
+    """[B,H,N,d] -> [B,H,N]: whether every feature of a token is finite."""
+    return torch.isfinite(x).all(dim=-1)
+
+
+def run(exp, dtype=torch.float64, trace=False, grads=True):
     """Run the experiment; returns a dict of numpy float64 arrays: y, loss,
     grad_norm, clip_scale, skipped, and W1.. / S_W1.. (final). With trace=True
-    also 'W_hist' and 'S_hist': lists of per-step parameter dicts."""
+    also 'W_hist' and 'S_hist': lists of per-step parameter dicts.
+
+    When the experiment has /upstream (and grads is true) the result also
+    holds 'grads': SPEC.md section 7's gradients of
+    L = <dy, y> + <dloss, loss> + sum_P <dP, P^(S)> with respect to k, v, q
+    (q only when the file has q), theta, eta, alpha (full [B,H,T] / [B,H,S]
+    shapes) and every initial parameter and momentum ([B,H,...]). The run is
+    then one autograd graph, as titans-pytorch builds it: each step's
+    gradient G_s comes from torch.autograd.grad(..., create_graph=True), so
+    the backward of L runs through G_s into its gradient point, the step's
+    tokens and theta (second derivatives of the loss and of phi included)."""
     rule = exp.rule
     B, H, T, S = exp.B, exp.H, exp.T, exp.S
     c, r = rule["step"], rule["refresh"]
     names = exp.param_names()
+    upstream = exp.upstream if grads else None
+    diff = upstream is not None
     t = lambda a: torch.as_tensor(a, dtype=dtype)
 
-    k, v, q = t(exp.k), t(exp.v), t(exp.q)
-    theta, eta, alpha = t(exp.theta), t(exp.eta), t(exp.alpha)
-    W = {n: t(exp.params[n]) for n in names}
-    Sm = {n: t(exp.momenta[n]) for n in names}
+    leaves = {}   # the tensors the gradients are taken with respect to
+
+    def leaf(name, arr):
+        x = t(arr)
+        if diff:
+            x = x.clone().requires_grad_(True)
+            leaves[name] = x
+        return x
+
+    k, v = leaf("k", exp.k), leaf("v", exp.v)
+    q = leaf("q", exp.q) if exp.has_q else k      # no q: k's gradient holds both uses
+    theta, eta, alpha = leaf("theta", exp.theta), leaf("eta", exp.eta), leaf("alpha", exp.alpha)
+    W = {n: leaf(n, exp.params[n]) for n in names}
+    Sm = {n: leaf("S_" + n, exp.momenta[n]) for n in names}
     model = Memory(exp)
     token_loss = make_token_loss(exp)
+    if diff:
+        # Tokens with a non-finite key or value (query for retrieval): their
+        # loss or output is not finite, and its gradient is left out (SPEC.md
+        # section 7: entries at non-finite inputs are unspecified, all others
+        # must be finite).
+        bad_kv = ~(_finite_rows(k.detach()) & _finite_rows(v.detach()))
+        bad_q = ~_finite_rows(q.detach())
 
-    loss_out = torch.zeros(B, H, T, dtype=dtype)
+    def step_gradient(Wbar, ks, vs, ths, n_tok):
+        """G_s at Wbar (SPEC.md section 2) and the step's per-token losses."""
+        y = model(Wbar, ks)
+        l_t = token_loss(y, vs)                                # [B,H,n], before theta
+        objective = (ths * l_t).sum()
+        if rule["token_reduce"] == "mean":
+            objective = objective / n_tok
+        params = [Wbar[n] for n in names]
+        if objective.requires_grad:
+            g = torch.autograd.grad(objective, params, allow_unused=True, create_graph=diff)
+        else:  # a custom loss that does not depend on y at all
+            g = [None] * len(params)
+        G = {n: (gi if gi is not None else torch.zeros_like(p)) for n, gi, p in zip(names, g, params)}
+        if not diff:
+            G = {n: G[n].detach() for n in names}
+        return G, l_t
+
+    loss_parts = []
     grad_norm = torch.zeros(B, H, S, dtype=dtype)
     clip_scale = torch.zeros(B, H, S, dtype=dtype)
     skipped = torch.zeros(B, H, S, dtype=dtype)
@@ -507,24 +630,33 @@ def run(exp, dtype=torch.float64, trace=False):
     for s in range(S):
         lo, hi = s * c, min((s + 1) * c, T)
         j = 0 if r == 0 else (s * c // r) * (r // c)   # first step of s's refresh block
-        Wbar = {n: W_hist[j][n].detach().clone().requires_grad_(True) for n in names}
+        if diff:
+            Wbar = W_hist[j]
+        else:
+            Wbar = {n: W_hist[j][n].detach().clone().requires_grad_(True) for n in names}
+        ks, vs, ths = k[:, :, lo:hi], v[:, :, lo:hi], theta[:, :, lo:hi]
+        G, l_t = step_gradient(Wbar, ks, vs, ths, hi - lo)
 
-        y = model(Wbar, k[:, :, lo:hi])
-        l_t = token_loss(y, v[:, :, lo:hi])                    # [B,H,n], before theta
-        objective = (theta[:, :, lo:hi] * l_t).sum()
-        if rule["token_reduce"] == "mean":
-            objective = objective / (hi - lo)
-        params = [Wbar[n] for n in names]
-        if objective.requires_grad:
-            grads = torch.autograd.grad(objective, params, allow_unused=True)
-        else:  # a custom loss that does not depend on y at all
-            grads = [None] * len(params)
-        G = {n: (g if g is not None else torch.zeros_like(p)).detach()
-             for n, g, p in zip(names, grads, params)}
-
-        norm = torch.sqrt(sum(_sqnorm(G[n]) for n in names))
-        finite = torch.stack([torch.isfinite(G[n]).flatten(2).all(-1) if G[n].dim() > 2
-                              else torch.isfinite(G[n]) for n in names]).all(dim=0)  # [B,H]
+        sq = sum(_sqnorm(G[n].detach()) for n in names)
+        finite = torch.stack([torch.isfinite(G[n].detach()).flatten(2).all(-1) if G[n].dim() > 2
+                              else torch.isfinite(G[n].detach()) for n in names]).all(dim=0)  # [B,H]
+        if diff and not bool(finite.all()):
+            # A skipped step is the identity (SPEC.md section 7). Its G is NaN
+            # or Inf somewhere, and the zero cotangent that where() gives the
+            # discarded update would meet those values in the backward
+            # (0 * NaN): recompute G from held inputs so that nothing of the
+            # skipped memories' step reaches their weights, tokens or theta.
+            skip = ~finite
+            Wh = {n: _hold(Wbar[n], _per_memory(skip, Wbar[n])) for n in names}
+            G, _ = step_gradient(Wh, _hold(ks, skip[:, :, None, None]), _hold(vs, skip[:, :, None, None]),
+                                 _hold(ths, skip[:, :, None]), hi - lo)
+        if diff:
+            bad = bad_kv[:, :, lo:hi]
+            if bool(bad.any()):
+                # the loss keeps its value; its gradient comes from zeroed
+                # inputs at the bad tokens, where where() then blocks it
+                clean = token_loss(model(Wbar, _zero_rows(ks, bad)), _zero_rows(vs, bad))
+                l_t = torch.where(bad, l_t.detach(), clean)
         Gt, scale = clip_step(exp, names, G)
 
         eta_s, alpha_s = eta[:, :, s], alpha[:, :, s]
@@ -540,29 +672,56 @@ def run(exp, dtype=torch.float64, trace=False):
         W_hist.append(W_new)
         S_hist.append(S_new)
 
-        loss_out[:, :, lo:hi] = l_t.detach()
-        grad_norm[:, :, s] = norm
-        clip_scale[:, :, s] = torch.where(finite, scale, torch.zeros_like(scale))
+        loss_parts.append(l_t if diff else l_t.detach())
+        grad_norm[:, :, s] = torch.sqrt(sq)
+        clip_scale[:, :, s] = torch.where(finite, scale.detach(), torch.zeros_like(scale.detach()))
         skipped[:, :, s] = (~finite).to(dtype)
 
     # Retrieval: y_out_t = M(q_t; W^(a(t))), grouped by the weights used.
     a_of_t = retrieval_index(exp)
     y_out = torch.zeros(B, H, T, exp.dv, dtype=dtype)
-    with torch.no_grad():
-        for a in sorted(set(a_of_t)):
-            idx = torch.tensor([tt for tt in range(T) if a_of_t[tt] == a])
-            y_out[:, :, idx] = model(W_hist[a], q[:, :, idx])
+    for a in sorted(set(a_of_t)):
+        idx = torch.tensor([tt for tt in range(T) if a_of_t[tt] == a])
+        ya = model(W_hist[a], q[:, :, idx])
+        if diff and bool(bad_q[:, :, idx].any()):
+            bad = bad_q[:, :, idx]
+            ya = torch.where(bad[..., None], ya.detach(), model(W_hist[a], _zero_rows(q[:, :, idx], bad)))
+        y_out = y_out.index_copy(2, idx, ya)
+    loss_out = torch.cat(loss_parts, dim=2)
 
+    finals = {}
+    for n in names:
+        finals[n] = W_hist[-1][n]
+        finals["S_" + n] = S_hist[-1][n]
     res = {"y": y_out, "loss": loss_out, "grad_norm": grad_norm,
            "clip_scale": clip_scale, "skipped": skipped}
-    for n in names:
-        res[n] = W_hist[-1][n]
-        res["S_" + n] = S_hist[-1][n]
-    res = {key: val.detach().to(torch.float64).numpy() for key, val in res.items()}
+    res.update(finals)
+    if diff:
+        res["grads"] = _backward(upstream, {"y": y_out, "loss": loss_out}, finals, leaves, t)
+    res = {key: (val if key == "grads" else val.detach().to(torch.float64).numpy())
+           for key, val in res.items()}
     if trace:
         res["W_hist"] = [{n: w[n].detach().numpy() for n in names} for w in W_hist]
         res["S_hist"] = [{n: w[n].detach().numpy() for n in names} for w in S_hist]
     return res
+
+
+def _backward(upstream, outputs, finals, leaves, t):
+    """The gradients of L = <dy, y> + <dloss, loss> + sum_P <dP, P^(S)>
+    (SPEC.md section 7) w.r.t. the leaves, as float64 numpy arrays (zeros
+    where L does not depend on a leaf)."""
+    terms = []
+    for key, val in upstream.items():
+        out = outputs[key[1:]] if key in ("dy", "dloss") else finals[key[1:]]
+        terms.append((t(val) * out).sum())
+    inputs = list(leaves.values())
+    L = sum(terms) if terms else None
+    if L is not None and L.requires_grad:
+        g = torch.autograd.grad(L, inputs, allow_unused=True)
+    else:
+        g = [None] * len(inputs)
+    return {name: (gi.detach() if gi is not None else torch.zeros_like(x.detach())).to(torch.float64).numpy()
+            for (name, x), gi in zip(leaves.items(), g)}
 
 
 # ---------------------------------------------------------------------------
@@ -570,6 +729,12 @@ def run(exp, dtype=torch.float64, trace=False):
 # ---------------------------------------------------------------------------
 
 OUTPUT_NAMES = ("y", "loss", "grad_norm", "clip_scale", "skipped")
+
+
+def grad_names(exp):
+    """The datasets of /grads (SPEC.md section 5), in the order written."""
+    return (["k", "v"] + (["q"] if exp.has_q else []) + ["theta", "eta", "alpha"]
+            + exp.final_names())
 
 
 def engine_name():
@@ -607,6 +772,10 @@ def write_result(path, exp, res, out_dtype=np.float32, precision="fp64"):
                 g.create_dataset(n, data=res[n].astype(out_dtype))
             for n in names:
                 g.create_dataset("S_" + n, data=res["S_" + n].astype(out_dtype))
+            if "grads" in res:
+                g = out.create_group("grads")
+                for n in grad_names(exp):
+                    g.create_dataset(n, data=res["grads"][n].astype(out_dtype))
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
