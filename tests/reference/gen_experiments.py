@@ -315,8 +315,38 @@ def make_config(seed, i, max_T=64):
                 theta_kind, gate_kinds["eta"], gate_kinds["alpha"], ax["init_layout"],
                 "yes" if ax["momentum_init"] else "no", "yes" if ax["q"] else "no",
                 ",".join(bad) if bad else "none", ax["strings"]))
+    upstream = make_upstream(seed, i, B, H, T, dv, names)
+    if upstream:
+        desc += " upstream=" + ",".join(upstream)
     return {"rule": rule, "constants": constants, "inputs": inputs, "gates": gates,
-            "init": init, "desc": desc, "strings": ax["strings"], "seed": seed, "index": i}
+            "init": init, "upstream": upstream, "desc": desc, "strings": ax["strings"], "seed": seed, "index": i}
+
+
+# The share of files with /upstream (SPEC.md section 7 gradients), stratified
+# like the axes: UPSTREAM_SHARE[0] of every UPSTREAM_SHARE[1] consecutive files.
+UPSTREAM_SHARE = (17, 20)
+
+
+def make_upstream(seed, i, B, H, T, dv, params):
+    """/upstream of file i, or {}: a random non-empty subset of dy, dloss and
+    d<final tensor> (final tensors picked one by one), standard normal. Drawn
+    from streams of their own, so that the rest of file i is the same with or
+    without it (and as it was before files had /upstream)."""
+    n_up, n = UPSTREAM_SHARE
+    if not _axis_value(seed, 100, [True] * n_up + [False] * (n - n_up), i):
+        return {}
+    rng = np.random.default_rng([seed, i, 100])
+    finals = [(n, s) for n, s in params] + [("S_" + n, s) for n, s in params]
+    while True:
+        pick = {"dy": rng.random() < 0.6, "dloss": rng.random() < 0.6}
+        p_final = rng.choice([0.0, 0.3, 1.0])
+        pick.update({"d" + n: rng.random() < p_final for n, _ in finals})
+        if any(pick.values()):
+            break
+    shapes = {"dy": (B, H, T, dv), "dloss": (B, H, T)}
+    shapes.update({"d" + n: (B, H) + s for n, s in finals})
+    return {key: rng.standard_normal(shapes[key]).astype(np.float32)
+            for key in shapes if pick[key]}
 
 
 def write_config(path, cfg):

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mnemo_expr import ExprError, abs_nan, compile_expr  # noqa: E402
+from mnemo_expr import ExprError, abs_nan, compile_expr, gelu  # noqa: E402
 
 VERSION = "1.0"
 SCHEMA = 1
@@ -419,7 +419,7 @@ class Memory:
         act = exp.rule["activation"]
         self.phi = {
             "silu": F.silu,
-            "gelu": F.gelu,            # exact erf form (approximate='none')
+            "gelu": gelu,              # exact erf form (see mnemo_expr.gelu)
             "relu": F.relu,
             "tanh": torch.tanh,
             "identity": lambda z: z,
@@ -735,6 +735,22 @@ def grad_names(exp):
     """The datasets of /grads (SPEC.md section 5), in the order written."""
     return (["k", "v"] + (["q"] if exp.has_q else []) + ["theta", "eta", "alpha"]
             + exp.final_names())
+
+
+def grad_compare_mask(exp, name):
+    """Which entries of gradient `name` an engine's /grads is held to: all but
+    those at non-finite inputs (SPEC.md section 7 leaves them unspecified)
+    and, for k, v and q, all features of a token whose key, value or query
+    has a non-finite entry (its loss or output is not finite; this reference
+    cuts that token's loss and output from the gradient, and an engine may
+    treat its other features differently)."""
+    if name in ("k", "v", "q"):
+        rows = np.isfinite(exp.k).all(-1) & np.isfinite(exp.v).all(-1) & np.isfinite(exp.q).all(-1)
+        return np.broadcast_to(rows[..., None], getattr(exp, name).shape)
+    if name in ("theta", "eta", "alpha"):
+        return np.isfinite(getattr(exp, name))
+    x = exp.momenta[name[2:]] if name.startswith("S_") else exp.params[name]
+    return np.isfinite(x)
 
 
 def engine_name():

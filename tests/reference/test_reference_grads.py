@@ -472,7 +472,76 @@ def _result_file_has_grads():
             expect(msg in str(e) and path in str(e), "message %r lacks %r" % (str(e), msg))
 
 
-STANDALONE = [("kink_conventions", _kink_conventions), ("result_file_grads", _result_file_has_grads)]
+def _generator_upstream():
+    """gen_experiments gives /upstream to 17 of every 20 files (conformance:
+    170 of its 200), as random non-empty subsets of dy, dloss and final
+    tensors of the right shapes, without changing the rest of a file."""
+    kinds = {"dy only": 0, "dloss only": 0, "final only": 0, "dy+dloss": 0, "all three": 0,
+             "W": 0, "S": 0, "b": 0}
+    n_up = 0
+    for i in range(200):
+        cfg = gen.make_config(1, i, 64)
+        up = cfg["upstream"]
+        if not up:
+            expect("upstream=" not in cfg["desc"], "config %d: desc names an upstream it lacks" % i)
+            continue
+        n_up += 1
+        expect("upstream=" + ",".join(up) in cfg["desc"], "config %d: desc lacks its upstream" % i)
+        has = ("dy" in up, "dloss" in up, any(k not in ("dy", "dloss") for k in up))
+        kinds["dy only"] += has == (True, False, False)
+        kinds["dloss only"] += has == (False, True, False)
+        kinds["final only"] += has == (False, False, True)
+        kinds["dy+dloss"] += has == (True, True, False)
+        kinds["all three"] += has == (True, True, True)
+        for key in up:
+            if key not in ("dy", "dloss"):
+                kinds[key[1] if key[1] != "S" else "S"] += 1
+        if i < 40:   # shapes, through the reference's own reader
+            path = os.path.join(TMP, "gen_up_%d.h5" % i)
+            gen.write_config(path, cfg)
+            exp = mnemo_ref.load_experiment(path)
+            expect(set(exp.upstream) == set(up), "config %d: upstream read back as %s" % (i, sorted(exp.upstream)))
+    expect(n_up == 170, "%d of 200 files have /upstream, want 170" % n_up)
+    missing = [k for k, n in kinds.items() if n == 0]
+    expect(not missing, "never generated: %s (%s)" % (missing, kinds))
+    print("  upstream in 200 configs: %d; %s" % (n_up, " ".join("%s:%d" % kv for kv in kinds.items())))
+
+
+def _generator_grads_fp32():
+    """The generator's files are conditioned so that fp32 gradients can meet
+    1e-4: torch's float32 run of the reference stands in for an fp32 engine
+    on 100 files of seed 77. Tensors whose float64 norm is below 1e-10 cancel
+    to rounding noise (e.g. theta's gradient under an active norm clip with
+    one token per step, where the update does not depend on theta's scale);
+    they are counted, not held."""
+    worst, where, cancel, n = 0.0, "", 0, 0
+    for i in range(100):
+        cfg = gen.make_config(77, i, 64)
+        if not cfg["upstream"]:
+            continue
+        n += 1
+        exp = load(cfg, "gen77_%d" % i)
+        r64 = mnemo_ref.run(exp)["grads"]
+        r32 = mnemo_ref.run(exp, dtype=torch.float32)["grads"]
+        for name, b in r64.items():
+            m = mnemo_ref.grad_compare_mask(exp, name)
+            a, bb = r32[name][m], b[m]
+            expect(np.array_equal(np.isfinite(a), np.isfinite(bb)),
+                   "config %d %s: non-finite places differ (%s)" % (i, name, cfg["desc"]))
+            nb = np.linalg.norm(bb[np.isfinite(bb)])
+            if nb < 1e-10:
+                cancel += 1
+                continue
+            e = np.linalg.norm((a - bb)[np.isfinite(bb)]) / nb
+            if e > worst:
+                worst, where = e, "config %d %s (%s)" % (i, name, cfg["desc"])
+    expect(worst < 1e-4, "fp32 vs float64 gradient error %.3g at %s" % (worst, where))
+    print("  worst fp32 vs float64 gradient error over %d configs: %.2g (%d tensors cancel)"
+          % (n, worst, cancel))
+
+
+STANDALONE = [("kink_conventions", _kink_conventions), ("result_file_grads", _result_file_has_grads),
+              ("generator_upstream", _generator_upstream), ("generator_grads_fp32", _generator_grads_fp32)]
 
 
 if __name__ == "__main__":
