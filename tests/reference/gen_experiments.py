@@ -25,6 +25,15 @@ built-in parts have them too: relu, l1, value clip). Measured with torch's
 fp32 as the stand-in engine, the worst relative error over 1800 configs is
 below 4e-6 (test_reference.py checks 120 of them against 1e-5).
 
+Gradients (SPEC.md section 7): 17 of every 20 files (stratified) carry
+/upstream, a random non-empty subset of dy, dloss and d<final tensor>, drawn
+from random streams of their own so that the rest of a file does not depend
+on it. The conditioning above serves the gradients too: torch's float32
+gradients stay within 1e-4 of float64 on these files (test_reference_grads.py
+checks 85 of them), except tensors that cancel to rounding noise (theta's
+gradient under an active norm clip with one token per step: the update does
+not depend on theta's scale).
+
 Needs numpy and h5py only (no torch), so it starts fast.
 """
 
@@ -315,8 +324,38 @@ def make_config(seed, i, max_T=64):
                 theta_kind, gate_kinds["eta"], gate_kinds["alpha"], ax["init_layout"],
                 "yes" if ax["momentum_init"] else "no", "yes" if ax["q"] else "no",
                 ",".join(bad) if bad else "none", ax["strings"]))
+    upstream = make_upstream(seed, i, B, H, T, dv, names)
+    if upstream:
+        desc += " upstream=" + ",".join(upstream)
     return {"rule": rule, "constants": constants, "inputs": inputs, "gates": gates,
-            "init": init, "desc": desc, "strings": ax["strings"], "seed": seed, "index": i}
+            "init": init, "upstream": upstream, "desc": desc, "strings": ax["strings"], "seed": seed, "index": i}
+
+
+# The share of files with /upstream (SPEC.md section 7 gradients), stratified
+# like the axes: UPSTREAM_SHARE[0] of every UPSTREAM_SHARE[1] consecutive files.
+UPSTREAM_SHARE = (17, 20)
+
+
+def make_upstream(seed, i, B, H, T, dv, params):
+    """/upstream of file i, or {}: a random non-empty subset of dy, dloss and
+    d<final tensor> (final tensors picked one by one), standard normal. Drawn
+    from streams of their own, so that the rest of file i is the same with or
+    without it (and as it was before files had /upstream)."""
+    n_up, n = UPSTREAM_SHARE
+    if not _axis_value(seed, 100, [True] * n_up + [False] * (n - n_up), i):
+        return {}
+    rng = np.random.default_rng([seed, i, 100])
+    finals = [(n, s) for n, s in params] + [("S_" + n, s) for n, s in params]
+    while True:
+        pick = {"dy": rng.random() < 0.6, "dloss": rng.random() < 0.6}
+        p_final = rng.choice([0.0, 0.3, 1.0])
+        pick.update({"d" + n: rng.random() < p_final for n, _ in finals})
+        if any(pick.values()):
+            break
+    shapes = {"dy": (B, H, T, dv), "dloss": (B, H, T)}
+    shapes.update({"d" + n: (B, H) + s for n, s in finals})
+    return {key: rng.standard_normal(shapes[key]).astype(np.float32)
+            for key in shapes if pick[key]}
 
 
 def write_config(path, cfg):
@@ -342,7 +381,9 @@ def write_config(path, cfg):
             cg = g.create_group("constants")
             for key, val in cfg["constants"].items():
                 cg.attrs[key] = np.float64(val)
-        for group in ("inputs", "gates", "init"):
+        for group in ("inputs", "gates", "init", "upstream"):
+            if group == "upstream" and not cfg.get(group):
+                continue
             g = f.create_group(group)
             for key, arr in cfg[group].items():
                 g.create_dataset(key, data=np.asarray(arr, dtype="<f4"))

@@ -62,6 +62,14 @@ def abs_nan(x):
     return _AbsNaN.apply(x)
 
 
+def gelu(x):
+    """Exact gelu, x * Phi(x), written with erf. Not F.gelu: its second
+    derivative in float32 (GeluBackwardBackward, torch 1.13 on CPU) returned
+    different garbage from one call to the next (measured: gradients of 1e22
+    and NaN where float64 gives O(1)); the gradients of a run go through it."""
+    return 0.5 * x * (1.0 + torch.erf(x * 0.7071067811865476))
+
+
 # name -> (number of arguments, torch implementation). min and max take two
 # arguments, like the C engine's table; torch.minimum/maximum give autograd a
 # subgradient at ties (they split it), which differs from a one-sided choice
@@ -79,7 +87,7 @@ FUNCTIONS = {
     "sign": (1, _sign_nan),
     "relu": (1, torch.relu),
     "silu": (1, F.silu),
-    "gelu": (1, F.gelu),  # default approximate='none': the exact erf form
+    "gelu": (1, gelu),    # the exact erf form
     "min": (2, torch.minimum),
     "max": (2, torch.maximum),
     "where": (3, _where),

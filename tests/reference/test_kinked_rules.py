@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""test_kinked_rules: test_conformance.kinked_rule, which decides which rules
+SPEC.md section 3 holds to the reduced-precision bounds on widths >= 16 only
+(a kink that rounding can flip: l1, huber, lp with p < 2, relu, value clips,
+custom expressions with abs, sign, min, max, relu, where or comparisons).
+The conformance runs that use it (tf32, bf16) need a GPU; this checks the
+classification itself over a table of rules. Prints PASS/FAIL lines.
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import gen_experiments  # noqa: E402
+import mnemo_ref  # noqa: E402
+import test_conformance as conf  # noqa: E402
+
+# (rule attributes, None for smooth or a substring of the reason)
+TABLE = [
+    ({}, None),                                                     # all defaults: linear mse
+    ({"loss": "mse", "layers": 2, "activation": "silu"}, None),
+    ({"loss": "l1"}, "loss l1"),
+    ({"loss": "huber", "loss_delta": 0.5}, "loss huber"),
+    ({"loss": "lp"}, "loss lp(1.5)"),                               # default p = 1.5 < 2
+    ({"loss": "lp", "loss_p": 1.99}, "loss lp(1.99)"),
+    ({"loss": "lp", "loss_p": 2.0}, None),
+    ({"loss": "lp", "loss_p": 3.0}, None),
+    ({"loss": "dot"}, None),
+    ({"layers": 2, "activation": "relu"}, "activation relu"),
+    ({"layers": 1, "activation": "relu"}, None),                    # a linear memory has no phi
+    ({"layers": 3, "activation": "gelu"}, None),
+    ({"layers": 2, "activation": "tanh"}, None),
+    ({"layers": 2, "activation": "identity"}, None),
+    ({"clip": "value", "clip_max": 0.1}, "value clip"),
+    ({"clip": "norm"}, None),
+    ({"clip": "softnorm", "clip_scope": "tensor"}, None),
+    ({"clip": "scale", "clip_expr": "1/(1 + n)"}, None),
+    ({"clip": "scale", "clip_expr": "min(1, m/(n + 1e-12))"}, "clip_expr min"),
+    ({"clip": "scale", "clip_expr": "where(n > m, m/n, 1)"}, "clip_expr comparison >"),
+    ({"clip": "elementwise", "clip_expr": "m*tanh(g/m)"}, None),
+    ({"clip": "elementwise", "clip_expr": "sign(g)*min(abs(g), m)"}, "clip_expr sign"),
+    ({"clip": "elementwise", "clip_expr": "max(min(g, m), -m)"}, "clip_expr max"),
+    ({"loss": "custom", "loss_expr": "r^2"}, None),
+    ({"loss": "custom", "loss_expr": "sqrt(r^2 + eps)"}, None),
+    ({"loss": "custom", "loss_expr": "log(1 + r^2)"}, None),
+    ({"loss": "custom", "loss_expr": "abs(r)"}, "loss_expr abs"),
+    ({"loss": "custom", "loss_expr": "0.5*r^2 + c3*abs(r)^3"}, "loss_expr abs"),
+    ({"loss": "custom", "loss_expr": "where(abs(r) <= delta, 0.5*r^2, delta*(abs(r) - 0.5*delta))"},
+     "loss_expr comparison <="),
+    ({"loss": "custom", "loss_expr": "(r < 0)*r^2 + r^2"}, "comparison <"),
+    ({"loss": "custom", "loss_expr": "relu(r)^2"}, "loss_expr relu"),
+    ({"loss": "custom", "loss_expr": "max1*r^2"}, None),           # a constant named max1
+    ({"loss": "custom", "loss_expr": "-(sign(r))*r"}, "loss_expr sign"),
+    ({"layers": 2, "activation": "custom", "activation_expr": "z*sigmoid(z)"}, None),
+    ({"layers": 2, "activation": "custom", "activation_expr": "max(z, a*z)"}, "activation_expr max"),
+    ({"layers": 2, "activation": "custom", "activation_expr": "z/(1 + abs(z))"}, "activation_expr abs"),
+    ({"layers": 1, "activation": "custom", "activation_expr": "abs(z)"}, None),   # unused
+    ({"loss": "l1", "clip": "value", "layers": 2, "activation": "relu"}, "loss l1, activation relu, value clip"),
+    # an expression that is not used does not count
+    ({"loss": "mse", "loss_expr": "abs(r)", "clip": "norm", "clip_expr": "min(n, 1)"}, None),
+]
+
+
+def main():
+    failed = 0
+    for i, (rule, want) in enumerate(TABLE):
+        got = conf.kinked_rule(rule)
+        ok = got is None if want is None else (got is not None and want in got)
+        name = "kinked_rule/%02d" % i
+        if ok:
+            print("PASS %s: %s -> %s" % (name, rule, got or "smooth"))
+        else:
+            failed += 1
+            print("FAIL %s: %s -> %r, want %s" % (name, rule, got, want or "smooth"))
+    # every custom expression the generator writes parses and is classified
+    # the way its text reads (a name of KINK_FUNCTIONS followed by '(' or a
+    # comparison operator)
+    exprs = gen_experiments.ACT_EXPRS + gen_experiments.LOSS_EXPRS + gen_experiments.SCALE_EXPRS \
+        + gen_experiments.ELEM_EXPRS
+    bad = []
+    for src, _ in exprs:
+        by_text = any(f + "(" in src.replace(" ", "") for f in conf.KINK_FUNCTIONS) or \
+            any(op in src for op in "<>")
+        if bool(conf._expr_kinks(src)) != by_text:
+            bad.append(src)
+    if bad:
+        failed += 1
+        print("FAIL kinked_rule/generator_expressions: classified against their text: %s" % bad)
+    else:
+        print("PASS kinked_rule/generator_expressions: %d expressions" % len(exprs))
+    # the width rule: kinked configurations of seed 1 under tf32 are held to
+    # placement only below width 16, and the widths come from the experiment
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "kinked_width_%d.h5" % os.getpid())
+    try:
+        cfg = gen_experiments.make_config(1, 3, 16)
+        gen_experiments.write_config(path, cfg)
+        exp = mnemo_ref.load_experiment(path)
+        want = min([exp.dk, exp.dv] + ([exp.dh] if exp.rule["layers"] >= 2 else []))
+        if conf.rule_width(exp) == want and want < conf.KINK_WIDTH:
+            print("PASS kinked_rule/width: %d (%s)" % (want, cfg["desc"][:40]))
+        else:
+            failed += 1
+            print("FAIL kinked_rule/width: %d, want %d" % (conf.rule_width(exp), want))
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
