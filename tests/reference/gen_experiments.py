@@ -50,11 +50,11 @@ AXES = [
     ("activation", ["silu", "gelu", "relu", "tanh", "identity", "custom"]),
     ("bias", [0, 1]),
     ("residual", [0, 1]),
-    ("loss", ["mse", "l1", "huber", "lp", "dot", "custom"]),
+    ("loss", ["mse", "l1", "huber", "lp", "dot", "logcosh", "custom"]),
     ("feature_reduce", ["mean", "sum"]),
     ("token_reduce", ["sum", "mean"]),
     ("clip", ["none", "norm/global", "norm/tensor", "softnorm/global", "softnorm/tensor",
-              "value", "scale/global", "scale/tensor", "elementwise"]),
+              "value", "softvalue", "scale/global", "scale/tensor", "elementwise"]),
     ("step_kind", ["one", "short", "divides", "whole"]),
     ("refresh_kind", ["default", "zero", "c", "multiple"]),
     ("retrieve", ["after", "before"]),
@@ -209,7 +209,7 @@ def make_config(seed, i, max_T=64):
     m = float(np.round(10 ** rng.uniform(-2, 0), 4))
     if cname in ("norm", "softnorm"):
         rule["clip_max"] = m
-    elif cname == "value":
+    elif cname in ("value", "softvalue"):
         rule["clip_max"] = float(np.round(10 ** rng.uniform(-3, -1), 5))
     elif cname in ("scale", "elementwise"):
         pool = SCALE_EXPRS if cname == "scale" else ELEM_EXPRS

@@ -49,11 +49,11 @@ RULE_ATTRS = {
 
 CHOICES = {
     "activation": ("silu", "gelu", "relu", "tanh", "identity", "custom"),
-    "loss": ("mse", "l1", "huber", "lp", "dot", "custom"),
+    "loss": ("mse", "l1", "huber", "lp", "dot", "logcosh", "custom"),
     "feature_reduce": ("mean", "sum"),
     "token_reduce": ("sum", "mean"),
     "retrieve": ("after", "before"),
-    "clip": ("none", "norm", "softnorm", "value", "scale", "elementwise"),
+    "clip": ("none", "norm", "softnorm", "value", "softvalue", "scale", "elementwise"),
     "clip_scope": ("global", "tensor"),
 }
 
@@ -174,7 +174,7 @@ class Experiment:
         if rule["loss"] == "huber" and not rule["loss_delta"] > 0:
             raise InputError("%s attribute loss_delta: must be > 0, got %r"
                              % (where, rule["loss_delta"]))
-        if rule["clip"] in ("norm", "softnorm", "value") and not rule["clip_max"] > 0:
+        if rule["clip"] in ("norm", "softnorm", "value", "softvalue") and not rule["clip_max"] > 0:
             raise InputError("%s attribute clip_max: must be > 0, got %r" % (where, rule["clip_max"]))
         for part, attr in (("loss", "loss_expr"), ("activation", "activation_expr")):
             if rule[part] == "custom" and rule[attr] is None:

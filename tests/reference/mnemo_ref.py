@@ -27,6 +27,7 @@ finite differences.
 """
 
 import argparse
+import math
 import glob
 import os
 import sys
@@ -103,6 +104,10 @@ def make_token_loss(exp):
         f = lambda y, v: abs_nan(y - v).pow(p)
     elif kind == "dot":
         f = lambda y, v: -(y * v)
+    elif kind == "logcosh":
+        # log cosh r in the form that autograd differentiates to tanh(r) even
+        # at an infinite residual (log(cosh(r)) gives inf/inf = NaN there)
+        f = lambda y, v: (y - v).abs() + F.softplus(-2 * (y - v).abs()) - math.log(2.0)
     else:
         expr = exp.loss_expr
         f = lambda y, v: expr(y=y, v=v, r=y - v)
@@ -153,6 +158,8 @@ def clip_step(exp, names, G):
         return dict(G), ones
     if kind == "value":
         return {n: G[n].clamp(-m, m) for n in names}, ones
+    if kind == "softvalue":
+        return {n: m * torch.tanh(G[n] / m) for n in names}, ones
     if kind == "elementwise":
         return {n: exp.clip_expr(g=G[n]) for n in names}, ones
 

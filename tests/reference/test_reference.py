@@ -262,7 +262,10 @@ def per_memory_nn(exp):
                     elif rule["loss"] == "lp":
                         e = (yt - v[t]).abs() ** rule["loss_p"]
                         lt = e.mean() if rule["feature_reduce"] == "mean" else e.sum()
-                    else:
+                    elif rule["loss"] == "logcosh":
+                        e = torch.log(torch.cosh(yt - v[t]))
+                        lt = e.mean() if rule["feature_reduce"] == "mean" else e.sum()
+                    elif rule["loss"] == "dot":
                         e = -(yt * v[t])
                         lt = e.mean() if rule["feature_reduce"] == "mean" else e.sum()
                     total = total + float(exp.theta[b, h, t]) * lt
@@ -451,7 +454,8 @@ def _():
     pairs = [("mse", {}, "r^2", {}), ("l1", {}, "abs(r)", {}),
              ("huber", {"loss_delta": 0.4},
               "where(abs(r) <= delta, 0.5*r^2, delta*(abs(r) - 0.5*delta))", {"delta": 0.4}),
-             ("lp", {"loss_p": 1.7}, "abs(r)^p", {"p": 1.7}), ("dot", {}, "-y*v", {})]
+             ("lp", {"loss_p": 1.7}, "abs(r)^p", {"p": 1.7}), ("dot", {}, "-y*v", {}),
+             ("logcosh", {}, "log(exp(r) + exp(-r)) - log(2)", {})]
     for fr in ("mean", "sum"):
         for loss, extra, expr, consts in pairs:
             ra = run_file(write_exp(dict(base, loss=loss, feature_reduce=fr, **extra), inputs, gates, init))
@@ -773,9 +777,9 @@ def classify(path):
 REQUIRED = (["layers=%d" % i for i in (1, 2, 3)]
             + ["activation=%s" % a for a in ("silu", "gelu", "relu", "tanh", "identity", "custom")]
             + ["bias=0", "bias=1", "residual=0", "residual=1", "hidden=from_W1", "bias_init_missing"]
-            + ["loss=%s" % x for x in ("mse", "l1", "huber", "lp", "dot", "custom")]
+            + ["loss=%s" % x for x in ("mse", "l1", "huber", "lp", "dot", "logcosh", "custom")]
             + ["loss_expr_uses_constant"]
-            + ["clip=none", "clip=value", "clip=elementwise"]
+            + ["clip=none", "clip=value", "clip=softvalue", "clip=elementwise"]
             + ["clip=%s/%s" % (c, s) for c in ("norm", "softnorm", "scale") for s in ("global", "tensor")]
             + ["step=1", "step=T", "step=short_last", "step=divides_T"]
             + ["refresh=missing", "refresh=0", "refresh=c", "refresh=multiple_of_c"]
