@@ -10,6 +10,7 @@
 #define MN_GRAD_H
 
 #include "engine.h"
+#include "expr_shared.h"
 #include "mlp_cpu.h"
 
 /* Upstream gradients; an empty tensor (storage NULL) counts as zero.
@@ -66,7 +67,9 @@ typedef struct mn_mlp_grad_work {
     float *zbar, *zdotbar, *hbar, *hdotbar;           /* adjoints, rows x widest */
     float *y, *u, *ybar, *ubar;                        /* rows x dv */
     double *din, *dout, *dout2, *dv_in, *dr_in;        /* program scratch */
-    mn_expr_program *dphi, *ddphi;
+    double *dphi_at[MN_MAX_LAYERS];                    /* phi'(z) of the tangent pass, kept for the reverse */
+    mn_shared_program dphi, ddphi;                     /* phi', phi'' (repeated calls once) */
+    double *shared_scratch[MN_SHARED_MAX];
     mn_loss_programs loss;
 } mn_mlp_grad_work;
 
@@ -87,10 +90,14 @@ void mn_loss_dyhat(mn_mlp_grad_work *w, const float *y, const float *v, const fl
  * v (gv) and weight (gweight). dG may be NULL (a skipped step: the loss term
  * only), and dloss may be NULL. Written as the reverse of a forward plus a
  * forward-mode tangent in direction dG: <dG, G> = sum_t <dyhat_t, u_t> with
- * u_t = J_P(y_t) dG, which needs f'' and phi''. */
+ * u_t = J_P(y_t) dG, which needs f'' and phi''. dyret (may be NULL): the
+ * upstream of retrieval outputs that read the same M(x_t; P) for the first
+ * ret_rows rows (q = k and the gradient point at the current weights), so
+ * that one pass serves both. */
 void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *const *P, float *const *dG,
                          const float *x, const float *v, const float *weight, const float *dloss,
-                         int64_t rows, float *const *gP, float *gx, float *gv, float *gweight);
+                         const float *dyret, int64_t ret_rows, int64_t rows, float *const *gP, float *gx,
+                         float *gv, float *gweight);
 
 /* The plain adjoint of y = M(x; P) given dy: accumulates into gP and gx. */
 void mn_mlp_vjp(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *const *P, const float *x,

@@ -244,17 +244,21 @@ static void step_reverse(const run_ctx *x, worker *w, int64_t m, int64_t s, int6
         ((float *)mn_tensor_data(&o->alpha))[m * x->nsteps + s] = (float)dalpha;
         clip_adjoint(x, w, G, w->dGt, w->dG);
     }
-    if (!skipped || dloss) {
+    /* Retrieval of the rows that see W^(s): with q = k and the gradient
+     * point at W^(s) (the first step of a refresh block) those outputs are
+     * the step's own M(k_t; Wbar_s), and the step's pass takes their dy. */
+    int64_t before = x->rule->retrieve == MN_RETRIEVE_BEFORE ? rows : rows - 1;
+    bool merged = dy && before > 0 && !x->q && refresh_block_start(x, s);
+    if (!skipped || dloss || merged) {
         step_weights(x, x->theta + m * n, s, w->weight);
         memset(w->gweight, 0, sizeof(float) * rows);
         mn_mlp_step_adjoint(&x->shape, &w->gw, pA, skipped ? NULL : pdG, k + t0 * dk, v + t0 * dv, w->weight,
-                            dloss ? dloss + t0 : NULL, rows, pdA, gk + t0 * dk, gv + t0 * dv, w->gweight);
+                            dloss ? dloss + t0 : NULL, merged ? dy + t0 * dv : NULL, before, rows, pdA,
+                            gk + t0 * dk, gv + t0 * dv, w->gweight);
         double tscale = x->rule->token_reduce == MN_REDUCE_MEAN ? 1.0 / (double)rows : 1.0;
         for (int64_t t = 0; t < rows; t++) gtheta[t0 + t] += (float)(tscale * w->gweight[t]);
     }
-    /* Retrieval of the rows that see W^(s). */
-    int64_t before = x->rule->retrieve == MN_RETRIEVE_BEFORE ? rows : rows - 1;
-    if (dy && before > 0) {
+    if (dy && before > 0 && !merged) {
         ptrs(x, Wnow, pW);
         mn_mlp_vjp(&x->shape, &w->gw, pW, xq + t0 * dk, dy + t0 * dv, before, pdW, gxq + t0 * dk);
     }
@@ -275,14 +279,17 @@ static void run_memory(const run_ctx *x, worker *w, int64_t m)
         memcpy(w->S + x->off[p], (const float *)mn_tensor_data(&x->S0[p]) + m * ne, sizeof(float) * ne);
     }
     memcpy(w->A, w->W, sizeof(float) * P);
-    /* 1. checkpoints */
-    for (int64_t s = 0; s < x->nsteps; s++) {
+    /* 1. checkpoints at the first step of every block; the last block is
+     * recomputed in 2 anyway, so this forward stops at its start. */
+    int64_t last = (x->nblocks - 1) * K;
+    for (int64_t s = 0; s <= last; s++) {
         if (s % K == 0) {
             float *ck = w->ck + (s / K) * 3 * P;
             memcpy(ck, w->W, sizeof(float) * P);
             memcpy(ck + P, w->S, sizeof(float) * P);
             memcpy(ck + 2 * P, w->A, sizeof(float) * P);
         }
+        if (s == last) break;
         refresh(x, w, s);
         step_forward(x, w, m, s, w->dG); /* dG is free here: scratch for G */
     }

@@ -105,7 +105,7 @@ int64_t mn_mlp_grad_work_bytes(const mn_mlp_shape *s, int64_t max_rows)
     /* forward z, h, aux and dz, dh; tangents; four adjoints; y, u, ybar, ubar; doubles */
     int64_t floats = max_rows * (3 * hidden + 2 * wide) + max_rows * 2 * hidden + 4 * max_rows * wide +
                      4 * max_rows * dv;
-    int64_t doubles = 5 * max_rows * wide;
+    int64_t doubles = (5 + MN_SHARED_MAX) * max_rows * wide + max_rows * hidden;
     return floats * 4 + doubles * 8;
 }
 
@@ -120,6 +120,7 @@ mn_status mn_mlp_grad_work_init(mn_mlp_grad_work *w, const mn_mlp_shape *s, cons
     for (int i = 0; i + 1 < s->layers; i++) {
         ok = ok && (w->zdot[i] = malloc(sizeof(float) * max_rows * s->out[i]));
         ok = ok && (w->hdot[i] = malloc(sizeof(float) * max_rows * s->out[i]));
+        ok = ok && (w->dphi_at[i] = malloc(sizeof(double) * max_rows * s->out[i]));
     }
     float **fl[] = {&w->zbar, &w->zdotbar, &w->hbar, &w->hdotbar};
     for (size_t i = 0; i < 4 && ok; i++) ok = (*fl[i] = malloc(sizeof(float) * max_rows * wide)) != NULL;
@@ -137,8 +138,14 @@ mn_status mn_mlp_grad_work_init(mn_mlp_grad_work *w, const mn_mlp_shape *s, cons
         mn_expr *phi = mn_rule_activation_expr(rule);
         mn_expr *dphi = phi ? mn_expr_diff(phi, "z") : NULL;
         mn_expr *ddphi = dphi ? mn_expr_diff(dphi, "z") : NULL;
-        st = compile_in(rule, dphi, zvar, 1, &w->dphi);
-        if (st == MN_OK) st = compile_in(rule, ddphi, zvar, 1, &w->ddphi);
+        const char *const *cn = (const char *const *)rule->const_names;
+        (void)zvar;
+        st = dphi && ddphi ? MN_OK : MN_ERR_OOM;
+        if (st == MN_OK) st = mn_shared_program_compile(dphi, "z", cn, rule->const_values, rule->nconsts, &w->dphi);
+        if (st == MN_OK) st = mn_shared_program_compile(ddphi, "z", cn, rule->const_values, rule->nconsts, &w->ddphi);
+        for (int i = 0; i < MN_SHARED_MAX && st == MN_OK; i++)
+            if (!(w->shared_scratch[i] = malloc(sizeof(double) * max_rows * wide)))
+                st = mn_fail(MN_ERR_OOM, "out of memory for the backward's scratch");
         mn_expr_unref(phi);
         mn_expr_unref(dphi);
         mn_expr_unref(ddphi);
@@ -153,21 +160,24 @@ void mn_mlp_grad_work_free(mn_mlp_grad_work *w)
     for (int i = 0; i < MN_MAX_LAYERS; i++) {
         free(w->zdot[i]);
         free(w->hdot[i]);
+        free(w->dphi_at[i]);
     }
     void *bufs[] = {w->zbar, w->zdotbar, w->hbar, w->hdotbar, w->y,      w->u,
                     w->ybar, w->ubar,    w->din,  w->dout,    w->dout2, w->dv_in, w->dr_in};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
-    mn_expr_program *progs[] = {w->dphi, w->ddphi, w->loss.fy, w->loss.fv, w->loss.fyy, w->loss.fyv};
+    mn_shared_program_free(&w->dphi);
+    mn_shared_program_free(&w->ddphi);
+    for (int i = 0; i < MN_SHARED_MAX; i++) free(w->shared_scratch[i]);
+    mn_expr_program *progs[] = {w->loss.fy, w->loss.fv, w->loss.fyy, w->loss.fyv};
     for (size_t i = 0; i < sizeof progs / sizeof *progs; i++) mn_expr_program_free(progs[i]);
     memset(w, 0, sizeof *w);
 }
 
 /* out[i] = prog(z[i]) over n elements (in double: the expression system's precision). */
-static void run_in_z(mn_mlp_grad_work *w, const mn_expr_program *prog, const float *z, int64_t n, double *out)
+static void run_in_z(mn_mlp_grad_work *w, const mn_shared_program *prog, const float *z, int64_t n, double *out)
 {
     for (int64_t i = 0; i < n; i++) w->din[i] = z[i];
-    const double *in[1] = {w->din};
-    mn_expr_program_run(prog, in, out, n);
+    mn_shared_program_run(prog, w->din, w->shared_scratch, out, n);
 }
 
 /* The loss programs' inputs y, v, r = y - v for rows x dv elements. */
@@ -205,7 +215,8 @@ static void layer(const mn_mlp_shape *s, float *const *P, int i, float **W, floa
 
 void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *const *P, float *const *dG,
                          const float *x, const float *v, const float *weight, const float *dloss,
-                         int64_t rows, float *const *gP, float *gx, float *gv, float *gweight)
+                         const float *dyret, int64_t ret_rows, int64_t rows, float *const *gP, float *gx,
+                         float *gv, float *gweight)
 {
     int L = s->layers;
     int64_t dv = s->out[L - 1], n = rows * dv;
@@ -226,8 +237,8 @@ void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *cons
             mm_nt(rows, out, inn, in, dW, db ? 1.0f : 0.0f, zd);
             if (i > 0) mm_nt(rows, out, inn, w->hdot[i - 1], W, 1.0f, zd);
             if (i < L - 1) {
-                run_in_z(w, w->dphi, w->fwd.z[i], rows * out, w->dout);
-                for (int64_t e = 0; e < rows * out; e++) w->hdot[i][e] = (float)(w->dout[e] * zd[e]);
+                run_in_z(w, &w->dphi, w->fwd.z[i], rows * out, w->dphi_at[i]);
+                for (int64_t e = 0; e < rows * out; e++) w->hdot[i][e] = (float)(w->dphi_at[i][e] * zd[e]);
             }
         }
     } else {
@@ -265,6 +276,9 @@ void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *cons
             for (int64_t j = 0; j < dv; j++) gv[t * dv + j] += (float)(dloss[t] * R * w->dout[t * dv + j]);
     }
 
+    if (dyret)
+        for (int64_t e = 0; e < ret_rows * dv; e++) w->ybar[e] += dyret[e];
+
     /* Reverse of forward + tangent. */
     memcpy(w->zbar, w->ybar, sizeof(float) * n);
     if (dG) memcpy(w->zdotbar, w->ubar, sizeof(float) * n);
@@ -293,14 +307,15 @@ void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *cons
             mm_nn(rows, inn, out, w->zdotbar, W, 0.0f, w->hdotbar);
         }
         int64_t m = rows * inn;
-        run_in_z(w, w->dphi, w->fwd.z[i - 1], m, w->dout);
         if (dG) {
-            run_in_z(w, w->ddphi, w->fwd.z[i - 1], m, w->dout2);
+            const double *d1 = w->dphi_at[i - 1];
+            run_in_z(w, &w->ddphi, w->fwd.z[i - 1], m, w->dout2);
             for (int64_t e = 0; e < m; e++) {
-                w->zbar[e] = (float)(w->dout[e] * w->hbar[e] + w->dout2[e] * w->zdot[i - 1][e] * w->hdotbar[e]);
-                w->zdotbar[e] = (float)(w->dout[e] * w->hdotbar[e]);
+                w->zbar[e] = (float)(d1[e] * w->hbar[e] + w->dout2[e] * w->zdot[i - 1][e] * w->hdotbar[e]);
+                w->zdotbar[e] = (float)(d1[e] * w->hdotbar[e]);
             }
         } else {
+            run_in_z(w, &w->dphi, w->fwd.z[i - 1], m, w->dout);
             for (int64_t e = 0; e < m; e++) w->zbar[e] = (float)(w->dout[e] * w->hbar[e]);
         }
     }
@@ -329,7 +344,7 @@ void mn_mlp_vjp(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *const *P, con
             break;
         }
         int64_t m = rows * inn;
-        run_in_z(w, w->dphi, w->fwd.z[i - 1], m, w->dout);
+        run_in_z(w, &w->dphi, w->fwd.z[i - 1], m, w->dout);
         for (int64_t e = 0; e < m; e++) w->zbar[e] = (float)(w->dout[e] * w->hbar[e]);
     }
 }

@@ -16,6 +16,7 @@
 #include "check.h"
 #include "engine.h"
 #include "grad.h"
+#include "expr_shared.h"
 #include "random.h"
 
 #include <stdlib.h>
@@ -384,6 +385,47 @@ static void test_errors_and_reduce(void)
     problem_free(&pb);
 }
 
+/* Repeated calls evaluated once give the same values as the plain program. */
+static void test_shared_program(void)
+{
+    const char *srcs[] = {"silu(z)", "z * sigmoid(a * z) + 0.1 * z^2", "tanh(z) * tanh(z) + exp(tanh(z))"};
+    const char *consts[] = {"a"};
+    double cval[] = {1.7};
+    for (int k = 0; k < 3; k++) {
+        mn_expr *e = NULL;
+        mn_expr_parse(srcs[k], &e);
+        mn_expr *d1 = mn_expr_diff(e, "z"), *d2 = mn_expr_diff(d1, "z");
+        static const char *const zv[] = {"z"};
+        mn_expr_program *plain = NULL;
+        mn_shared_program shared;
+        bool ok = mn_expr_compile(d2, zv, 1, consts, cval, 1, &plain) == MN_OK &&
+                  mn_shared_program_compile(d2, "z", consts, cval, 1, &shared) == MN_OK;
+        char name[96];
+        snprintf(name, sizeof name, "shared_program/%s/compiles", srcs[k]);
+        CHECK(name, ok);
+        if (ok) {
+            enum { N = 600 }; /* more than one block of the program */
+            static double z[N], a[N], b[N], s0[N], s1[N], s2[N], s3[N];
+            double *scratch[MN_SHARED_MAX] = {s0, s1, s2, s3};
+            for (int i = 0; i < N; i++) z[i] = -6 + 12.0 * i / N;
+            const double *in[1] = {z};
+            mn_expr_program_run(plain, in, a, N);
+            mn_shared_program_run(&shared, z, scratch, b, N);
+            double worst = 0;
+            for (int i = 0; i < N; i++) worst = fmax(worst, fabs(a[i] - b[i]) / fmax(1, fabs(a[i])));
+            snprintf(name, sizeof name, "shared_program/%s/same_values", srcs[k]);
+            CHECK_NEAR(name, worst, 0, 1e-14);
+            snprintf(name, sizeof name, "shared_program/%s/shares_a_call", srcs[k]);
+            CHECK(name, shared.nsub >= 1);
+            mn_shared_program_free(&shared);
+        }
+        mn_expr_program_free(plain);
+        mn_expr_unref(e);
+        mn_expr_unref(d1);
+        mn_expr_unref(d2);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -392,6 +434,7 @@ int main(int argc, char **argv)
     if (!only) {
         test_block_invariance();
         test_errors_and_reduce();
+        test_shared_program();
     }
     return CHECK_DONE();
 }
