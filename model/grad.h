@@ -93,11 +93,18 @@ void mn_loss_dyhat(mn_mlp_grad_work *w, const float *y, const float *v, const fl
  * u_t = J_P(y_t) dG, which needs f'' and phi''. dyret (may be NULL): the
  * upstream of retrieval outputs that read the same M(x_t; P) for the first
  * ret_rows rows (q = k and the gradient point at the current weights), so
- * that one pass serves both. */
+ * that one pass serves both. kept (may be NULL): this forward's activations
+ * from mn_mlp_keep_forward. */
 void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *const *P, float *const *dG,
                          const float *x, const float *v, const float *weight, const float *dloss,
-                         const float *dyret, int64_t ret_rows, int64_t rows, float *const *gP, float *gx,
-                         float *gv, float *gweight);
+                         const float *dyret, int64_t ret_rows, int64_t rows, const float *kept,
+                         float *const *gP, float *gx, float *gv, float *gweight);
+
+/* The forward's activations of rows rows (hidden z and h, then y), saved by
+ * mn_mlp_keep_forward after an mn_mlp_forward on w->fwd with output w->y, so
+ * that mn_mlp_step_adjoint (kept != NULL) need not recompute them. */
+int64_t mn_mlp_kept_floats(const mn_mlp_shape *s, int64_t rows);
+void mn_mlp_keep_forward(const mn_mlp_shape *s, const mn_mlp_grad_work *w, int64_t rows, float *kept);
 
 /* The plain adjoint of y = M(x; P) given dy: accumulates into gP and gx. */
 void mn_mlp_vjp(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *const *P, const float *x,

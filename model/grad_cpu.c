@@ -4,8 +4,9 @@
  *   1. run the forward from the initial state, keeping (W, S, anchor) at
  *      checkpoints every K steps;
  *   2. for each block of K steps, last block first: recompute the block from
- *      its checkpoint, keeping W^(s), S^(s), the gradient point Wbar_s and
- *      the step gradient G_s of every step, then walk the block's steps in
+ *      its checkpoint, keeping W^(s), S^(s), the gradient point Wbar_s, the
+ *      step gradient G_s and the memory model's activations at Wbar_s of
+ *      every step, then walk the block's steps in
  *      reverse with the adjoints dW (of W^(s+1)), dS (of S^(s+1)) and dA (of
  *      the anchor of the current refresh block):
  *        retrieval at W^(s+1)   y_t = M(q_t; W^(s+1))      -> dW, dq
@@ -37,7 +38,7 @@ int openblas_get_num_threads(void);
 typedef struct run_ctx {
     const mn_rule *rule;
     mn_mlp_shape shape;
-    int64_t n, nsteps, c, dk, dv, K, nblocks, max_rows;
+    int64_t n, nsteps, c, dk, dv, K, nblocks, max_rows, kept_floats;
     int refresh;
     int64_t off[MN_MAX_PARAMS + 1];  /* flat layout of one memory's parameters */
     int64_t P;                       /* floats per memory */
@@ -59,6 +60,7 @@ typedef struct worker {
     float *Wb, *Sb;     /* (K+1) x P: W^(s), S^(s) of the block's steps, and after */
     float *Ab, *Gb;     /* K x P: gradient point and G of each step */
     char *skipped;      /* K */
+    float *kept;        /* K x kept_floats: each step's forward activations at Wbar_s */
     float *W, *S, *A;   /* running state */
     float *dW, *dS, *dA, *dG, *dGt, *tmp;
     float *weight, *gweight, *dyhat;
@@ -175,7 +177,7 @@ static void step_weights(const run_ctx *x, const float *theta, int64_t s, float 
 /* Step s of the forward on the running state: G at the gradient point w->A
  * (the caller refreshed it), then clip and update unless G is non-finite.
  * G is left in G; returns whether the step was skipped. */
-static bool step_forward(const run_ctx *x, worker *w, int64_t m, int64_t s, float *G)
+static bool step_forward(const run_ctx *x, worker *w, int64_t m, int64_t s, float *G, float *kept)
 {
     int64_t t0 = s * x->c, rows = steps_rows(x, s);
     const float *k = x->k + m * x->n * x->dk, *v = x->v + m * x->n * x->dv, *theta = x->theta + m * x->n;
@@ -184,6 +186,7 @@ static bool step_forward(const run_ctx *x, worker *w, int64_t m, int64_t s, floa
     ptrs(x, G, Gp);
     step_weights(x, theta, s, w->weight);
     mn_mlp_forward(&x->shape, &w->gw.fwd, A, k + t0 * x->dk, rows, w->gw.y);
+    if (kept) mn_mlp_keep_forward(&x->shape, &w->gw, rows, kept);
     mn_loss_dyhat(&w->gw, w->gw.y, v + t0 * x->dv, w->weight, rows, x->dv, w->dyhat);
     mn_mlp_backward(&x->shape, &w->gw.fwd, A, k + t0 * x->dk, rows, w->dyhat, Gp);
     double total = 0;
@@ -253,8 +256,8 @@ static void step_reverse(const run_ctx *x, worker *w, int64_t m, int64_t s, int6
         step_weights(x, x->theta + m * n, s, w->weight);
         memset(w->gweight, 0, sizeof(float) * rows);
         mn_mlp_step_adjoint(&x->shape, &w->gw, pA, skipped ? NULL : pdG, k + t0 * dk, v + t0 * dv, w->weight,
-                            dloss ? dloss + t0 : NULL, merged ? dy + t0 * dv : NULL, before, rows, pdA,
-                            gk + t0 * dk, gv + t0 * dv, w->gweight);
+                            dloss ? dloss + t0 : NULL, merged ? dy + t0 * dv : NULL, before, rows,
+                            w->kept + i * x->kept_floats, pdA, gk + t0 * dk, gv + t0 * dv, w->gweight);
         double tscale = x->rule->token_reduce == MN_REDUCE_MEAN ? 1.0 / (double)rows : 1.0;
         for (int64_t t = 0; t < rows; t++) gtheta[t0 + t] += (float)(tscale * w->gweight[t]);
     }
@@ -291,7 +294,7 @@ static void run_memory(const run_ctx *x, worker *w, int64_t m)
         }
         if (s == last) break;
         refresh(x, w, s);
-        step_forward(x, w, m, s, w->dG); /* dG is free here: scratch for G */
+        step_forward(x, w, m, s, w->dG, NULL); /* dG is free here: scratch for G */
     }
     /* adjoints of the final tensors */
     for (int p = 0; p < x->shape.nparams; p++) {
@@ -314,7 +317,7 @@ static void run_memory(const run_ctx *x, worker *w, int64_t m)
             memcpy(w->Sb + i * P, w->S, sizeof(float) * P);
             refresh(x, w, s0 + i);
             memcpy(w->Ab + i * P, w->A, sizeof(float) * P);
-            w->skipped[i] = step_forward(x, w, m, s0 + i, w->Gb + i * P);
+            w->skipped[i] = step_forward(x, w, m, s0 + i, w->Gb + i * P, w->kept + i * x->kept_floats);
         }
         memcpy(w->Wb + len * P, w->W, sizeof(float) * P);
         memcpy(w->Sb + len * P, w->S, sizeof(float) * P);
@@ -335,7 +338,7 @@ static int64_t worker_bytes(const run_ctx *x)
 {
     int64_t P = x->P, K = x->K;
     int64_t floats = x->nblocks * 3 * P + 2 * (K + 1) * P + 2 * K * P + 9 * P + 2 * x->max_rows +
-                     x->max_rows * x->dv;
+                     x->max_rows * x->dv + K * x->kept_floats;
     int64_t extra = x->rule->clip == MN_CLIP_VALUE || x->rule->clip == MN_CLIP_ELEMENTWISE ? 2 * P * 8 : 0;
     return floats * 4 + K + extra + mn_mlp_grad_work_bytes(&x->shape, x->max_rows);
 }
@@ -343,7 +346,7 @@ static int64_t worker_bytes(const run_ctx *x)
 static void worker_free(worker *w)
 {
     mn_mlp_grad_work_free(&w->gw);
-    void *bufs[] = {w->ck, w->Wb, w->Sb, w->Ab, w->Gb, w->skipped, w->W, w->S, w->A, w->dW, w->dS,
+    void *bufs[] = {w->ck, w->Wb, w->Sb, w->Ab, w->Gb, w->skipped, w->kept, w->W, w->S, w->A, w->dW, w->dS,
                     w->dA, w->dG, w->dGt, w->tmp, w->weight, w->gweight, w->dyhat, w->ebuf_in, w->ebuf_out};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     memset(w, 0, sizeof *w);
@@ -357,6 +360,7 @@ static mn_status worker_init(worker *w, const run_ctx *x)
     bool ok = (w->ck = malloc(sizeof(float) * x->nblocks * 3 * P)) && (w->Wb = malloc(sizeof(float) * (K + 1) * P)) &&
               (w->Sb = malloc(sizeof(float) * (K + 1) * P)) && (w->Ab = malloc(sizeof(float) * K * P)) &&
               (w->Gb = malloc(sizeof(float) * K * P)) && (w->skipped = malloc((size_t)K)) &&
+              (w->kept = malloc(sizeof(float) * K * x->kept_floats)) &&
               (w->weight = malloc(sizeof(float) * x->max_rows)) && (w->gweight = malloc(sizeof(float) * x->max_rows)) &&
               (w->dyhat = malloc(sizeof(float) * x->max_rows * x->dv));
     float **flat[] = {&w->W, &w->S, &w->A, &w->dW, &w->dS, &w->dA, &w->dG, &w->dGt, &w->tmp};
@@ -471,6 +475,7 @@ mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_ten
     x.nblocks = S > 0 ? (S + x.K - 1) / x.K : 0;
     for (int p = 0; p < x.shape.nparams; p++) x.off[p + 1] = x.off[p] + x.shape.numel[p];
     x.P = x.off[x.shape.nparams];
+    x.kept_floats = mn_mlp_kept_floats(&x.shape, x.max_rows);
     x.W0 = st.params;
     x.S0 = st.momenta;
     x.out = out;

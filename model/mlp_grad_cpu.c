@@ -213,15 +213,46 @@ static void layer(const mn_mlp_shape *s, float *const *P, int i, float **W, floa
     *b = s->bias ? P[i * per + 1] : NULL;
 }
 
+int64_t mn_mlp_kept_floats(const mn_mlp_shape *s, int64_t rows)
+{
+    int64_t f = rows * s->out[s->layers - 1];
+    for (int i = 0; i + 1 < s->layers; i++) f += 2 * rows * s->out[i];
+    return f;
+}
+
+void mn_mlp_keep_forward(const mn_mlp_shape *s, const mn_mlp_grad_work *w, int64_t rows, float *kept)
+{
+    for (int i = 0; i + 1 < s->layers; i++) {
+        memcpy(kept, w->fwd.z[i], sizeof(float) * rows * s->out[i]);
+        kept += rows * s->out[i];
+        memcpy(kept, w->fwd.h[i], sizeof(float) * rows * s->out[i]);
+        kept += rows * s->out[i];
+    }
+    memcpy(kept, w->y, sizeof(float) * rows * s->out[s->layers - 1]);
+}
+
+/* The inverse of mn_mlp_keep_forward. */
+static void restore_forward(const mn_mlp_shape *s, mn_mlp_grad_work *w, int64_t rows, const float *kept)
+{
+    for (int i = 0; i + 1 < s->layers; i++) {
+        memcpy(w->fwd.z[i], kept, sizeof(float) * rows * s->out[i]);
+        kept += rows * s->out[i];
+        memcpy(w->fwd.h[i], kept, sizeof(float) * rows * s->out[i]);
+        kept += rows * s->out[i];
+    }
+    memcpy(w->y, kept, sizeof(float) * rows * s->out[s->layers - 1]);
+}
+
 void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *const *P, float *const *dG,
                          const float *x, const float *v, const float *weight, const float *dloss,
-                         const float *dyret, int64_t ret_rows, int64_t rows, float *const *gP, float *gx,
-                         float *gv, float *gweight)
+                         const float *dyret, int64_t ret_rows, int64_t rows, const float *kept,
+                         float *const *gP, float *gx, float *gv, float *gweight)
 {
     int L = s->layers;
     int64_t dv = s->out[L - 1], n = rows * dv;
     double R = w->loss.feature_scale;
-    mn_mlp_forward(s, &w->fwd, P, x, rows, w->y);
+    if (kept) restore_forward(s, w, rows, kept);
+    else mn_mlp_forward(s, &w->fwd, P, x, rows, w->y);
 
     /* Tangent u = J_P(y) dG, layer by layer. */
     if (dG) {
