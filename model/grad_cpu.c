@@ -271,7 +271,8 @@ static void step_reverse(const run_ctx *x, worker *w, int64_t m, int64_t s, int6
     }
 }
 
-static void run_memory(const run_ctx *x, worker *w, int64_t m)
+/* One memory's backward; poll: this thread polls Ctrl-C (between steps). */
+static mn_status run_memory(const run_ctx *x, worker *w, int64_t m, bool poll)
 {
     int64_t P = x->P, K = x->K;
     const mn_run_grads *o = x->out;
@@ -293,6 +294,7 @@ static void run_memory(const run_ctx *x, worker *w, int64_t m)
             memcpy(ck + 2 * P, w->A, sizeof(float) * P);
         }
         if (s == last) break;
+        if (poll && mn_check_interrupt() != MN_OK) return MN_ERR_INTERRUPTED;
         refresh(x, w, s);
         step_forward(x, w, m, s, w->dG, NULL); /* dG is free here: scratch for G */
     }
@@ -321,6 +323,7 @@ static void run_memory(const run_ctx *x, worker *w, int64_t m)
         }
         memcpy(w->Wb + len * P, w->W, sizeof(float) * P);
         memcpy(w->Sb + len * P, w->S, sizeof(float) * P);
+        if (poll && mn_check_interrupt() != MN_OK) return MN_ERR_INTERRUPTED;
         for (int64_t i = len - 1; i >= 0; i--) step_reverse(x, w, m, s0 + i, i);
     }
     for (int p = 0; p < x->shape.nparams; p++) {
@@ -332,6 +335,7 @@ static void run_memory(const run_ctx *x, worker *w, int64_t m)
             gS[e] = w->dS[x->off[p] + e];
         }
     }
+    return MN_OK;
 }
 
 static int64_t worker_bytes(const run_ctx *x)
@@ -543,16 +547,20 @@ mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_ten
     if (s == MN_OK && ws) {
         int blas_threads = openblas_get_num_threads();
         if (workers > 1) openblas_set_num_threads(1);
+        volatile int interrupted = 0;
 #pragma omp parallel for num_threads(workers) schedule(dynamic, 1)
         for (int64_t m = 0; m < memories; m++) {
+            if (interrupted) continue;
 #ifdef _OPENMP
             int me = omp_get_thread_num();
 #else
             int me = 0;
 #endif
-            run_memory(&x, &ws[me], m);
+            /* Only the thread that owns the error buffer polls Ctrl-C. */
+            if (run_memory(&x, &ws[me], m, me == 0) != MN_OK) interrupted = 1;
         }
         if (workers > 1) openblas_set_num_threads(blas_threads);
+        if (interrupted) s = mn_fail(MN_ERR_INTERRUPTED, "interrupted");
     }
     for (int i = 0; ws && i < workers; i++) worker_free(&ws[i]);
     free(ws);

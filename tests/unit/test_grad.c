@@ -68,6 +68,10 @@ static const gcase cases[] = {
      .step = 2},
     {"loss_l1", BASE, .loss = MN_LOSS_L1, .step = 2, .layers = 2, .dh = 4},
     {"loss_huber", BASE, .loss = MN_LOSS_HUBER, .loss_delta = 0.5, .step = 2, .layers = 2, .dh = 4},
+    {"loss_huber_quadratic_branch", BASE, .loss = MN_LOSS_HUBER, .loss_delta = 8, .step = 2, .layers = 2, .dh = 4},
+    {"loss_lp1.5", BASE, .loss = MN_LOSS_LP, .loss_p = 1.5, .step = 2, .layers = 2, .dh = 4},
+    {"loss_custom_where", BASE, .loss = MN_LOSS_CUSTOM, .loss_expr = "where(r > 0, r^2, 0.5 * r^2) + abs(v) * y",
+     .step = 3, .layers = 2, .dh = 4},
     {"loss_lp3", BASE, .loss = MN_LOSS_LP, .loss_p = 3, .step = 2, .layers = 2, .dh = 4},
     {"loss_dot", BASE, .loss = MN_LOSS_DOT, .step = 2, .layers = 2, .dh = 4, .theta = 0.1},
     {"loss_custom", BASE, .loss = MN_LOSS_CUSTOM, .loss_expr = "log(1 + r^2) + 0.1 * y * v", .step = 2, .layers = 2,
@@ -78,12 +82,20 @@ static const gcase cases[] = {
     {"clip_norm_inactive", BASE, .clip = MN_CLIP_NORM, .clip_max = 1e3, .step = 2, .layers = 2, .dh = 4},
     {"clip_norm_tensor", BASE, .clip = MN_CLIP_NORM, .clip_max = 0.03, .scope = MN_SCOPE_TENSOR, .step = 2,
      .layers = 2, .dh = 4},
+    {"clip_softnorm_tensor", BASE, .clip = MN_CLIP_SOFTNORM, .clip_max = 0.05, .scope = MN_SCOPE_TENSOR,
+     .step = 2, .layers = 3, .dh = 4, .T = 8},
+    {"clip_scale_tensor", BASE, .clip = MN_CLIP_SCALE, .clip_expr = "exp(-n)", .scope = MN_SCOPE_TENSOR, .step = 3,
+     .layers = 2, .dh = 4},
     {"clip_softnorm", BASE, .clip = MN_CLIP_SOFTNORM, .clip_max = 0.1, .step = 2, .layers = 2, .dh = 4},
     {"clip_value", BASE, .clip = MN_CLIP_VALUE, .clip_max = 0.04, .step = 2, .layers = 2, .dh = 4, .eps = 1e-3},
     {"clip_scale_custom", BASE, .clip = MN_CLIP_SCALE, .clip_expr = "1 / (1 + a * n)", .step = 2, .layers = 2,
      .dh = 4},
     {"clip_elementwise_custom", BASE, .clip = MN_CLIP_ELEMENTWISE, .clip_expr = "0.1 * tanh(g / 0.1)", .step = 2,
      .layers = 2, .dh = 4},
+    {"refresh0_before_q", BASE, .refresh = 0, .retrieve = MN_RETRIEVE_BEFORE, .use_q = true, .step = 3,
+     .layers = 2, .dh = 4, .T = 10},
+    {"refresh_2c_before_mean", BASE, .refresh = 4, .retrieve = MN_RETRIEVE_BEFORE, .token_reduce = MN_REDUCE_MEAN,
+     .step = 2, .layers = 2, .dh = 4, .T = 9},
     {"refresh0", BASE, .refresh = 0, .step = 2, .layers = 2, .dh = 4, .T = 9},
     {"refresh_2c", BASE, .refresh = 4, .step = 2, .layers = 2, .dh = 4, .T = 11, .block = 2},
     {"refresh_3c_c1", BASE, .refresh = 3, .step = 1, .layers = 2, .dh = 4, .T = 8, .use_q = true},
@@ -163,8 +175,9 @@ static mn_status setup(problem *pb, const gcase *c, uint64_t seed)
     int64_t ts[3] = {d->B, d->H, d->T}, ss[3] = {d->B, d->H, d->S};
     MN_TRY(make_tensor(&pb->k, 4, ks, &rng, 1, 0));
     MN_TRY(make_tensor(&pb->v, 4, vs, &rng, 1, 0));
-    if (c->loss == MN_LOSS_L1 || c->loss == MN_LOSS_HUBER) {
-        /* residuals far from the kinks: v = -2.5 +- 0.5 (y stays within ~1) */
+    if (c->loss == MN_LOSS_L1 || (c->loss == MN_LOSS_HUBER && c->loss_delta < 1) || (c->loss == MN_LOSS_LP && c->loss_p < 2)) {
+        /* residuals far from the kinks (0 for l1 and lp, delta for huber):
+         * v = +-2.5 +- 0.5 while y stays within ~1 */
         float *v = mn_tensor_data(&pb->v);
         for (int64_t i = 0; i < mn_tensor_numel(&pb->v); i++) v[i] = (i % 2 ? 2.5f : -2.5f) + 0.5f * v[i];
     }
