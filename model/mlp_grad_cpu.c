@@ -134,12 +134,10 @@ mn_status mn_mlp_grad_work_init(mn_mlp_grad_work *w, const mn_mlp_shape *s, cons
     }
     mn_status st = loss_programs_init(&w->loss, rule, dv);
     if (st == MN_OK && s->layers > 1) {
-        static const char *const zvar[] = {"z"};
         mn_expr *phi = mn_rule_activation_expr(rule);
         mn_expr *dphi = phi ? mn_expr_diff(phi, "z") : NULL;
         mn_expr *ddphi = dphi ? mn_expr_diff(dphi, "z") : NULL;
         const char *const *cn = (const char *const *)rule->const_names;
-        (void)zvar;
         st = dphi && ddphi ? MN_OK : MN_ERR_OOM;
         if (st == MN_OK) st = mn_shared_program_compile(dphi, "z", cn, rule->const_values, rule->nconsts, &w->dphi);
         if (st == MN_OK) st = mn_shared_program_compile(ddphi, "z", cn, rule->const_values, rule->nconsts, &w->ddphi);

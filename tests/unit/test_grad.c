@@ -101,6 +101,8 @@ static const gcase cases[] = {
     {"refresh_3c_c1", BASE, .refresh = 3, .step = 1, .layers = 2, .dh = 4, .T = 8, .use_q = true},
     {"skipped_step", BASE, .step = 2, .layers = 2, .dh = 4, .skip_token = 3},
     {"skipped_step_refresh0", BASE, .step = 2, .layers = 2, .dh = 4, .skip_token = 0, .refresh = 0},
+    {"wide_awkward", BASE, .layers = 2, .dh = 33, .dk = 17, .dv = 17, .residual = true, .T = 45, .step = 4,
+     .refresh = 8, .use_q = true, .clip = MN_CLIP_NORM, .clip_max = 0.2, .B = 2, .H = 2, .theta = 0.05},
     {"depth1_bias_mean_B2", BASE, .bias = 1, .B = 2, .H = 1, .step = 4, .T = 10, .token_reduce = MN_REDUCE_MEAN},
 };
 
