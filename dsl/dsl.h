@@ -21,6 +21,7 @@ void l_tensor_register(lua_State *L);
 void l_h5_register(lua_State *L);
 void l_expr_register(lua_State *L);
 void l_rule_register(lua_State *L);
+void l_grad_register(lua_State *L);    /* dsl/l_grad.c: mnemo.Result, res:backward */
 void l_compare_register(lua_State *L);
 void l_progress_register(lua_State *L); /* dsl/l_progress.c: progress lines, a wall clock */
 void l_kernel_info_register(lua_State *L); /* dsl/l_kernel_info.c: mnemo._profile_kernel_hook */

@@ -112,7 +112,9 @@ Update rules (SPEC.md sections 1-4)
 H.topics.run = [[
 `mnemo run EXP.h5 -o RES.h5 [--device cpu|cuda] [--precision fp32|tf32|bf16]`
 runs an experiment file; `mnemo compare A.h5 B.h5 [--rtol X]` compares two
-result files. (Both fill in as they land.)]]
+result files. An experiment with an /upstream group (dy, dloss, dW1, ...,
+dS_W1, ...: any subset) also gets the run's gradients in /grads (SPEC.md
+section 7; help("Result:backward")). (Both fill in as they land.)]]
 
 H.topics["mnemo.data"] = [[
 mnemo.data: workloads as Lua functions returning tensors
@@ -192,7 +194,26 @@ rule:run{k =, v = [, q =] [, theta =, eta =, alpha =] [, init =] [, seed =] [, d
   result is a table in the result schema of SPEC.md section 5: outputs (y,
   loss, grad_norm, clip_scale, skipped), final (W1, ..., S_W1, ...), trace
   (step_loss, weight_norm per step), rule; mnemo.save writes it.
-  device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there.]],
+  device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there.
+  grad = true keeps what res:backward{...} needs (help("Result:backward")).]],
+  ["Result:backward"] = [[
+res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block =]} -> gradients
+  The gradients of a run (SPEC.md section 7) from rule:run{..., grad =
+  true}: given upstream gradients of its outputs (any subset, the rest
+  zero: dy like res.outputs.y [B,H,T,dv], dloss like res.outputs.loss,
+  dW1 ... and dS_W1 ... like res.final's tensors), the gradient of
+  <dy, y> + <dloss, loss> + sum <dP, P_final> with respect to the inputs:
+  g.k, g.v, g.q (only when the run had q; without it k's gradient holds
+  both uses), g.theta, g.eta, g.alpha, and g.init.W1, ..., g.init.S_W1, ...
+  (initial weights and momenta). Each is summed back to the shape the call
+  gave: a scalar gate gets a scalar, [H,T] gets [H,T], W1 given as [dh,dk]
+  gets [dh,dk]; what the call did not give comes at full shape [B,H,...].
+  The backward runs on the cpu and recomputes the forward from checkpoints
+  every block steps (default about sqrt(steps)); g.memory reports block,
+  backward_bytes (checkpoints and scratch) and forward_bytes (the forward's
+  state). Second derivatives of custom losses and activations come from
+  the expression system. In a file, an /upstream group does the same for
+  `mnemo run` (help("run")).]],
   ["Rule:memory"] = [[
 rule:memory{dk = [, dv =] [, B = 1, H = 1] [, init =] [, seed =] [, device =] [, precision =]} -> a Memory
   A stateful memory that keeps its weights and momenta between calls:

@@ -23,6 +23,7 @@ static void (*const registrars[])(lua_State *L) = {
     l_h5_register,
     l_compare_register,
     l_rule_register,
+    l_grad_register,
     l_progress_register,
     l_kernel_info_register,
     l_expr_register, /* last: it wraps the math functions registered above */

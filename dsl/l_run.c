@@ -6,6 +6,7 @@
  * the guard that owns a run's C-side resources. The methods are registered by
  * l_rule_register (l_rule.c). */
 #include "l_rule_internal.h"
+#include "l_grad.h"
 #include "../model/experiment.h"
 #include "../model/h5.h"
 #include "../model/ops.h"
@@ -293,6 +294,7 @@ int l_rule_run(lua_State *L)
                        &g->tree) != MN_OK)
         l_raise(L);
     l_push_tree(L, g->tree);
+    l_grad_attach(L, &lr->rule, 2, &d, &in, g->params, g->momenta); /* res:backward (grad = true) */
     guard_release(g); /* the result table holds its own tensor references now */
     return 1;
 }

@@ -25,8 +25,9 @@ local function is_tensor(v)
 end
 
 -- The other classes a researcher meets, by the module field that holds
--- their methods (mnemo.Rule, mnemo.Memory, mnemo.Expr).
-local CLASSES = { "Rule", "Memory", "Expr" }
+-- their methods (mnemo.Rule, mnemo.Memory, mnemo.Expr; mnemo.Result holds
+-- the methods of rule:run's result tables).
+local CLASSES = { "Rule", "Memory", "Expr", "Result" }
 
 local function class_methods(class)
   local t, res = rawget(M, class), {}

@@ -84,8 +84,8 @@ static bool has_group(const mn_node *root, const char *name)
 static mn_status collect_scope(leaf_list *l, const mn_node *root, bool result_scope)
 {
     if (!result_scope) return collect(l, root, "");
-    static const char *const groups[] = { "outputs", "final" };
-    for (int i = 0; i < 2; i++) {
+    static const char *const groups[] = { "outputs", "final", "grads" };
+    for (int i = 0; i < 3; i++) {
         const mn_node *g = mn_node_find(root, groups[i]);
         if (!g) continue;
         char prefix[16];
@@ -239,7 +239,7 @@ mn_status mn_compare_trees(const mn_node *a, const mn_node *b, const mn_compare_
     out->rtol = opt->rtol;
     out->atol = opt->atol;
     /* Result files hold their inputs' copies and the rule as well; what an
-     * engine computed is in /outputs and /final. */
+     * engine computed is in /outputs and /final (and /grads, SPEC section 7). */
     out->result_scope = !opt->all && is_attr(mn_node_find(a, "mnemo_schema")) &&
                         is_attr(mn_node_find(b, "mnemo_schema")) &&
                         (has_group(a, "outputs") || has_group(b, "outputs"));

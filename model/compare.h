@@ -44,7 +44,7 @@ typedef struct {
     mn_compare_row *rows; /* sorted by path */
     int nrows, nfailed;
     double rtol, atol;
-    bool result_scope;    /* only /outputs and /final were compared */
+    bool result_scope;    /* only /outputs and /final (and /grads) were compared */
     char context_a[256], context_b[256]; /* "engine X, device Y, precision Z" or "" */
 } mn_compare_report;
 

@@ -90,6 +90,17 @@ static mn_status experiment_from_tree(const mn_node *root, const char *file, mn_
             return mn_fail(MN_ERR_ARG, "%s: /rule: attribute 'hidden' is missing and /init/W1 does not give it", file);
         d->dh = e->rule.hidden;
     } else d->dh = 0;
+    /* /upstream (SPEC section 7): its datasets, named and checked by grad_files.c. */
+    const mn_node *up = mn_node_find(root, "upstream");
+    if (up) {
+        if (up->kind != MN_NODE_GROUP) return mn_fail(MN_ERR_ARG, "%s: /upstream must be a group", file);
+        e->upstream = mn_node_group("upstream");
+        for (int i = 0; e->upstream && i < up->nchildren; i++)
+            if (up->children[i]->kind == MN_NODE_TENSOR &&
+                !mn_node_add_tensor(e->upstream, up->children[i]->name, &up->children[i]->tensor))
+                return mn_fail(MN_ERR_OOM, "%s: out of memory reading /upstream", file);
+        if (!e->upstream) return mn_fail(MN_ERR_OOM, "%s: out of memory reading /upstream", file);
+    }
     /* The remaining checks (shapes of inputs, gates and parameters) are the
      * engine's; give them the file name. */
     return MN_OK;
@@ -124,6 +135,7 @@ void mn_experiment_free(mn_experiment *e)
         mn_tensor_release(&e->init_momenta[i]);
     }
     mn_node_free(e->rule_group);
+    mn_node_free(e->upstream);
     memset(e, 0, sizeof *e);
 }
 

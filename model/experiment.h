@@ -16,6 +16,8 @@ typedef struct mn_experiment {
     mn_tensor init[MN_MAX_PARAMS];      /* W1, b1, ... (empty: missing) */
     mn_tensor init_momenta[MN_MAX_PARAMS];
     mn_node *rule_group;                /* /rule as read, copied into results */
+    mn_node *upstream;                  /* /upstream's datasets (shared), NULL when absent:
+                                         * the run's backward is wanted (grad_files.h) */
 } mn_experiment;
 
 mn_status mn_experiment_from_tree(const mn_node *root, const char *file, mn_experiment *out);

@@ -3,6 +3,7 @@
  * no Lua involved. Exit 0 on success, 2 on bad usage or bad input, 1 when the
  * run itself fails. */
 #include "../model/experiment.h"
+#include "../model/grad_files.h"
 #include "../model/h5.h"
 #include "../model/progress.h"
 #ifdef MN_HAVE_CUDA
@@ -18,6 +19,7 @@ static const char run_usage[] =
     "  --device     engine to run on (default: cpu)\n"
     "  --precision  matrix precision (default fp32; tf32 and bf16 need cuda)\n"
     "  --trace      also write /trace (per-step mean loss and weight norm)\n"
+    "  An experiment with /upstream also gets the run's backward (on the cpu), written to /grads.\n"
     "  -q, --quiet  no progress line (it only shows on a terminal, for runs over a second)\n";
 
 static int usage_error(const char *msg, const char *arg)
@@ -95,7 +97,13 @@ int mn_cli_run(int argc, char **argv)
     }
     mn_node *root = NULL;
     s = mn_result_tree(&e.rule, e.rule_group, &final, &out, device, precision, trace, &root);
+    mn_run_grads grads = {0};
+    if (s == MN_OK && e.upstream) {
+        s = mn_experiment_backward(&e, exp_path, &grads);
+        if (s == MN_OK) s = mn_grads_to_tree(&e.rule, &grads, root);
+    }
     if (s == MN_OK) s = mn_h5_save(out_path, root);
+    mn_run_grads_free(&grads);
     if (s != MN_OK) fprintf(stderr, "mnemo run: %s\n", mn_last_error());
     mn_node_free(root);
     mn_segment_outputs_free(&out);

@@ -14,7 +14,12 @@ memories, torch.autograd.grad, clip, momentum and decay; retrieval reuses the
 step's forward for all but its last token, as the engine does.
 Both outputs are compared (relative L2 of y and of the final weights).
 
-Usage: bench_cpu.py [--threads N] [--repeat R] [--T T] [--out RESULTS.md]
+With --grad, also the backward of SPEC.md section 7 (issue 12): rule:run
+alone against rule:run{grad = true} plus res:backward{dy = ...} in-process,
+with the backward's memory report (target: forward plus backward at most 3x
+the forward).
+
+Usage: bench_cpu.py [--threads N] [--repeat R] [--T T] [--grad] [--out RESULTS.md]
 """
 import argparse
 import os
@@ -101,12 +106,43 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
+def grad_lines(mnemo, env, work, exp, args):
+    """Forward alone vs forward (grad = true) plus backward, in-process, best of R."""
+    lua = (
+        "local rule, inputs = mnemo.load_experiment(arg[1]) "
+        "local dy = mnemo.randn(table.unpack(inputs.v.shape)) "
+        "for i = 1, %d do "
+        "  local t0 = mnemo._clock() rule:run(inputs) local t1 = mnemo._clock() "
+        "  inputs.grad = true local res = rule:run(inputs) local g = res:backward{dy = dy} inputs.grad = nil "
+        "  local t2 = mnemo._clock() "
+        "  print(string.format('grad %%.6f %%.6f %%d %%d %%d', t1 - t0, t2 - t1, g.memory.block, "
+        "    g.memory.backward_bytes, g.memory.forward_bytes)) "
+        "end" % (args.repeat + 1))
+    script = os.path.join(work, "grad.lua")
+    with open(script, "w") as f:
+        f.write(lua)
+    out = subprocess.run([mnemo, "-q", script, exp], check=True, env=env, capture_output=True, text=True).stdout
+    rows = [line.split()[1:] for line in out.splitlines() if line.startswith("grad ")][1:]
+    fwd = min(float(r[0]) for r in rows)
+    both = min(float(r[1]) for r in rows)
+    block, bwd_bytes, fwd_bytes = (int(x) for x in rows[-1][2:])
+    return [
+        "",
+        "| backward (issue 12) | threads | forward best (s) | forward + backward best (s) | ratio (target <= 3) "
+        "| block K | backward memory (MB) | forward state (MB) |",
+        "|---|---|---|---|---|---|---|---|",
+        "| B*H=8, T=%d, MLP 64-256-64 silu, c=64, norm clip | %d | %.3f | %.3f | %.2fx | %d | %.1f | %.1f |"
+        % (args.T, args.threads, fwd, both, both / fwd, block, bwd_bytes / 1e6, fwd_bytes / 1e6),
+    ]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--T", type=int, default=4096)
     ap.add_argument("--out", default=None, help="append the table to this markdown file")
+    ap.add_argument("--grad", action="store_true", help="also time the backward (forward + backward vs forward)")
     args = ap.parse_args()
     mnemo = os.environ.get("MNEMO", os.path.join(os.getcwd(), "mnemo"))
     BH, d, dh, c = 8, 64, 256, 64
@@ -157,6 +193,9 @@ def main():
     print("mnemo engine runs: %s s; mnemo run processes: %s s; torch runs: %s s; ~%.1f GFLOP/s for mnemo"
           % (", ".join("%.3f" % x for x in t_mnemo), ", ".join("%.3f" % x for x in t_cli),
              ", ".join("%.3f" % x for x in t_torch), flops / tm / 1e9))
+    if args.grad:
+        lines += grad_lines(mnemo, env, work, exp, args)
+        print("\n".join(lines[3:]))
     if args.out:
         with open(args.out, "a") as f:
             f.write("\n## CPU engine vs PyTorch CPU (%s, %s, %d cores)\n\n" % (

@@ -1,0 +1,113 @@
+/* grad.h: gradients of a run (SPEC.md section 7) on the CPU. A run is a
+ * differentiable function of its inputs; given upstream gradients of its
+ * outputs (any subset), mn_run_backward returns the gradient of
+ *   L = <dy, y> + <dloss, loss> + sum_P <dP, P^(S)>
+ * with respect to k, v, q, the gates and the initial parameters and momenta.
+ * The backward recomputes the forward from the initial state: it keeps the
+ * parameters at checkpoints every K steps and recomputes inside a block, so
+ * its memory grows with sqrt(S), not S. */
+#ifndef MN_GRAD_H
+#define MN_GRAD_H
+
+#include "engine.h"
+#include "expr_shared.h"
+#include "mlp_cpu.h"
+
+/* Upstream gradients; an empty tensor (storage NULL) counts as zero.
+ * dy [B,H,T,dv], dloss [B,H,T]; dparams[i] / dmomenta[i]: the gradient of
+ * final parameter i / its momentum, any shape that broadcasts to [B,H,...]. */
+typedef struct mn_run_upstream {
+    mn_tensor dy, dloss;
+    mn_tensor dparams[MN_MAX_PARAMS], dmomenta[MN_MAX_PARAMS];
+} mn_run_upstream;
+
+/* Gradients at full shape, f32 on the CPU: k, v [B,H,T,dk|dv], q (only when
+ * the run had q), theta [B,H,T], eta and alpha [B,H,S], and params[i] /
+ * momenta[i] [B,H,...] for the initial parameters and momenta. */
+typedef struct mn_run_grads {
+    mn_tensor k, v, q, theta, eta, alpha;
+    mn_tensor params[MN_MAX_PARAMS], momenta[MN_MAX_PARAMS];
+    int nparams;
+    /* Memory: block = K (steps between checkpoints); backward_bytes = the
+     * checkpoints, block states and scratch of every worker at their peak;
+     * forward_bytes = the forward's state (parameters, momenta, anchor of
+     * B x H memories), for comparison. */
+    int64_t block, backward_bytes, forward_bytes;
+} mn_run_grads;
+
+/* The backward of one run from the initial state (init_params / init_momenta
+ * as for mn_memory_create; in as for mn_segment_run, any dtype and shape that
+ * broadcasts). block_steps: K, or 0 to choose about sqrt(S). Errors name the
+ * upstream tensor whose shape does not fit. */
+mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_tensor *init_params,
+                          const mn_tensor *init_momenta, const mn_segment_inputs *in,
+                          const mn_run_upstream *up, int64_t block_steps, mn_run_grads *out);
+void mn_run_grads_free(mn_run_grads *g);
+
+/* full summed back to a broadcast shape (numpy rules: leading dims dropped,
+ * dims of size 1 summed), as a new contiguous f32 CPU tensor. */
+mn_status mn_sum_to_shape(mn_tensor *out, const mn_tensor *full, int ndim, const int64_t *shape);
+
+/* ---- the memory model's second-order products (mlp_grad_cpu.c) ---- */
+
+/* The pointwise parts of the loss as programs in (y, v, r): f' = df/dy,
+ * df/dv, d2f/dy2 and d2f/dydv (r = y - v counted through), from the rule's
+ * loss expression, so a custom loss gets its second derivative for free. */
+typedef struct mn_loss_programs {
+    mn_expr_program *fy, *fv, *fyy, *fyv;
+    double feature_scale;   /* R: 1/dv (mean) or 1 (sum) */
+} mn_loss_programs;
+
+/* Scratch for one thread: the forward's activations (an mn_mlp_work), the
+ * tangents, adjoints, and the activation's phi' and phi'' as programs in z. */
+typedef struct mn_mlp_grad_work {
+    mn_mlp_work fwd;
+    int64_t max_rows;
+    float *zdot[MN_MAX_LAYERS], *hdot[MN_MAX_LAYERS]; /* tangents */
+    float *zbar, *zdotbar, *hbar, *hdotbar;           /* adjoints, rows x widest */
+    float *y, *u, *ybar, *ubar;                        /* rows x dv */
+    double *din, *dout, *dout2, *dv_in, *dr_in;        /* program scratch */
+    double *dphi_at[MN_MAX_LAYERS];                    /* phi'(z) of the tangent pass, kept for the reverse */
+    mn_shared_program dphi, ddphi;                     /* phi', phi'' (repeated calls once) */
+    double *shared_scratch[MN_SHARED_MAX];
+    mn_loss_programs loss;
+} mn_mlp_grad_work;
+
+mn_status mn_mlp_grad_work_init(mn_mlp_grad_work *w, const mn_mlp_shape *s, const mn_rule *rule,
+                                int64_t max_rows);
+void mn_mlp_grad_work_free(mn_mlp_grad_work *w);
+int64_t mn_mlp_grad_work_bytes(const mn_mlp_shape *s, int64_t max_rows);
+
+/* dyhat[t] = weight[t] R f'(y_t, v_t) for the rows of a step after a forward
+ * whose outputs are y (the engine's step gradient G is then the MLP's
+ * backward of dyhat). */
+void mn_loss_dyhat(mn_mlp_grad_work *w, const float *y, const float *v, const float *weight, int64_t rows,
+                   int64_t dv, float *dyhat);
+
+/* The adjoint of one step's gradient: with y_t = M(x_t; P), dyhat_t =
+ * weight_t R f'(y_t, v_t) and G = sum_t J_P(y_t)^T dyhat_t, accumulate the
+ * gradient of  <dG, G> + sum_t dloss_t l_t  with respect to P (gP), x (gx),
+ * v (gv) and weight (gweight). dG may be NULL (a skipped step: the loss term
+ * only), and dloss may be NULL. Written as the reverse of a forward plus a
+ * forward-mode tangent in direction dG: <dG, G> = sum_t <dyhat_t, u_t> with
+ * u_t = J_P(y_t) dG, which needs f'' and phi''. dyret (may be NULL): the
+ * upstream of retrieval outputs that read the same M(x_t; P) for the first
+ * ret_rows rows (q = k and the gradient point at the current weights), so
+ * that one pass serves both. kept (may be NULL): this forward's activations
+ * from mn_mlp_keep_forward. */
+void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *const *P, float *const *dG,
+                         const float *x, const float *v, const float *weight, const float *dloss,
+                         const float *dyret, int64_t ret_rows, int64_t rows, const float *kept,
+                         float *const *gP, float *gx, float *gv, float *gweight);
+
+/* The forward's activations of rows rows (hidden z and h, then y), saved by
+ * mn_mlp_keep_forward after an mn_mlp_forward on w->fwd with output w->y, so
+ * that mn_mlp_step_adjoint (kept != NULL) need not recompute them. */
+int64_t mn_mlp_kept_floats(const mn_mlp_shape *s, int64_t rows);
+void mn_mlp_keep_forward(const mn_mlp_shape *s, const mn_mlp_grad_work *w, int64_t rows, float *kept);
+
+/* The plain adjoint of y = M(x; P) given dy: accumulates into gP and gx. */
+void mn_mlp_vjp(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *const *P, const float *x,
+                const float *dy, int64_t rows, float *const *gP, float *gx);
+
+#endif

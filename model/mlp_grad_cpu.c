@@ -1,0 +1,379 @@
+/* mlp_grad_cpu.c: the memory model's products that the backward of a run
+ * needs (SPEC.md section 7), on the CPU: the plain adjoint of y = M(x; P)
+ * for retrieval outputs, and the adjoint of one step's gradient
+ * G = sum_t J_P(y_t)^T dyhat_t, a second-order product.
+ *
+ * <dG, G> is the directional derivative of sum_t <dyhat_t, M(x_t; P)> in
+ * direction dG with dyhat held fixed, i.e. sum_t <dyhat_t, u_t> where u_t is
+ * the forward-mode tangent of M in the parameters. Its gradient is the
+ * reverse of (forward + tangent), layer by layer:
+ *   forward  z_i = W_i h_{i-1} + b_i,           h_i = phi(z_i),     h_0 = x
+ *   tangent  zd_i = dW_i h_{i-1} + W_i hd_{i-1} + db_i,  hd_i = phi'(z_i) zd_i,  hd_0 = 0
+ *   reverse  gW_i += zbar_i h_{i-1}^T + zdbar_i hd_{i-1}^T,  gb_i += zbar_i
+ *            hbar_{i-1} = W_i^T zbar_i + dW_i^T zdbar_i,     hdbar_{i-1} = W_i^T zdbar_i
+ *            zbar_{i-1} = phi'(z) hbar + phi''(z) zd hdbar,  zdbar_{i-1} = phi'(z) hdbar
+ * seeded with zdbar_L = dyhat and zbar_L = ybar = weight R f''(y, v) u (+ the
+ * loss output's dloss R f'). Row-major, x is rows x in, W is out x in. */
+#include "grad.h"
+
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* C[m x n] = beta C + A[m x k] B[n x k]^T */
+static void mm_nt(int64_t m, int64_t n, int64_t k, const float *A, const float *B, float beta, float *C)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)n, (int)k, 1.0f, A, (int)k, B, (int)k, beta,
+                C, (int)n);
+}
+
+/* C[m x n] = beta C + A[m x k] B[k x n] */
+static void mm_nn(int64_t m, int64_t n, int64_t k, const float *A, const float *B, float beta, float *C)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, A, (int)k, B, (int)n,
+                beta, C, (int)n);
+}
+
+/* C[m x n] += A[k x m]^T B[k x n] */
+static void mm_tn_acc(int64_t m, int64_t n, int64_t k, const float *A, const float *B, float *C)
+{
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, A, (int)m, B, (int)n, 1.0f,
+                C, (int)n);
+}
+
+static void colsum_acc(const float *A, int64_t rows, int64_t cols, float *out)
+{
+    for (int64_t o = 0; o < cols; o++) {
+        double acc = 0;
+        for (int64_t r = 0; r < rows; r++) acc += A[r * cols + o];
+        out[o] += (float)acc;
+    }
+}
+
+static int64_t widest(const mn_mlp_shape *s)
+{
+    int64_t w = 1;
+    for (int i = 0; i < s->layers; i++) {
+        if (s->in[i] > w) w = s->in[i];
+        if (s->out[i] > w) w = s->out[i];
+    }
+    return w;
+}
+
+/* d/dy and d/dv of e(y, v, r) with r = y - v counted through. */
+static mn_expr *total_diff(const mn_expr *e, const char *var, double dr_sign)
+{
+    mn_expr *a = mn_expr_diff(e, var), *b = mn_expr_diff(e, "r");
+    mn_expr *sum = mn_expr_binary(dr_sign > 0 ? MN_EX_ADD : MN_EX_SUB, a, b);
+    if (!sum) return NULL;
+    mn_expr *out = mn_expr_simplify(sum);
+    mn_expr_unref(sum);
+    return out;
+}
+
+static mn_status compile_in(const mn_rule *r, mn_expr *e, const char *const *vars, int nvars,
+                            mn_expr_program **out)
+{
+    if (!e) return MN_ERR_OOM;
+    return mn_expr_compile(e, vars, nvars, (const char *const *)r->const_names, r->const_values, r->nconsts, out);
+}
+
+static mn_status loss_programs_init(mn_loss_programs *lp, const mn_rule *r, int64_t dv)
+{
+    static const char *const vars[] = {"y", "v", "r"};
+    lp->feature_scale = r->feature_reduce == MN_REDUCE_MEAN ? 1.0 / (double)dv : 1.0;
+    mn_expr *f = mn_rule_loss_expr(r);
+    if (!f) return MN_ERR_ARG;
+    mn_expr *fy = total_diff(f, "y", 1), *fv = total_diff(f, "v", -1);
+    mn_expr *fyy = fy ? total_diff(fy, "y", 1) : NULL, *fyv = fy ? total_diff(fy, "v", -1) : NULL;
+    mn_status st = compile_in(r, fy, vars, 3, &lp->fy);
+    if (st == MN_OK) st = compile_in(r, fv, vars, 3, &lp->fv);
+    if (st == MN_OK) st = compile_in(r, fyy, vars, 3, &lp->fyy);
+    if (st == MN_OK) st = compile_in(r, fyv, vars, 3, &lp->fyv);
+    mn_expr_unref(f);
+    mn_expr_unref(fy);
+    mn_expr_unref(fv);
+    mn_expr_unref(fyy);
+    mn_expr_unref(fyv);
+    return st;
+}
+
+int64_t mn_mlp_grad_work_bytes(const mn_mlp_shape *s, int64_t max_rows)
+{
+    int64_t wide = widest(s), hidden = 0, dv = s->out[s->layers - 1];
+    for (int i = 0; i + 1 < s->layers; i++) hidden += s->out[i];
+    /* forward z, h, aux and dz, dh; tangents; four adjoints; y, u, ybar, ubar; doubles */
+    int64_t floats = max_rows * (3 * hidden + 2 * wide) + max_rows * 2 * hidden + 4 * max_rows * wide +
+                     4 * max_rows * dv;
+    int64_t doubles = (5 + MN_SHARED_MAX) * max_rows * wide + max_rows * hidden;
+    return floats * 4 + doubles * 8;
+}
+
+mn_status mn_mlp_grad_work_init(mn_mlp_grad_work *w, const mn_mlp_shape *s, const mn_rule *rule,
+                                int64_t max_rows)
+{
+    memset(w, 0, sizeof *w);
+    MN_TRY(mn_mlp_work_init(&w->fwd, s, rule, max_rows));
+    w->max_rows = max_rows;
+    int64_t wide = widest(s), dv = s->out[s->layers - 1];
+    bool ok = true;
+    for (int i = 0; i + 1 < s->layers; i++) {
+        ok = ok && (w->zdot[i] = malloc(sizeof(float) * max_rows * s->out[i]));
+        ok = ok && (w->hdot[i] = malloc(sizeof(float) * max_rows * s->out[i]));
+        ok = ok && (w->dphi_at[i] = malloc(sizeof(double) * max_rows * s->out[i]));
+    }
+    float **fl[] = {&w->zbar, &w->zdotbar, &w->hbar, &w->hdotbar};
+    for (size_t i = 0; i < 4 && ok; i++) ok = (*fl[i] = malloc(sizeof(float) * max_rows * wide)) != NULL;
+    float **fv[] = {&w->y, &w->u, &w->ybar, &w->ubar};
+    for (size_t i = 0; i < 4 && ok; i++) ok = (*fv[i] = malloc(sizeof(float) * max_rows * dv)) != NULL;
+    double **db[] = {&w->din, &w->dout, &w->dout2, &w->dv_in, &w->dr_in};
+    for (size_t i = 0; i < 5 && ok; i++) ok = (*db[i] = malloc(sizeof(double) * max_rows * wide)) != NULL;
+    if (!ok) {
+        mn_mlp_grad_work_free(w);
+        return mn_fail(MN_ERR_OOM, "out of memory for the backward's scratch (%lld rows)", (long long)max_rows);
+    }
+    mn_status st = loss_programs_init(&w->loss, rule, dv);
+    if (st == MN_OK && s->layers > 1) {
+        mn_expr *phi = mn_rule_activation_expr(rule);
+        mn_expr *dphi = phi ? mn_expr_diff(phi, "z") : NULL;
+        mn_expr *ddphi = dphi ? mn_expr_diff(dphi, "z") : NULL;
+        const char *const *cn = (const char *const *)rule->const_names;
+        st = dphi && ddphi ? MN_OK : MN_ERR_OOM;
+        if (st == MN_OK) st = mn_shared_program_compile(dphi, "z", cn, rule->const_values, rule->nconsts, &w->dphi);
+        if (st == MN_OK) st = mn_shared_program_compile(ddphi, "z", cn, rule->const_values, rule->nconsts, &w->ddphi);
+        for (int i = 0; i < MN_SHARED_MAX && st == MN_OK; i++)
+            if (!(w->shared_scratch[i] = malloc(sizeof(double) * max_rows * wide)))
+                st = mn_fail(MN_ERR_OOM, "out of memory for the backward's scratch");
+        mn_expr_unref(phi);
+        mn_expr_unref(dphi);
+        mn_expr_unref(ddphi);
+    }
+    if (st != MN_OK) mn_mlp_grad_work_free(w);
+    return st;
+}
+
+void mn_mlp_grad_work_free(mn_mlp_grad_work *w)
+{
+    mn_mlp_work_free(&w->fwd);
+    for (int i = 0; i < MN_MAX_LAYERS; i++) {
+        free(w->zdot[i]);
+        free(w->hdot[i]);
+        free(w->dphi_at[i]);
+    }
+    void *bufs[] = {w->zbar, w->zdotbar, w->hbar, w->hdotbar, w->y,      w->u,
+                    w->ybar, w->ubar,    w->din,  w->dout,    w->dout2, w->dv_in, w->dr_in};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
+    mn_shared_program_free(&w->dphi);
+    mn_shared_program_free(&w->ddphi);
+    for (int i = 0; i < MN_SHARED_MAX; i++) free(w->shared_scratch[i]);
+    mn_expr_program *progs[] = {w->loss.fy, w->loss.fv, w->loss.fyy, w->loss.fyv};
+    for (size_t i = 0; i < sizeof progs / sizeof *progs; i++) mn_expr_program_free(progs[i]);
+    memset(w, 0, sizeof *w);
+}
+
+/* out[i] = prog(z[i]) over n elements (in double: the expression system's precision). */
+static void run_in_z(mn_mlp_grad_work *w, const mn_shared_program *prog, const float *z, int64_t n, double *out)
+{
+    for (int64_t i = 0; i < n; i++) w->din[i] = z[i];
+    mn_shared_program_run(prog, w->din, w->shared_scratch, out, n);
+}
+
+/* The loss programs' inputs y, v, r = y - v for rows x dv elements. */
+static void load_loss_inputs(mn_mlp_grad_work *w, const float *y, const float *v, int64_t n)
+{
+    for (int64_t e = 0; e < n; e++) {
+        w->din[e] = y[e];
+        w->dv_in[e] = v[e];
+        w->dr_in[e] = (double)y[e] - (double)v[e];
+    }
+}
+
+static void run_loss(mn_mlp_grad_work *w, const mn_expr_program *prog, int64_t n, double *out)
+{
+    const double *in[3] = {w->din, w->dv_in, w->dr_in};
+    mn_expr_program_run(prog, in, out, n);
+}
+
+void mn_loss_dyhat(mn_mlp_grad_work *w, const float *y, const float *v, const float *weight, int64_t rows,
+                   int64_t dv, float *dyhat)
+{
+    double R = w->loss.feature_scale;
+    load_loss_inputs(w, y, v, rows * dv);
+    run_loss(w, w->loss.fy, rows * dv, w->dout);
+    for (int64_t t = 0; t < rows; t++)
+        for (int64_t j = 0; j < dv; j++) dyhat[t * dv + j] = (float)(weight[t] * R * w->dout[t * dv + j]);
+}
+
+static void layer(const mn_mlp_shape *s, float *const *P, int i, float **W, float **b)
+{
+    int per = s->bias ? 2 : 1;
+    *W = P[i * per];
+    *b = s->bias ? P[i * per + 1] : NULL;
+}
+
+int64_t mn_mlp_kept_floats(const mn_mlp_shape *s, int64_t rows)
+{
+    int64_t f = rows * s->out[s->layers - 1];
+    for (int i = 0; i + 1 < s->layers; i++) f += 2 * rows * s->out[i];
+    return f;
+}
+
+void mn_mlp_keep_forward(const mn_mlp_shape *s, const mn_mlp_grad_work *w, int64_t rows, float *kept)
+{
+    for (int i = 0; i + 1 < s->layers; i++) {
+        memcpy(kept, w->fwd.z[i], sizeof(float) * rows * s->out[i]);
+        kept += rows * s->out[i];
+        memcpy(kept, w->fwd.h[i], sizeof(float) * rows * s->out[i]);
+        kept += rows * s->out[i];
+    }
+    memcpy(kept, w->y, sizeof(float) * rows * s->out[s->layers - 1]);
+}
+
+/* The inverse of mn_mlp_keep_forward. */
+static void restore_forward(const mn_mlp_shape *s, mn_mlp_grad_work *w, int64_t rows, const float *kept)
+{
+    for (int i = 0; i + 1 < s->layers; i++) {
+        memcpy(w->fwd.z[i], kept, sizeof(float) * rows * s->out[i]);
+        kept += rows * s->out[i];
+        memcpy(w->fwd.h[i], kept, sizeof(float) * rows * s->out[i]);
+        kept += rows * s->out[i];
+    }
+    memcpy(w->y, kept, sizeof(float) * rows * s->out[s->layers - 1]);
+}
+
+void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *const *P, float *const *dG,
+                         const float *x, const float *v, const float *weight, const float *dloss,
+                         const float *dyret, int64_t ret_rows, int64_t rows, const float *kept,
+                         float *const *gP, float *gx, float *gv, float *gweight)
+{
+    int L = s->layers;
+    int64_t dv = s->out[L - 1], n = rows * dv;
+    double R = w->loss.feature_scale;
+    if (kept) restore_forward(s, w, rows, kept);
+    else mn_mlp_forward(s, &w->fwd, P, x, rows, w->y);
+
+    /* Tangent u = J_P(y) dG, layer by layer. */
+    if (dG) {
+        for (int i = 0; i < L; i++) {
+            float *W, *b, *dW, *db;
+            layer(s, P, i, &W, &b);
+            layer(s, dG, i, &dW, &db);
+            const float *in = i == 0 ? x : w->fwd.h[i - 1];
+            float *zd = i == L - 1 ? w->u : w->zdot[i];
+            int64_t out = s->out[i], inn = s->in[i];
+            if (db)
+                for (int64_t r = 0; r < rows; r++) memcpy(zd + r * out, db, sizeof(float) * out);
+            mm_nt(rows, out, inn, in, dW, db ? 1.0f : 0.0f, zd);
+            if (i > 0) mm_nt(rows, out, inn, w->hdot[i - 1], W, 1.0f, zd);
+            if (i < L - 1) {
+                run_in_z(w, &w->dphi, w->fwd.z[i], rows * out, w->dphi_at[i]);
+                for (int64_t e = 0; e < rows * out; e++) w->hdot[i][e] = (float)(w->dphi_at[i][e] * zd[e]);
+            }
+        }
+    } else {
+        memset(w->u, 0, sizeof(float) * n);
+    }
+
+    /* The loss's pointwise terms: ubar = dyhat; ybar, gv, gweight. Without
+     * dG (a skipped step) only the loss output's terms, and weight is not
+     * read (it may be the non-finite theta that made the step skip). */
+    load_loss_inputs(w, w->y, v, n);
+    run_loss(w, w->loss.fy, n, w->dout);
+    for (int64_t t = 0; t < rows; t++) {
+        double acc = 0, dl = dloss ? dloss[t] : 0.0;
+        for (int64_t j = 0; j < dv; j++) {
+            int64_t e = t * dv + j;
+            if (dG) w->ubar[e] = (float)(weight[t] * R * w->dout[e]);
+            w->ybar[e] = (float)(dl * R * w->dout[e]);
+            acc += w->dout[e] * w->u[e];
+        }
+        if (dG) gweight[t] += (float)(R * acc);
+    }
+    if (dG) {
+        run_loss(w, w->loss.fyy, n, w->dout);
+        run_loss(w, w->loss.fyv, n, w->dout2);
+        for (int64_t t = 0; t < rows; t++)
+            for (int64_t j = 0; j < dv; j++) {
+                int64_t e = t * dv + j;
+                w->ybar[e] += (float)(weight[t] * R * w->dout[e] * w->u[e]);
+                gv[e] += (float)(weight[t] * R * w->dout2[e] * w->u[e]);
+            }
+    }
+    if (dloss) {
+        run_loss(w, w->loss.fv, n, w->dout);
+        for (int64_t t = 0; t < rows; t++)
+            for (int64_t j = 0; j < dv; j++) gv[t * dv + j] += (float)(dloss[t] * R * w->dout[t * dv + j]);
+    }
+
+    if (dyret)
+        for (int64_t e = 0; e < ret_rows * dv; e++) w->ybar[e] += dyret[e];
+
+    /* Reverse of forward + tangent. */
+    memcpy(w->zbar, w->ybar, sizeof(float) * n);
+    if (dG) memcpy(w->zdotbar, w->ubar, sizeof(float) * n);
+    if (s->residual)
+        for (int64_t e = 0; e < n; e++) gx[e] += w->ybar[e];
+    for (int i = L - 1; i >= 0; i--) {
+        float *W, *b, *dW = NULL, *db = NULL, *gW, *gb;
+        layer(s, P, i, &W, &b);
+        layer(s, gP, i, &gW, &gb);
+        if (dG) layer(s, dG, i, &dW, &db);
+        int64_t out = s->out[i], inn = s->in[i];
+        const float *in = i == 0 ? x : w->fwd.h[i - 1];
+        mm_tn_acc(out, inn, rows, w->zbar, in, gW);
+        if (dG && i > 0) mm_tn_acc(out, inn, rows, w->zdotbar, w->hdot[i - 1], gW);
+        if (gb) colsum_acc(w->zbar, rows, out, gb);
+        if (i == 0) {
+            /* gx += zbar W + zdbar dW, through scratch (gx is a strided block of the caller's). */
+            mm_nn(rows, inn, out, w->zbar, W, 0.0f, w->hbar);
+            if (dG) mm_nn(rows, inn, out, w->zdotbar, dW, 1.0f, w->hbar);
+            for (int64_t e = 0; e < rows * inn; e++) gx[e] += w->hbar[e];
+            break;
+        }
+        mm_nn(rows, inn, out, w->zbar, W, 0.0f, w->hbar);
+        if (dG) {
+            mm_nn(rows, inn, out, w->zdotbar, dW, 1.0f, w->hbar);
+            mm_nn(rows, inn, out, w->zdotbar, W, 0.0f, w->hdotbar);
+        }
+        int64_t m = rows * inn;
+        if (dG) {
+            const double *d1 = w->dphi_at[i - 1];
+            run_in_z(w, &w->ddphi, w->fwd.z[i - 1], m, w->dout2);
+            for (int64_t e = 0; e < m; e++) {
+                w->zbar[e] = (float)(d1[e] * w->hbar[e] + w->dout2[e] * w->zdot[i - 1][e] * w->hdotbar[e]);
+                w->zdotbar[e] = (float)(d1[e] * w->hdotbar[e]);
+            }
+        } else {
+            run_in_z(w, &w->dphi, w->fwd.z[i - 1], m, w->dout);
+            for (int64_t e = 0; e < m; e++) w->zbar[e] = (float)(w->dout[e] * w->hbar[e]);
+        }
+    }
+}
+
+void mn_mlp_vjp(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *const *P, const float *x,
+                const float *dy, int64_t rows, float *const *gP, float *gx)
+{
+    int L = s->layers;
+    int64_t n = rows * s->out[L - 1];
+    mn_mlp_forward(s, &w->fwd, P, x, rows, w->y);
+    memcpy(w->zbar, dy, sizeof(float) * n);
+    if (s->residual)
+        for (int64_t e = 0; e < n; e++) gx[e] += dy[e];
+    for (int i = L - 1; i >= 0; i--) {
+        float *W, *b, *gW, *gb;
+        layer(s, P, i, &W, &b);
+        layer(s, gP, i, &gW, &gb);
+        int64_t out = s->out[i], inn = s->in[i];
+        const float *in = i == 0 ? x : w->fwd.h[i - 1];
+        mm_tn_acc(out, inn, rows, w->zbar, in, gW);
+        if (gb) colsum_acc(w->zbar, rows, out, gb);
+        mm_nn(rows, inn, out, w->zbar, W, 0.0f, w->hbar);
+        if (i == 0) {
+            for (int64_t e = 0; e < rows * inn; e++) gx[e] += w->hbar[e];
+            break;
+        }
+        int64_t m = rows * inn;
+        run_in_z(w, &w->dphi, w->fwd.z[i - 1], m, w->dout);
+        for (int64_t e = 0; e < m; e++) w->zbar[e] = (float)(w->dout[e] * w->hbar[e]);
+    }
+}

@@ -1,0 +1,455 @@
+/* test_grad.c: the backward of a run (SPEC.md section 7) against central
+ * finite differences of the forward, on a table of small cases that spans
+ * every axis of the rule (loss, activation incl. custom, clip and scope,
+ * refresh, retrieve, reductions, residual, bias, depth, skipped steps, q
+ * given or not, checkpoint block K).
+ *
+ * For each input X the test draws a direction D and compares <dL/dX, D> with
+ * (L(X + eps D) - L(X - eps D)) / (2 eps), where L = <dy, y> + <dloss, loss>
+ * + sum <dP, P^(S)> is computed in double from the float32 forward.
+ * eps = 1e-2 on inputs of size ~1 (1e-3 for relu and the value clip, whose
+ * kinks a step of 1e-2 crosses on these sizes); tolerance: |fd - an| <= 2e-2 * max(|an|,
+ * |fd|) + 2e-3 * scale, where scale = the L1 size of the terms of <g, D>
+ * (the float32 forward's rounding noise over eps). Cases are well conditioned
+ * (small theta, the memory does not diverge) and kinked parts (l1, huber,
+ * relu, value clip) are placed where no element sits within eps of a kink. */
+#include "check.h"
+#include "engine.h"
+#include "grad.h"
+#include "expr_shared.h"
+#include "random.h"
+
+#include <stdlib.h>
+
+/* The case table starts from BASE and overrides fields: intended. */
+#pragma GCC diagnostic ignored "-Woverride-init"
+
+typedef struct gcase {
+    const char *name;
+    int layers, dh;
+    mn_activation act;
+    const char *act_expr;
+    mn_loss loss;
+    const char *loss_expr;
+    double loss_delta, loss_p;
+    mn_clip clip;
+    double clip_max;
+    mn_clip_scope scope;
+    const char *clip_expr;
+    int step, refresh; /* refresh -1: = step */
+    mn_retrieve retrieve;
+    mn_reduce token_reduce, feature_reduce;
+    int bias; /* -1: default */
+    bool residual, use_q;
+    int B, H, T, dk, dv;
+    double theta;
+    int skip_token; /* >= 0: theta = inf at this token of memory 0 (its step is skipped) */
+    int block;      /* K; 0 = auto */
+    double eps;     /* finite-difference step; 0 = 1e-2 */
+} gcase;
+
+#define BASE .layers = 1, .act = MN_ACT_SILU, .loss = MN_LOSS_MSE, .loss_delta = 1, .loss_p = 1.5, \
+             .clip = MN_CLIP_NONE, .clip_max = 1, .step = 1, .refresh = -1, .token_reduce = MN_REDUCE_SUM, \
+             .feature_reduce = MN_REDUCE_MEAN, .bias = -1, .B = 1, .H = 2, .T = 7, .dk = 4, .dv = 3, \
+             .theta = 0.3, .skip_token = -1
+
+static const gcase cases[] = {
+    {"linear_mse", BASE},
+    {"linear_mse_step3_q", BASE, .step = 3, .use_q = true},
+    {"linear_bias_before", BASE, .bias = 1, .retrieve = MN_RETRIEVE_BEFORE, .step = 2},
+    {"mlp2_silu", BASE, .layers = 2, .dh = 5, .step = 2},
+    {"mlp2_silu_K1", BASE, .layers = 2, .dh = 5, .step = 2, .block = 1},
+    {"mlp2_silu_K2_q", BASE, .layers = 2, .dh = 5, .step = 2, .block = 2, .use_q = true, .T = 9},
+    {"mlp3_tanh_residual", BASE, .layers = 3, .dh = 4, .act = MN_ACT_TANH, .residual = true, .dv = 4, .step = 2},
+    {"mlp2_gelu_nobias", BASE, .layers = 2, .dh = 6, .act = MN_ACT_GELU, .bias = 0, .step = 3},
+    {"mlp2_relu", BASE, .layers = 2, .dh = 5, .act = MN_ACT_RELU, .step = 2, .eps = 1e-3},
+    {"mlp2_identity", BASE, .layers = 2, .dh = 3, .act = MN_ACT_IDENTITY, .step = 2},
+    {"mlp2_custom_act", BASE, .layers = 2, .dh = 5, .act = MN_ACT_CUSTOM, .act_expr = "z * sigmoid(a * z) + 0.1 * z^2",
+     .step = 2},
+    {"loss_l1", BASE, .loss = MN_LOSS_L1, .step = 2, .layers = 2, .dh = 4},
+    {"loss_huber", BASE, .loss = MN_LOSS_HUBER, .loss_delta = 0.5, .step = 2, .layers = 2, .dh = 4},
+    {"loss_huber_quadratic_branch", BASE, .loss = MN_LOSS_HUBER, .loss_delta = 8, .step = 2, .layers = 2, .dh = 4},
+    {"loss_lp1.5", BASE, .loss = MN_LOSS_LP, .loss_p = 1.5, .step = 2, .layers = 2, .dh = 4},
+    {"loss_custom_where", BASE, .loss = MN_LOSS_CUSTOM, .loss_expr = "where(r > 0, r^2, 0.5 * r^2) + abs(v) * y",
+     .step = 3, .layers = 2, .dh = 4},
+    {"loss_lp3", BASE, .loss = MN_LOSS_LP, .loss_p = 3, .step = 2, .layers = 2, .dh = 4},
+    {"loss_dot", BASE, .loss = MN_LOSS_DOT, .step = 2, .layers = 2, .dh = 4, .theta = 0.1},
+    {"loss_custom", BASE, .loss = MN_LOSS_CUSTOM, .loss_expr = "log(1 + r^2) + 0.1 * y * v", .step = 2, .layers = 2,
+     .dh = 4},
+    {"feature_sum_token_mean", BASE, .feature_reduce = MN_REDUCE_SUM, .token_reduce = MN_REDUCE_MEAN, .step = 3,
+     .layers = 2, .dh = 4},
+    {"clip_norm_global", BASE, .clip = MN_CLIP_NORM, .clip_max = 0.05, .step = 2, .layers = 2, .dh = 4},
+    {"clip_norm_inactive", BASE, .clip = MN_CLIP_NORM, .clip_max = 1e3, .step = 2, .layers = 2, .dh = 4},
+    {"clip_norm_tensor", BASE, .clip = MN_CLIP_NORM, .clip_max = 0.03, .scope = MN_SCOPE_TENSOR, .step = 2,
+     .layers = 2, .dh = 4},
+    {"clip_softnorm_tensor", BASE, .clip = MN_CLIP_SOFTNORM, .clip_max = 0.05, .scope = MN_SCOPE_TENSOR,
+     .step = 2, .layers = 3, .dh = 4, .T = 8},
+    {"clip_scale_tensor", BASE, .clip = MN_CLIP_SCALE, .clip_expr = "exp(-n)", .scope = MN_SCOPE_TENSOR, .step = 3,
+     .layers = 2, .dh = 4},
+    {"clip_softnorm", BASE, .clip = MN_CLIP_SOFTNORM, .clip_max = 0.1, .step = 2, .layers = 2, .dh = 4},
+    {"clip_value", BASE, .clip = MN_CLIP_VALUE, .clip_max = 0.04, .step = 2, .layers = 2, .dh = 4, .eps = 1e-3},
+    {"clip_scale_custom", BASE, .clip = MN_CLIP_SCALE, .clip_expr = "1 / (1 + a * n)", .step = 2, .layers = 2,
+     .dh = 4},
+    {"clip_elementwise_custom", BASE, .clip = MN_CLIP_ELEMENTWISE, .clip_expr = "0.1 * tanh(g / 0.1)", .step = 2,
+     .layers = 2, .dh = 4},
+    {"refresh0_before_q", BASE, .refresh = 0, .retrieve = MN_RETRIEVE_BEFORE, .use_q = true, .step = 3,
+     .layers = 2, .dh = 4, .T = 10},
+    {"refresh_2c_before_mean", BASE, .refresh = 4, .retrieve = MN_RETRIEVE_BEFORE, .token_reduce = MN_REDUCE_MEAN,
+     .step = 2, .layers = 2, .dh = 4, .T = 9},
+    {"refresh0", BASE, .refresh = 0, .step = 2, .layers = 2, .dh = 4, .T = 9},
+    {"refresh_2c", BASE, .refresh = 4, .step = 2, .layers = 2, .dh = 4, .T = 11, .block = 2},
+    {"refresh_3c_c1", BASE, .refresh = 3, .step = 1, .layers = 2, .dh = 4, .T = 8, .use_q = true},
+    {"skipped_step", BASE, .step = 2, .layers = 2, .dh = 4, .skip_token = 3},
+    {"skipped_step_refresh0", BASE, .step = 2, .layers = 2, .dh = 4, .skip_token = 0, .refresh = 0},
+    {"wide_awkward", BASE, .layers = 2, .dh = 33, .dk = 17, .dv = 17, .residual = true, .T = 45, .step = 4,
+     .refresh = 8, .use_q = true, .clip = MN_CLIP_NORM, .clip_max = 0.2, .B = 2, .H = 2, .theta = 0.05},
+    {"depth1_bias_mean_B2", BASE, .bias = 1, .B = 2, .H = 1, .step = 4, .T = 10, .token_reduce = MN_REDUCE_MEAN},
+};
+
+typedef struct problem {
+    mn_rule rule;
+    mn_dims dims;
+    int np;
+    mn_tensor init[MN_MAX_PARAMS], mom[MN_MAX_PARAMS];
+    mn_tensor k, v, q, theta, eta, alpha;
+    mn_run_upstream up;
+} problem;
+
+static void fill(mn_tensor *t, mn_rng *rng, double scale, double shift)
+{
+    float *d = mn_tensor_data(t);
+    for (int64_t i = 0; i < mn_tensor_numel(t); i++) d[i] = (float)(shift + scale * (2 * mn_rng_uniform(rng) - 1));
+}
+
+static mn_status make_tensor(mn_tensor *t, int nd, const int64_t *shape, mn_rng *rng, double scale, double shift)
+{
+    MN_TRY(mn_tensor_empty(t, MN_F32, nd, shape, MN_CPU));
+    fill(t, rng, scale, shift);
+    return MN_OK;
+}
+
+static mn_status setup(problem *pb, const gcase *c, uint64_t seed)
+{
+    memset(pb, 0, sizeof *pb);
+    mn_rule *r = &pb->rule;
+    mn_rule_init(r);
+    r->layers = c->layers;
+    r->activation = c->act;
+    r->bias = c->bias < 0 ? c->layers >= 2 : c->bias;
+    r->residual = c->residual;
+    r->loss = c->loss;
+    r->loss_delta = c->loss_delta;
+    r->loss_p = c->loss_p;
+    r->clip = c->clip;
+    r->clip_max = c->clip_max;
+    r->clip_scope = c->scope;
+    r->step = c->step;
+    r->refresh = c->refresh;
+    r->retrieve = c->retrieve;
+    r->token_reduce = c->token_reduce;
+    r->feature_reduce = c->feature_reduce;
+    MN_TRY(mn_rule_set_const(r, "a", 1.7));
+    if (c->act_expr) MN_TRY(mn_expr_parse(c->act_expr, &r->activation_expr));
+    if (c->loss_expr) MN_TRY(mn_expr_parse(c->loss_expr, &r->loss_expr));
+    if (c->clip_expr) MN_TRY(mn_expr_parse(c->clip_expr, &r->clip_expr));
+    MN_TRY(mn_rule_validate(r));
+    mn_dims *d = &pb->dims;
+    d->B = c->B;
+    d->H = c->H;
+    d->T = c->T;
+    d->dk = c->dk;
+    d->dv = c->dv;
+    d->dh = c->dh ? c->dh : c->dv;
+    d->S = (c->T + c->step - 1) / c->step;
+    mn_rng rng;
+    mn_rng_seed(&rng, seed);
+    pb->np = mn_rule_param_count(r);
+    for (int p = 0; p < pb->np; p++) {
+        int64_t full[4] = {d->B, d->H};
+        int pd = mn_rule_param_shape(r, d, p, full + 2);
+        double fan = pd == 2 ? (double)full[3] : 4.0;
+        MN_TRY(make_tensor(&pb->init[p], pd + 2, full, &rng, 1.2 / sqrt(fan), 0));
+        MN_TRY(make_tensor(&pb->mom[p], pd + 2, full, &rng, 0.05, 0));
+        MN_TRY(make_tensor(&pb->up.dparams[p], pd + 2, full, &rng, 1, 0));
+        MN_TRY(make_tensor(&pb->up.dmomenta[p], pd + 2, full, &rng, 1, 0));
+    }
+    int64_t ks[4] = {d->B, d->H, d->T, d->dk}, vs[4] = {d->B, d->H, d->T, d->dv};
+    int64_t ts[3] = {d->B, d->H, d->T}, ss[3] = {d->B, d->H, d->S};
+    MN_TRY(make_tensor(&pb->k, 4, ks, &rng, 1, 0));
+    MN_TRY(make_tensor(&pb->v, 4, vs, &rng, 1, 0));
+    if (c->loss == MN_LOSS_L1 || (c->loss == MN_LOSS_HUBER && c->loss_delta < 1) || (c->loss == MN_LOSS_LP && c->loss_p < 2)) {
+        /* residuals far from the kinks (0 for l1 and lp, delta for huber):
+         * v = +-2.5 +- 0.5 while y stays within ~1 */
+        float *v = mn_tensor_data(&pb->v);
+        for (int64_t i = 0; i < mn_tensor_numel(&pb->v); i++) v[i] = (i % 2 ? 2.5f : -2.5f) + 0.5f * v[i];
+    }
+    if (c->use_q) MN_TRY(make_tensor(&pb->q, 4, ks, &rng, 1, 0));
+    MN_TRY(make_tensor(&pb->theta, 3, ts, &rng, 0.5 * c->theta, c->theta));
+    if (c->skip_token >= 0) ((float *)mn_tensor_data(&pb->theta))[c->skip_token] = INFINITY;
+    MN_TRY(make_tensor(&pb->eta, 3, ss, &rng, 0.2, 0.6));
+    MN_TRY(make_tensor(&pb->alpha, 3, ss, &rng, 0.05, 0.05));
+    MN_TRY(make_tensor(&pb->up.dy, 4, vs, &rng, 1, 0));
+    MN_TRY(make_tensor(&pb->up.dloss, 3, ts, &rng, 1, 0));
+    return MN_OK;
+}
+
+static void problem_free(problem *pb)
+{
+    mn_rule_free(&pb->rule);
+    for (int p = 0; p < MN_MAX_PARAMS; p++) {
+        mn_tensor_release(&pb->init[p]);
+        mn_tensor_release(&pb->mom[p]);
+        mn_tensor_release(&pb->up.dparams[p]);
+        mn_tensor_release(&pb->up.dmomenta[p]);
+    }
+    mn_tensor *ts[] = {&pb->k, &pb->v, &pb->q, &pb->theta, &pb->eta, &pb->alpha, &pb->up.dy, &pb->up.dloss};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) mn_tensor_release(ts[i]);
+}
+
+static double dotf(const mn_tensor *a, const mn_tensor *b)
+{
+    const float *x = mn_tensor_data(a), *y = mn_tensor_data(b);
+    double acc = 0;
+    for (int64_t i = 0; i < mn_tensor_numel(a); i++)
+        if (isfinite(x[i]) && isfinite(y[i])) acc += (double)x[i] * y[i];
+    return acc;
+}
+
+/* L of the forward at the problem's current inputs. */
+static mn_status objective(problem *pb, double *L)
+{
+    mn_memory_state st;
+    MN_TRY(mn_memory_create(&st, &pb->rule, &pb->dims, pb->init, pb->mom, MN_CPU));
+    mn_segment_inputs in = {.k = pb->k, .v = pb->v, .q = pb->q, .theta = pb->theta, .eta = pb->eta,
+                            .alpha = pb->alpha, .want_y = true};
+    mn_segment_outputs out;
+    mn_status s = mn_segment_run(&st, &in, &out);
+    if (s == MN_OK) {
+        double acc = dotf(&out.y, &pb->up.dy) + dotf(&out.loss, &pb->up.dloss);
+        for (int p = 0; p < pb->np; p++)
+            acc += dotf(&st.params[p], &pb->up.dparams[p]) + dotf(&st.momenta[p], &pb->up.dmomenta[p]);
+        *L = acc;
+        mn_segment_outputs_free(&out);
+    }
+    mn_memory_free(&st);
+    return s;
+}
+
+/* Compare <g, D> with the central difference along D for input X. */
+static void check_input(const char *cname, const char *xname, problem *pb, mn_tensor *X, const mn_tensor *g,
+                        mn_rng *rng, double eps)
+{
+    char name[160];
+    snprintf(name, sizeof name, "%s/%s", cname, xname);
+    int64_t ne = mn_tensor_numel(X);
+    float *x = mn_tensor_data(X);
+    const float *gd = mn_tensor_data(g);
+    float *D = malloc(sizeof(float) * ne), *x0 = malloc(sizeof(float) * ne);
+    double an = 0, scale = 0;
+    bool finite = true;
+    for (int64_t i = 0; i < ne; i++) {
+        x0[i] = x[i];
+        D[i] = isfinite(x[i]) ? (float)(2 * mn_rng_uniform(rng) - 1) : 0.0f;
+        if (!isfinite(gd[i]) && isfinite(x[i])) finite = false;
+        if (D[i] != 0) {
+            an += (double)gd[i] * D[i];
+            scale += fabs((double)gd[i] * D[i]);
+        }
+    }
+    double Lp = 0, Lm = 0;
+    for (int64_t i = 0; i < ne; i++) x[i] = (float)(x0[i] + eps * D[i]);
+    mn_status s1 = objective(pb, &Lp);
+    for (int64_t i = 0; i < ne; i++) x[i] = (float)(x0[i] - eps * D[i]);
+    mn_status s2 = objective(pb, &Lm);
+    memcpy(x, x0, sizeof(float) * ne);
+    double fd = (Lp - Lm) / (2 * eps);
+    double err = fabs(fd - an), tol = 2e-2 * fmax(fabs(an), fabs(fd)) + 2e-3 * scale + 1e-6;
+    if (s1 != MN_OK || s2 != MN_OK) printf("FAIL %s: forward failed: %s\n", name, mn_last_error());
+    else if (!finite) printf("FAIL %s: non-finite gradient at a finite input\n", name);
+    else if (err <= tol) printf("PASS %s\n", name);
+    else printf("FAIL %s: analytic %.6g, finite difference %.6g (tolerance %.3g)\n", name, an, fd, tol);
+    if (!(s1 == MN_OK && s2 == MN_OK && finite && err <= tol)) check_failures_++;
+    free(D);
+    free(x0);
+}
+
+static void run_case(const gcase *c, uint64_t seed)
+{
+    problem pb;
+    char name[160];
+    if (setup(&pb, c, seed) != MN_OK) {
+        printf("FAIL %s/setup: %s\n", c->name, mn_last_error());
+        check_failures_++;
+        problem_free(&pb);
+        return;
+    }
+    mn_segment_inputs in = {.k = pb.k, .v = pb.v, .q = pb.q, .theta = pb.theta, .eta = pb.eta, .alpha = pb.alpha};
+    mn_run_grads g;
+    if (mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &pb.up, c->block, &g) != MN_OK) {
+        printf("FAIL %s/backward: %s\n", c->name, mn_last_error());
+        check_failures_++;
+        problem_free(&pb);
+        return;
+    }
+    mn_rng rng;
+    mn_rng_seed(&rng, seed + 99);
+    double eps = c->eps > 0 ? c->eps : 1e-2;
+    check_input(c->name, "k", &pb, &pb.k, &g.k, &rng, eps);
+    check_input(c->name, "v", &pb, &pb.v, &g.v, &rng, eps);
+    if (c->use_q) check_input(c->name, "q", &pb, &pb.q, &g.q, &rng, eps);
+    CHECK(c->name, c->use_q == (g.q.storage != NULL));
+    check_input(c->name, "theta", &pb, &pb.theta, &g.theta, &rng, eps);
+    check_input(c->name, "eta", &pb, &pb.eta, &g.eta, &rng, eps);
+    check_input(c->name, "alpha", &pb, &pb.alpha, &g.alpha, &rng, eps);
+    for (int p = 0; p < pb.np; p++) {
+        char pn[16], sn[24];
+        mn_rule_param_name(&pb.rule, p, pn, sizeof pn);
+        snprintf(sn, sizeof sn, "S_%s", pn);
+        check_input(c->name, pn, &pb, &pb.init[p], &g.params[p], &rng, eps);
+        check_input(c->name, sn, &pb, &pb.mom[p], &g.momenta[p], &rng, eps);
+    }
+    if (c->skip_token >= 0) {
+        /* the skipped step's gates get nothing through the update */
+        int64_t s = c->skip_token / c->step;
+        snprintf(name, sizeof name, "%s/skipped_gates_zero", c->name);
+        CHECK(name, ((float *)mn_tensor_data(&g.eta))[s] == 0 && ((float *)mn_tensor_data(&g.alpha))[s] == 0);
+    }
+    mn_run_grads_free(&g);
+    problem_free(&pb);
+}
+
+/* K changes memory, never the numbers: K = 1 and K = S agree with auto. */
+static void test_block_invariance(void)
+{
+    gcase c = {"blocks", BASE, .layers = 2, .dh = 4, .step = 1, .T = 13, .refresh = 3};
+    problem pb;
+    if (setup(&pb, &c, 7) != MN_OK) {
+        printf("FAIL blocks/setup: %s\n", mn_last_error());
+        check_failures_++;
+        return;
+    }
+    mn_segment_inputs in = {.k = pb.k, .v = pb.v, .theta = pb.theta, .eta = pb.eta, .alpha = pb.alpha};
+    mn_run_grads g1, g13, ga;
+    bool ok = mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &pb.up, 1, &g1) == MN_OK &&
+              mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &pb.up, 13, &g13) == MN_OK &&
+              mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &pb.up, 0, &ga) == MN_OK;
+    CHECK("blocks/run", ok);
+    if (ok) {
+        double d1 = 0, d13 = 0;
+        const float *a = mn_tensor_data(&g1.params[0]), *b = mn_tensor_data(&g13.params[0]),
+                    *cc = mn_tensor_data(&ga.params[0]);
+        for (int64_t i = 0; i < mn_tensor_numel(&g1.params[0]); i++) {
+            d1 += fabs(a[i] - cc[i]);
+            d13 += fabs(b[i] - cc[i]);
+        }
+        CHECK("blocks/K1_equals_auto", d1 == 0);
+        CHECK("blocks/KS_equals_auto", d13 == 0);
+        CHECK("blocks/auto_is_sqrt", ga.block == 4);
+        CHECK("blocks/memory_grows_slower_than_K_S", ga.backward_bytes < g13.backward_bytes);
+        mn_run_grads_free(&g1);
+        mn_run_grads_free(&g13);
+        mn_run_grads_free(&ga);
+    }
+    problem_free(&pb);
+}
+
+static void test_errors_and_reduce(void)
+{
+    gcase c = {"errors", BASE};
+    problem pb;
+    if (setup(&pb, &c, 3) != MN_OK) return;
+    mn_segment_inputs in = {.k = pb.k, .v = pb.v, .theta = pb.theta, .eta = pb.eta, .alpha = pb.alpha};
+    mn_run_upstream up = {0};
+    int64_t bad[4] = {1, 2, 7, 5};
+    mn_tensor_zeros(&up.dy, MN_F32, 4, bad, MN_CPU);
+    mn_run_grads g;
+    CHECK("errors/bad_dy_shape", mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &up, 0, &g) == MN_ERR_ARG);
+    CHECK_STR_CONTAINS("errors/bad_dy_names_it", mn_last_error(), "upstream dy has shape 1x2x7x5");
+    mn_tensor_release(&up.dy);
+    /* no upstream at all: every gradient is zero */
+    bool ok = mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &up, 0, &g) == MN_OK;
+    CHECK("errors/empty_upstream_runs", ok);
+    if (ok) {
+        CHECK("errors/empty_upstream_zero", dotf(&g.k, &g.k) == 0 && dotf(&g.params[0], &g.params[0]) == 0);
+        /* sums back to [T] and to a scalar */
+        mn_tensor full = {0}, t = {0}, sc = {0};
+        int64_t fs[3] = {2, 3, 4};
+        mn_tensor_empty(&full, MN_F32, 3, fs, MN_CPU);
+        float *f = mn_tensor_data(&full);
+        for (int i = 0; i < 24; i++) f[i] = (float)i;
+        int64_t ts[1] = {4}, ones[2] = {3, 1};
+        mn_tensor hs = {0};
+        ok = mn_sum_to_shape(&t, &full, 1, ts) == MN_OK && mn_sum_to_shape(&sc, &full, 0, NULL) == MN_OK &&
+             mn_sum_to_shape(&hs, &full, 2, ones) == MN_OK;
+        CHECK("reduce/ok", ok);
+        if (ok) {
+            const float *tv = mn_tensor_data(&t), *hv = mn_tensor_data(&hs);
+            CHECK("reduce/to_T", tv[0] == 0 + 4 + 8 + 12 + 16 + 20 && tv[3] == 3 + 7 + 11 + 15 + 19 + 23);
+            CHECK("reduce/to_scalar", *(float *)mn_tensor_data(&sc) == 276);
+            CHECK("reduce/to_Hx1", hv[0] == (0 + 1 + 2 + 3) + (12 + 13 + 14 + 15) && hv[2] == 8 + 9 + 10 + 11 + 20 + 21 + 22 + 23);
+        }
+        int64_t wrong[1] = {5};
+        mn_tensor w2 = {0};
+        CHECK("reduce/bad_shape", mn_sum_to_shape(&w2, &full, 1, wrong) == MN_ERR_ARG);
+        mn_tensor_release(&full);
+        mn_tensor_release(&t);
+        mn_tensor_release(&sc);
+        mn_tensor_release(&hs);
+        mn_run_grads_free(&g);
+    }
+    problem_free(&pb);
+}
+
+/* Repeated calls evaluated once give the same values as the plain program. */
+static void test_shared_program(void)
+{
+    const char *srcs[] = {"silu(z)", "z * sigmoid(a * z) + 0.1 * z^2", "tanh(z) * tanh(z) + exp(tanh(z))"};
+    const char *consts[] = {"a"};
+    double cval[] = {1.7};
+    for (int k = 0; k < 3; k++) {
+        mn_expr *e = NULL;
+        mn_expr_parse(srcs[k], &e);
+        mn_expr *d1 = mn_expr_diff(e, "z"), *d2 = mn_expr_diff(d1, "z");
+        static const char *const zv[] = {"z"};
+        mn_expr_program *plain = NULL;
+        mn_shared_program shared;
+        bool ok = mn_expr_compile(d2, zv, 1, consts, cval, 1, &plain) == MN_OK &&
+                  mn_shared_program_compile(d2, "z", consts, cval, 1, &shared) == MN_OK;
+        char name[96];
+        snprintf(name, sizeof name, "shared_program/%s/compiles", srcs[k]);
+        CHECK(name, ok);
+        if (ok) {
+            enum { N = 600 }; /* more than one block of the program */
+            static double z[N], a[N], b[N], s0[N], s1[N], s2[N], s3[N];
+            double *scratch[MN_SHARED_MAX] = {s0, s1, s2, s3};
+            for (int i = 0; i < N; i++) z[i] = -6 + 12.0 * i / N;
+            const double *in[1] = {z};
+            mn_expr_program_run(plain, in, a, N);
+            mn_shared_program_run(&shared, z, scratch, b, N);
+            double worst = 0;
+            for (int i = 0; i < N; i++) worst = fmax(worst, fabs(a[i] - b[i]) / fmax(1, fabs(a[i])));
+            snprintf(name, sizeof name, "shared_program/%s/same_values", srcs[k]);
+            CHECK_NEAR(name, worst, 0, 1e-14);
+            snprintf(name, sizeof name, "shared_program/%s/shares_a_call", srcs[k]);
+            CHECK(name, shared.nsub >= 1);
+            mn_shared_program_free(&shared);
+        }
+        mn_expr_program_free(plain);
+        mn_expr_unref(e);
+        mn_expr_unref(d1);
+        mn_expr_unref(d2);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    const char *only = argc > 1 ? argv[1] : NULL;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        if (!only || strstr(cases[i].name, only)) run_case(&cases[i], 1000 + i);
+    if (!only) {
+        test_block_invariance();
+        test_errors_and_reduce();
+        test_shared_program();
+    }
+    return CHECK_DONE();
+}
