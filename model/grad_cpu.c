@@ -111,28 +111,20 @@ static void group_range(const run_ctx *x, int g, int *p0, int *p1)
 static void clip_forward(const run_ctx *x, worker *w, const float *G, float *Gt)
 {
     int64_t P = x->P;
-    switch (x->rule->clip) {
-    case MN_CLIP_NONE: memcpy(Gt, G, sizeof(float) * P); break;
-    case MN_CLIP_NORM:
-    case MN_CLIP_SOFTNORM:
-    case MN_CLIP_SCALE:
+    /* By the clip's kind (model/rule.def): a scale of G, per element, or none. */
+    if (mn_rule_clip_scales(x->rule)) {
         for (int g = 0; g < clip_groups(x); g++) {
             int p0, p1;
             group_range(x, g, &p0, &p1);
             float sc = (float)eval_n(x, x->scale, group_norm(x, G, p0, p1));
             for (int64_t e = x->off[p0]; e < x->off[p1]; e++) Gt[e] = G[e] * sc;
         }
-        break;
-    case MN_CLIP_VALUE:
-    case MN_CLIP_ELEMENTWISE: {
+    } else if (mn_rule_clip_elementwise(x->rule)) {
         for (int64_t e = 0; e < P; e++) w->ebuf_in[e] = G[e];
         const double *in[1] = {w->ebuf_in};
         mn_expr_program_run(x->elem, in, w->ebuf_out, P);
         for (int64_t e = 0; e < P; e++) Gt[e] = (float)w->ebuf_out[e];
-        break;
-    }
-    case MN_CLIP_COUNT: break;
-    }
+    } else memcpy(Gt, G, sizeof(float) * P);
 }
 
 /* dG from dGt: Gt = G sc(|G|) gives dG = sc dGt + sc'(n) <dGt, G> / n * G
@@ -140,11 +132,7 @@ static void clip_forward(const run_ctx *x, worker *w, const float *G, float *Gt)
 static void clip_adjoint(const run_ctx *x, worker *w, const float *G, const float *dGt, float *dG)
 {
     int64_t P = x->P;
-    switch (x->rule->clip) {
-    case MN_CLIP_NONE: memcpy(dG, dGt, sizeof(float) * P); break;
-    case MN_CLIP_NORM:
-    case MN_CLIP_SOFTNORM:
-    case MN_CLIP_SCALE:
+    if (mn_rule_clip_scales(x->rule)) {
         for (int g = 0; g < clip_groups(x); g++) {
             int p0, p1;
             group_range(x, g, &p0, &p1);
@@ -153,17 +141,12 @@ static void clip_adjoint(const run_ctx *x, worker *w, const float *G, const floa
             double through = nrm > 0 ? eval_n(x, x->dscale, nrm) * dot / nrm : 0.0;
             for (int64_t e = x->off[p0]; e < x->off[p1]; e++) dG[e] = (float)(sc * dGt[e] + through * G[e]);
         }
-        break;
-    case MN_CLIP_VALUE:
-    case MN_CLIP_ELEMENTWISE: {
+    } else if (mn_rule_clip_elementwise(x->rule)) {
         for (int64_t e = 0; e < P; e++) w->ebuf_in[e] = G[e];
         const double *in[1] = {w->ebuf_in};
         mn_expr_program_run(x->delem, in, w->ebuf_out, P);
         for (int64_t e = 0; e < P; e++) dG[e] = (float)(dGt[e] * w->ebuf_out[e]);
-        break;
-    }
-    case MN_CLIP_COUNT: break;
-    }
+    } else memcpy(dG, dGt, sizeof(float) * P);
 }
 
 /* theta_t tscale for the rows of step s. */
@@ -343,7 +326,7 @@ static int64_t worker_bytes(const run_ctx *x)
     int64_t P = x->P, K = x->K;
     int64_t floats = x->nblocks * 3 * P + 2 * (K + 1) * P + 2 * K * P + 9 * P + 2 * x->max_rows +
                      x->max_rows * x->dv + K * x->kept_floats;
-    int64_t extra = x->rule->clip == MN_CLIP_VALUE || x->rule->clip == MN_CLIP_ELEMENTWISE ? 2 * P * 8 : 0;
+    int64_t extra = mn_rule_clip_elementwise(x->rule) ? 2 * P * 8 : 0;
     return floats * 4 + K + extra + mn_mlp_grad_work_bytes(&x->shape, x->max_rows);
 }
 
@@ -369,7 +352,7 @@ static mn_status worker_init(worker *w, const run_ctx *x)
               (w->dyhat = malloc(sizeof(float) * x->max_rows * x->dv));
     float **flat[] = {&w->W, &w->S, &w->A, &w->dW, &w->dS, &w->dA, &w->dG, &w->dGt, &w->tmp};
     for (size_t i = 0; i < sizeof flat / sizeof *flat && ok; i++) ok = (*flat[i] = malloc(sizeof(float) * P)) != NULL;
-    if (ok && (x->rule->clip == MN_CLIP_VALUE || x->rule->clip == MN_CLIP_ELEMENTWISE))
+    if (ok && (mn_rule_clip_elementwise(x->rule)))
         ok = (w->ebuf_in = malloc(sizeof(double) * P)) && (w->ebuf_out = malloc(sizeof(double) * P));
     if (!ok) {
         worker_free(w);
@@ -438,7 +421,7 @@ static mn_status clip_forms(run_ctx *x)
     if (!e) return MN_ERR_ARG;
     const char *const *cn = (const char *const *)r->const_names;
     mn_status st = MN_OK;
-    if (r->clip == MN_CLIP_VALUE || r->clip == MN_CLIP_ELEMENTWISE) {
+    if (mn_rule_clip_elementwise(r)) {
         static const char *const gv[] = {"g"};
         mn_expr *de = mn_expr_diff(e, "g");
         st = de ? mn_expr_compile(e, gv, 1, cn, r->const_values, r->nconsts, &x->elem) : MN_ERR_OOM;
