@@ -46,6 +46,7 @@ expect_out() {
         custom_loss) echo 'custom vs built-in huber: the same numbers' ;;
         sweep) echo '^best: eta' ;;
         compare_with_python) echo '(agrees with the PyTorch reference|^skipped: )' ;;
+        fit_gates) echo '^held-out recall: .* \(better\)$' ;;
         *) echo '' ;;
     esac
 }
@@ -56,6 +57,7 @@ expect_files() {
         custom_loss) echo 'custom_loss.h5' ;;
         sweep) echo 'sweep.h5 sweep.png' ;;
         compare_with_python) echo 'compare_experiment.h5' ;;
+        fit_gates) echo 'fit_gates.png' ;;
         *) echo '' ;;
     esac
 }
