@@ -308,7 +308,12 @@ def main():
             else:
                 cmp = subprocess.run([binary, "compare", "-q", res_path, ref_path, "--rtol", repr(rtol)],
                                      capture_output=True, text=True)
-                if cmp.returncode == 0:
+                # a compare that walks /grads holds them to the forward bound;
+                # they are compared below, at theirs
+                failing = [r for r in cmp.stdout.splitlines()
+                           if r.startswith("/") and not r.rstrip().endswith("pass")]
+                if cmp.returncode == 0 or (cmp.returncode == 1 and failing
+                                           and all(r.startswith("/grads/") for r in failing)):
                     print("PASS %s" % label)
                 else:
                     failures += 1
