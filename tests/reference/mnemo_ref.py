@@ -394,8 +394,9 @@ def grad_compare_mask(exp, name):
     those at non-finite inputs (SPEC.md section 7 leaves them unspecified)
     and, for k, v and q, all features of a token whose key, value or query
     has a non-finite entry (its loss or output is not finite; this reference
-    cuts that token's loss and output from the gradient, and an engine may
-    treat its other features differently)."""
+    cuts that token's loss where its derivative is not finite and its output
+    where the query is not, and an engine may treat the token's finite
+    features differently)."""
     if name in ("k", "v", "q"):
         rows = np.isfinite(exp.k).all(-1) & np.isfinite(exp.v).all(-1) & np.isfinite(exp.q).all(-1)
         return np.broadcast_to(rows[..., None], getattr(exp, name).shape)
