@@ -291,7 +291,7 @@ def run(exp, dtype=torch.float64, trace=False, grads=True):
             skip = ~finite
             Wh = {n: _hold(Wbar[n], _per_memory(skip, Wbar[n])) for n in names}
             G, _, _ = step_gradient(Wh, _hold(ks, skip[:, :, None, None]), _hold(vs, skip[:, :, None, None]),
-                                 _hold(ths, skip[:, :, None]), hi - lo)
+                                    _hold(ths, skip[:, :, None]), hi - lo)
         if diff:
             bad = bad_kv[:, :, lo:hi]
             if bool(bad.any()):
