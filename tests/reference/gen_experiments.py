@@ -2,7 +2,7 @@
 """gen_experiments: random experiment files (SPEC.md section 5) covering every
 axis of the spec, for conformance runs of the engines against mnemo_ref.py.
 
-    gen_experiments.py --seed S --count N --out DIR [--max-T 64] [--describe]
+    gen_experiments.py --seed S --count N --out DIR [--max-T 64] [--min-width W] [--describe]
 
 writes DIR/exp_00000.h5 ... . File i depends only on (seed, i), so --count 10
 gives the first ten files of --count 300, and the same seed gives the same
@@ -137,16 +137,19 @@ def _gate_array(rng, shape_kind, B, H, N, lo, hi):
     return rng.uniform(lo, hi, size=shape).astype(np.float32)
 
 
-def make_config(seed, i, max_T=64):
-    """Everything about file i as plain Python/numpy data (no I/O)."""
+def make_config(seed, i, max_T=64, min_width=1):
+    """Everything about file i as plain Python/numpy data (no I/O). With
+    min_width = w > 1, dk, dv and the hidden width are drawn from [w, 2w]
+    instead (the same draws otherwise: file i is file i with wider tensors)."""
     ax = {name: _axis_value(seed, n, vals, i) for n, (name, vals) in enumerate(AXES)}
     rng = np.random.default_rng([seed, i])
 
     L = ax["layers"]
     B, H = int(rng.integers(1, 4)), int(rng.integers(1, 4))
-    dk = int(rng.integers(1, 9))
-    dv = dk if ax["residual"] else int(rng.integers(1, 9))
-    dh = int(rng.integers(1, 17)) if L >= 2 else None
+    lo, hi = (1, 9) if min_width <= 1 else (min_width, 2 * min_width + 1)
+    dk = int(rng.integers(lo, hi))
+    dv = dk if ax["residual"] else int(rng.integers(lo, hi))
+    dh = int(rng.integers(1, 17) if min_width <= 1 else rng.integers(lo, hi)) if L >= 2 else None
 
     # T and c per the step kind; T is log-uniform-ish so short runs are common
     # but long ones (up to max_T) appear too.
@@ -395,6 +398,8 @@ def main(argv=None):
     ap.add_argument("--count", type=int, required=True)
     ap.add_argument("--out", help="directory for exp_00000.h5 ...")
     ap.add_argument("--max-T", type=int, default=64, dest="max_T")
+    ap.add_argument("--min-width", type=int, default=1, dest="min_width",
+                    help="draw dk, dv and hidden from [W, 2W] (default: the usual 1..8, 1..16)")
     ap.add_argument("--describe", action="store_true", help="print one line per config")
     args = ap.parse_args(argv)
     if not args.out and not args.describe:
@@ -404,7 +409,7 @@ def main(argv=None):
     if args.out:
         os.makedirs(args.out, exist_ok=True)
     for i in range(args.count):
-        cfg = make_config(args.seed, i, args.max_T)
+        cfg = make_config(args.seed, i, args.max_T, args.min_width)
         name = "exp_%05d.h5" % i
         if args.out:
             write_config(os.path.join(args.out, name), cfg)

@@ -246,10 +246,9 @@ def run(exp, dtype=torch.float64, trace=False, grads=True):
     model = Memory(exp)
     token_loss = make_token_loss(exp)
     if diff:
-        # Tokens with a non-finite key or value (query for retrieval): their
-        # loss or output is not finite, and its gradient is left out (SPEC.md
-        # section 7: entries at non-finite inputs are unspecified, all others
-        # must be finite).
+        # Tokens with a non-finite key or value (query for retrieval): SPEC.md
+        # section 7 leaves the gradient entries at non-finite inputs
+        # unspecified and wants all others finite (see the step loop).
         bad_kv = ~(_finite_rows(k.detach()) & _finite_rows(v.detach()))
         bad_q = ~_finite_rows(q.detach())
 
@@ -268,7 +267,7 @@ def run(exp, dtype=torch.float64, trace=False, grads=True):
         G = {n: (gi if gi is not None else torch.zeros_like(p)) for n, gi, p in zip(names, g, params)}
         if not diff:
             G = {n: G[n].detach() for n in names}
-        return G, l_t
+        return G, l_t, y
 
     loss_parts = []
     grad_norm = torch.zeros(B, H, S, dtype=dtype)
@@ -285,7 +284,7 @@ def run(exp, dtype=torch.float64, trace=False, grads=True):
         else:
             Wbar = {n: W_hist[j][n].detach().clone().requires_grad_(True) for n in names}
         ks, vs, ths = k[:, :, lo:hi], v[:, :, lo:hi], theta[:, :, lo:hi]
-        G, l_t = step_gradient(Wbar, ks, vs, ths, hi - lo)
+        G, l_t, y = step_gradient(Wbar, ks, vs, ths, hi - lo)
 
         sq = sum(_sqnorm(G[n].detach()) for n in names)
         finite = torch.stack([torch.isfinite(G[n].detach()).flatten(2).all(-1) if G[n].dim() > 2
@@ -298,15 +297,25 @@ def run(exp, dtype=torch.float64, trace=False, grads=True):
             # skipped memories' step reaches their weights, tokens or theta.
             skip = ~finite
             Wh = {n: _hold(Wbar[n], _per_memory(skip, Wbar[n])) for n in names}
-            G, _ = step_gradient(Wh, _hold(ks, skip[:, :, None, None]), _hold(vs, skip[:, :, None, None]),
-                                 _hold(ths, skip[:, :, None]), hi - lo)
+            G, _, _ = step_gradient(Wh, _hold(ks, skip[:, :, None, None]), _hold(vs, skip[:, :, None, None]),
+                                    _hold(ths, skip[:, :, None]), hi - lo)
         if diff:
             bad = bad_kv[:, :, lo:hi]
             if bool(bad.any()):
-                # the loss keeps its value; its gradient comes from zeroed
-                # inputs at the bad tokens, where where() then blocks it
-                clean = token_loss(model(Wbar, _zero_rows(ks, bad)), _zero_rows(vs, bad))
-                l_t = torch.where(bad, l_t.detach(), clean)
+                # A token with a non-finite key or value keeps its loss's
+                # gradient where autograd gives a finite one (l1 or huber
+                # against v = +-Inf: the derivative is -+1 or -+delta). Where
+                # it does not (a NaN, an Inf residual under mse, a non-finite
+                # key), the loss keeps its value and its gradient comes from
+                # zeroed inputs, which where() then blocks: 0 * NaN would
+                # spread.
+                gy = torch.autograd.grad(l_t.sum(), y, retain_graph=True, allow_unused=True)[0]
+                cut = bad & ~_finite_rows(ks.detach())
+                if gy is not None:
+                    cut = cut | (bad & ~_finite_rows(gy.detach()))
+                if bool(cut.any()):
+                    clean = token_loss(model(Wbar, _zero_rows(ks, cut)), _zero_rows(vs, cut))
+                    l_t = torch.where(cut, l_t.detach(), clean)
         Gt, scale = clip_step(exp, names, G)
 
         eta_s, alpha_s = eta[:, :, s], alpha[:, :, s]
@@ -392,8 +401,9 @@ def grad_compare_mask(exp, name):
     those at non-finite inputs (SPEC.md section 7 leaves them unspecified)
     and, for k, v and q, all features of a token whose key, value or query
     has a non-finite entry (its loss or output is not finite; this reference
-    cuts that token's loss and output from the gradient, and an engine may
-    treat its other features differently)."""
+    cuts that token's loss where its derivative is not finite and its output
+    where the query is not, and an engine may treat the token's finite
+    features differently)."""
     if name in ("k", "v", "q"):
         rows = np.isfinite(exp.k).all(-1) & np.isfinite(exp.v).all(-1) & np.isfinite(exp.q).all(-1)
         return np.broadcast_to(rows[..., None], getattr(exp, name).shape)

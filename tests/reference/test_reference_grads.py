@@ -540,7 +540,32 @@ def _generator_grads_fp32():
           % (n, worst, cancel))
 
 
-STANDALONE = [("kink_conventions", _kink_conventions), ("result_file_grads", _result_file_has_grads),
+def _infinite_value_saturated_loss():
+    """l1 and huber against v = +-Inf: the step is not skipped (their
+    derivative stays finite) and autograd's gradient of the token's infinite
+    loss is finite too, so the run's gradients are those with v = +-1e6 there
+    (same derivative, same G) except the entry at the infinite input."""
+    for loss in ("huber", "l1"):
+        cfg = make_case(12, loss=loss, loss_delta=0.3, c=3, T=8, L=2)
+        runs = []
+        for val in (np.inf, 1e6):
+            cfg["inputs"]["v"][0, 1, 4, 1] = val
+            cfg["inputs"]["v"][0, 0, 2, 0] = -val
+            exp = load(cfg, "satur_%s_%g" % (loss, val))
+            runs.append(mnemo_ref.run(exp))
+        a, b = runs
+        expect(a["skipped"].sum() == 0, "%s: a step was skipped" % loss)
+        for name, g in a["grads"].items():
+            ga, gb = g.copy(), b["grads"][name].copy()
+            if name == "v":
+                ga[0, 1, 4, 1] = gb[0, 1, 4, 1] = ga[0, 0, 2, 0] = gb[0, 0, 2, 0] = 0
+            expect(np.all(np.isfinite(ga)), "%s: %s gradient not finite" % (loss, name))
+            err = np.linalg.norm(ga - gb) / max(np.linalg.norm(gb), 1e-300)
+            expect(err < 1e-12, "%s: %s differs with v = Inf and v = 1e6 (%.3g)" % (loss, name, err))
+
+
+STANDALONE = [("infinite_value_saturated_loss", _infinite_value_saturated_loss),
+              ("kink_conventions", _kink_conventions), ("result_file_grads", _result_file_has_grads),
               ("generator_upstream", _generator_upstream), ("generator_grads_fp32", _generator_grads_fp32)]
 
 
