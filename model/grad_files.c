@@ -84,7 +84,7 @@ mn_status mn_experiment_backward(const mn_experiment *e, const char *file, mn_ru
     in.eta = e->eta;
     in.alpha = e->alpha;
     if (s == MN_OK) {
-        s = mn_run_backward(&e->rule, &e->dims, e->init, e->init_momenta, &in, &up, 0, g);
+        s = mn_run_backward(&e->rule, &e->dims, e->init, e->init_momenta, &in, &up, 0, NULL, g);
         if (s != MN_OK) mn_fail_context(s, "%s: backward: ", file);
     }
     mn_upstream_free(&up);
