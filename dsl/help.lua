@@ -203,11 +203,13 @@ res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block 
   gave: a scalar gate gets a scalar, [H,T] gets [H,T], W1 given as [dh,dk]
   gets [dh,dk]; what the call did not give comes at full shape [B,H,...].
   The backward runs on the cpu and recomputes the forward from checkpoints
-  every block steps (default about sqrt(steps)); g.memory reports block,
-  backward_bytes (checkpoints and scratch) and forward_bytes (the forward's
+  every block steps (default about sqrt(steps); a cpu run with grad =
+  true keeps them as it goes); g.memory reports block, backward_bytes
+  (checkpoints and scratch) and forward_bytes (the forward's
   state). Second derivatives of custom losses and activations come from
-  the expression system. In a file, an /upstream group does the same for
-  `mnemo run` (help("run")).]],
+  the expression system. The result keeps the call's tensors, not copies:
+  leave k, v, q, the gates and init unchanged until backward. In a file, an /upstream group does the same for `mnemo run`
+  (help("run")).]],
   ["Rule:memory"] = [[
 rule:memory{dk = [, dv =] [, B = 1, H = 1] [, init =] [, seed =] [, device =] [, precision =]} -> a Memory
   A stateful memory that keeps its weights and momenta between calls:
