@@ -201,19 +201,22 @@ res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block 
   The gradients of a run (SPEC.md section 7) from rule:run{..., grad =
   true}: given upstream gradients of its outputs (any subset, the rest
   zero: dy like res.outputs.y [B,H,T,dv], dloss like res.outputs.loss,
-  dW1 ... and dS_W1 ... like res.final's tensors), the gradient of
-  <dy, y> + <dloss, loss> + sum <dP, P_final> with respect to the inputs:
+  dW1 ... and dS_W1 ... like res.final's tensors), the gradient of <dy,
+  y> + <dloss, loss> + sum <dP, P_final> with respect to the inputs:
   g.k, g.v, g.q (only when the run had q; without it k's gradient holds
-  both uses), g.theta, g.eta, g.alpha, and g.init.W1, ..., g.init.S_W1, ...
-  (initial weights and momenta). Each is summed back to the shape the call
-  gave: a scalar gate gets a scalar, [H,T] gets [H,T], W1 given as [dh,dk]
-  gets [dh,dk]; what the call did not give comes at full shape [B,H,...].
-  The backward runs on the cpu and recomputes the forward from checkpoints
-  every block steps (default about sqrt(steps)); g.memory reports block,
-  backward_bytes (checkpoints and scratch) and forward_bytes (the forward's
-  state). Second derivatives of custom losses and activations come from
-  the expression system. In a file, an /upstream group does the same for
-  `mnemo run` (help("run")).]],
+  both uses), g.theta, g.eta, g.alpha, and g.init.W1, ..., g.init.S_W1,
+  ... (initial weights and momenta). Each is summed back to the shape
+  the call gave: a scalar gate gets a scalar, [H,T] gets [H,T], W1 given
+  as [dh,dk] gets [dh,dk]; what the call did not give comes at full
+  shape [B,H,...]. The backward runs on the cpu and recomputes the
+  forward from checkpoints every block steps (default about sqrt(steps);
+  a cpu run with grad = true keeps them as it goes); g.memory reports
+  block, backward_bytes (checkpoints and scratch) and forward_bytes (the
+  forward's state). Second derivatives of custom losses and activations
+  come from the expression system. The result keeps the call's tensors,
+  not copies: leave k, v, q, the gates and init unchanged until
+  backward. In a file, an /upstream group does the same for `mnemo run`
+  (help("run")).]],
   ["Rule:memory"] = [[
 rule:memory{dk = [, dv =] [, B = 1, H = 1] [, init =] [, seed =] [, device =] [, precision =]} -> a Memory
   A stateful memory that keeps its weights and momenta between calls:

@@ -4,8 +4,9 @@
  * rule:run gives every result table a metatable whose __index is
  * mnemo.Result (the methods) and, with grad = true, whose __mnemo_grad holds
  * what the backward needs: the rule, the inputs and gates as the call gave
- * them, and the initial state. The backward recomputes the forward on the
- * cpu (model/grad_cpu.c) and sums every gradient back to the shape the user
+ * them, the initial state, and (on the cpu) the forward's checkpoints. The
+ * backward runs on the cpu (model/grad_cpu.c), recomputing the forward block
+ * by block from the checkpoints, and sums every gradient back to the shape the user
  * gave (a scalar gate gets a scalar, [H,T] gets [H,T], W1 given as [dh,dk]
  * gets [dh,dk]). */
 #include "l_rule_internal.h"
@@ -26,6 +27,7 @@ typedef struct grad_ctx {
     mn_tensor k, v, q;                 /* as the call gave them ([T,d] .. [B,H,T,d]) */
     mn_segment_inputs in;              /* 4-d views and the resolved gates */
     mn_tensor init[MN_MAX_PARAMS], momenta[MN_MAX_PARAMS];
+    mn_run_checkpoints ck;             /* the forward's, when it ran on the cpu */
     bool ready;
 } grad_ctx;
 
@@ -38,6 +40,7 @@ static void ctx_release(grad_ctx *c)
         mn_tensor_release(&c->momenta[p]);
     }
     if (c->ready) mn_rule_free(&c->rule);
+    mn_run_checkpoints_free(&c->ck);
     c->ready = false;
 }
 
@@ -52,20 +55,35 @@ static void share_if(mn_tensor *dst, const mn_tensor *src)
     if (src && src->storage) mn_tensor_share(dst, src);
 }
 
-void l_grad_attach(lua_State *L, const mn_rule *rule, int opts, const mn_dims *d, const mn_segment_inputs *in,
-                   const mn_tensor *params, const mn_tensor *momenta)
+int l_grad_begin(lua_State *L, int opts)
 {
-    int res = lua_gettop(L);
     lua_getfield(L, opts, "grad");
     bool want = lua_toboolean(L, -1);
     lua_pop(L, 1);
+    if (!want) return 0;
+    grad_ctx *c = lua_newuserdatauv(L, sizeof *c, 0);
+    memset(c, 0, sizeof *c);
+    luaL_setmetatable(L, GRAD_CTX_MT);
+    return lua_gettop(L);
+}
+
+mn_status l_grad_forward(lua_State *L, int ctx_idx, mn_memory_state *st, const mn_segment_inputs *in,
+                         mn_segment_outputs *out)
+{
+    if (!ctx_idx || st->device != MN_CPU) return mn_segment_run(st, in, out);
+    grad_ctx *c = luaL_checkudata(L, ctx_idx, GRAD_CTX_MT);
+    return mn_run_forward_checkpointed(st, in, 0, out, &c->ck);
+}
+
+void l_grad_attach(lua_State *L, int ctx_idx, const mn_rule *rule, int opts, const mn_dims *d,
+                   const mn_segment_inputs *in, const mn_tensor *params, const mn_tensor *momenta)
+{
+    int res = lua_gettop(L);
     lua_createtable(L, 0, 2); /* this result's metatable */
     lua_getfield(L, LUA_REGISTRYINDEX, "mnemo.Result");
     lua_setfield(L, -2, "__index");
-    if (want) {
-        grad_ctx *c = lua_newuserdatauv(L, sizeof *c, 0);
-        memset(c, 0, sizeof *c);
-        luaL_setmetatable(L, GRAD_CTX_MT);
+    if (ctx_idx) {
+        grad_ctx *c = luaL_checkudata(L, ctx_idx, GRAD_CTX_MT);
         L_TRY(L, mn_rule_copy(&c->rule, rule));
         c->ready = true;
         c->dims = *d;
@@ -87,6 +105,7 @@ void l_grad_attach(lua_State *L, const mn_rule *rule, int opts, const mn_dims *d
             share_if(&c->init[p], &params[p]);
             share_if(&c->momenta[p], &momenta[p]);
         }
+        lua_pushvalue(L, ctx_idx);
         lua_setfield(L, -2, "__mnemo_grad");
     }
     lua_setmetatable(L, res);
@@ -149,7 +168,9 @@ static int l_result_backward(lua_State *L)
         lua_pop(L, 1);
     }
     mn_run_grads g;
-    mn_status st = mn_run_backward(&c->rule, &c->dims, c->init, c->momenta, &c->in, up, block, &g);
+    /* the forward's checkpoints serve when no other block size is asked for */
+    const mn_run_checkpoints *ck = c->ck.data && (block == 0 || block == c->ck.K) ? &c->ck : NULL;
+    mn_status st = mn_run_backward(&c->rule, &c->dims, c->init, c->momenta, &c->in, up, block, ck, &g);
     mn_upstream_free(up);
     if (st != MN_OK) {
         mn_fail_context(st, "backward: ");

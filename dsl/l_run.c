@@ -289,12 +289,13 @@ int l_rule_run(lua_State *L)
     mn_precision prec = resolve_precision(L, 2);
     if (mn_memory_create(&g->state, &lr->rule, &d, g->params, g->momenta, dev) != MN_OK) l_raise(L);
     g->state.precision = prec;
-    if (mn_segment_run(&g->state, &in, &g->out) != MN_OK) l_raise(L);
+    int grad_ctx = l_grad_begin(L, 2); /* grad = true: what res:backward needs (l_grad.c) */
+    if (l_grad_forward(L, grad_ctx, &g->state, &in, &g->out) != MN_OK) l_raise(L);
     if (mn_result_tree(&lr->rule, NULL, &g->state, &g->out, mn_device_name(dev), mn_precision_name(prec), true,
                        &g->tree) != MN_OK)
         l_raise(L);
     l_push_tree(L, g->tree);
-    l_grad_attach(L, &lr->rule, 2, &d, &in, g->params, g->momenta); /* res:backward (grad = true) */
+    l_grad_attach(L, grad_ctx, &lr->rule, 2, &d, &in, g->params, g->momenta);
     guard_release(g); /* the result table holds its own tensor references now */
     return 1;
 }

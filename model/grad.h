@@ -29,19 +29,40 @@ typedef struct mn_run_grads {
     mn_tensor params[MN_MAX_PARAMS], momenta[MN_MAX_PARAMS];
     int nparams;
     /* Memory: block = K (steps between checkpoints); backward_bytes = the
-     * checkpoints, block states and scratch of every worker at their peak;
+     * checkpoints (the forward's, when given), block states and scratch of
+     * every worker at their peak;
      * forward_bytes = the forward's state (parameters, momenta, anchor of
      * B x H memories), for comparison. */
     int64_t block, backward_bytes, forward_bytes;
 } mn_run_grads;
 
+/* Checkpoints of a forward run: the state (W, S, anchor) of every memory at
+ * the first step of each block of K steps, [block][memory][W, S, A] with each
+ * part in the parameter order of one memory (P floats). */
+typedef struct mn_run_checkpoints {
+    int64_t K, nblocks, memories, P;
+    float *data;
+} mn_run_checkpoints;
+
+/* K for a run of nsteps steps: block_steps, or about sqrt(nsteps) when 0. */
+int64_t mn_grad_block_steps(int64_t nsteps, int64_t block_steps);
+
+/* mn_segment_run of a whole run on a cpu memory at its initial state, as
+ * segments of K steps (grad_forward.c), keeping the checkpoints that spare
+ * the backward its own checkpoint pass. Same outputs as one segment. */
+mn_status mn_run_forward_checkpointed(mn_memory_state *st, const mn_segment_inputs *in, int64_t block_steps,
+                                      mn_segment_outputs *out, mn_run_checkpoints *ck);
+void mn_run_checkpoints_free(mn_run_checkpoints *ck);
+
 /* The backward of one run from the initial state (init_params / init_momenta
  * as for mn_memory_create; in as for mn_segment_run, any dtype and shape that
- * broadcasts). block_steps: K, or 0 to choose about sqrt(S). Errors name the
- * upstream tensor whose shape does not fit. */
+ * broadcasts). block_steps: K, or 0 to choose about sqrt(S). ck: the
+ * forward's checkpoints (its K wins), or NULL to recompute them. Errors name
+ * the upstream tensor whose shape does not fit. */
 mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_tensor *init_params,
                           const mn_tensor *init_momenta, const mn_segment_inputs *in,
-                          const mn_run_upstream *up, int64_t block_steps, mn_run_grads *out);
+                          const mn_run_upstream *up, int64_t block_steps, const mn_run_checkpoints *ck,
+                          mn_run_grads *out);
 void mn_run_grads_free(mn_run_grads *g);
 
 /* full summed back to a broadcast shape (numpy rules: leading dims dropped,

@@ -52,6 +52,7 @@ typedef struct run_ctx {
     mn_expr *scale, *dscale;
     mn_expr_program *elem, *delem;
     mn_run_grads *out;
+    const mn_run_checkpoints *ck;    /* the forward's checkpoints, or NULL */
 } run_ctx;
 
 typedef struct worker {
@@ -266,9 +267,10 @@ static mn_status run_memory(const run_ctx *x, worker *w, int64_t m, bool poll)
         memcpy(w->S + x->off[p], (const float *)mn_tensor_data(&x->S0[p]) + m * ne, sizeof(float) * ne);
     }
     memcpy(w->A, w->W, sizeof(float) * P);
-    /* 1. checkpoints at the first step of every block; the last block is
-     * recomputed in 2 anyway, so this forward stops at its start. */
-    int64_t last = (x->nblocks - 1) * K;
+    /* 1. checkpoints at the first step of every block (unless the forward
+     * kept them); the last block is recomputed in 2 anyway, so this forward
+     * stops at its start. */
+    int64_t last = x->ck ? -1 : (x->nblocks - 1) * K;
     for (int64_t s = 0; s <= last; s++) {
         if (s % K == 0) {
             float *ck = w->ck + (s / K) * 3 * P;
@@ -292,7 +294,7 @@ static mn_status run_memory(const run_ctx *x, worker *w, int64_t m, bool poll)
     memset(w->dA, 0, sizeof(float) * P);
     /* 2. blocks in reverse */
     for (int64_t b = x->nblocks - 1; b >= 0; b--) {
-        float *ck = w->ck + b * 3 * P;
+        const float *ck = x->ck ? x->ck->data + (b * x->ck->memories + m) * 3 * P : w->ck + b * 3 * P;
         memcpy(w->W, ck, sizeof(float) * P);
         memcpy(w->S, ck + P, sizeof(float) * P);
         memcpy(w->A, ck + 2 * P, sizeof(float) * P);
@@ -324,7 +326,7 @@ static mn_status run_memory(const run_ctx *x, worker *w, int64_t m, bool poll)
 static int64_t worker_bytes(const run_ctx *x)
 {
     int64_t P = x->P, K = x->K;
-    int64_t floats = x->nblocks * 3 * P + 2 * (K + 1) * P + 2 * K * P + 9 * P + 2 * x->max_rows +
+    int64_t floats = (x->ck ? 0 : x->nblocks * 3 * P) + 2 * (K + 1) * P + 2 * K * P + 9 * P + 2 * x->max_rows +
                      x->max_rows * x->dv + K * x->kept_floats;
     int64_t extra = mn_rule_clip_elementwise(x->rule) ? 2 * P * 8 : 0;
     return floats * 4 + K + extra + mn_mlp_grad_work_bytes(&x->shape, x->max_rows);
@@ -344,7 +346,7 @@ static mn_status worker_init(worker *w, const run_ctx *x)
     memset(w, 0, sizeof *w);
     MN_TRY(mn_mlp_grad_work_init(&w->gw, &x->shape, x->rule, x->max_rows));
     int64_t P = x->P, K = x->K;
-    bool ok = (w->ck = malloc(sizeof(float) * x->nblocks * 3 * P)) && (w->Wb = malloc(sizeof(float) * (K + 1) * P)) &&
+    bool ok = (x->ck || (w->ck = malloc(sizeof(float) * x->nblocks * 3 * P))) && (w->Wb = malloc(sizeof(float) * (K + 1) * P)) &&
               (w->Sb = malloc(sizeof(float) * (K + 1) * P)) && (w->Ab = malloc(sizeof(float) * K * P)) &&
               (w->Gb = malloc(sizeof(float) * K * P)) && (w->skipped = malloc((size_t)K)) &&
               (w->kept = malloc(sizeof(float) * K * x->kept_floats)) &&
@@ -437,7 +439,8 @@ static mn_status clip_forms(run_ctx *x)
 
 mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_tensor *init_params,
                           const mn_tensor *init_momenta, const mn_segment_inputs *in,
-                          const mn_run_upstream *up, int64_t block_steps, mn_run_grads *out)
+                          const mn_run_upstream *up, int64_t block_steps, const mn_run_checkpoints *ck,
+                          mn_run_grads *out)
 {
     memset(out, 0, sizeof *out);
     mn_memory_state st;
@@ -457,12 +460,14 @@ mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_ten
     x.dv = d->dv;
     x.refresh = mn_rule_refresh(&st.rule);
     x.max_rows = x.c < n ? x.c : (n > 0 ? n : 1);
-    x.K = block_steps > 0 ? block_steps : (int64_t)ceil(sqrt((double)(S > 0 ? S : 1)));
-    if (x.K > S && S > 0) x.K = S;
+    x.K = ck ? ck->K : mn_grad_block_steps(S, block_steps);
     x.nblocks = S > 0 ? (S + x.K - 1) / x.K : 0;
     for (int p = 0; p < x.shape.nparams; p++) x.off[p + 1] = x.off[p] + x.shape.numel[p];
     x.P = x.off[x.shape.nparams];
     x.kept_floats = mn_mlp_kept_floats(&x.shape, x.max_rows);
+    x.ck = ck;
+    if (s == MN_OK && ck && (ck->nblocks != x.nblocks || ck->P != x.P || ck->memories != memories || !ck->data))
+        s = mn_fail(MN_ERR_ARG, "backward: the forward's checkpoints do not fit this run");
     x.W0 = st.params;
     x.S0 = st.momenta;
     x.out = out;
@@ -525,7 +530,7 @@ mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_ten
         for (int i = 0; i < workers && s == MN_OK; i++) s = worker_init(&ws[i], &x);
     }
     out->block = x.K;
-    out->backward_bytes = (int64_t)workers * worker_bytes(&x);
+    out->backward_bytes = (int64_t)workers * worker_bytes(&x) + (ck ? ck->nblocks * ck->memories * 3 * ck->P * 4 : 0);
     out->forward_bytes = memories * 3 * x.P * 4;
     if (s == MN_OK && ws) {
         int blas_threads = openblas_get_num_threads();

@@ -63,7 +63,31 @@ void mn_upstream_free(mn_run_upstream *up)
     }
 }
 
-mn_status mn_experiment_backward(const mn_experiment *e, const char *file, mn_run_grads *g)
+static void experiment_inputs(const mn_experiment *e, mn_segment_inputs *in)
+{
+    memset(in, 0, sizeof *in);
+    in->k = e->k;
+    in->v = e->v;
+    in->q = e->q;
+    in->theta = e->theta;
+    in->eta = e->eta;
+    in->alpha = e->alpha;
+}
+
+mn_status mn_experiment_run_checkpointed(const mn_experiment *e, mn_memory_state *final, mn_segment_outputs *out,
+                                         mn_run_checkpoints *ck)
+{
+    MN_TRY(mn_memory_create(final, &e->rule, &e->dims, e->init, e->init_momenta, MN_CPU));
+    mn_segment_inputs in;
+    experiment_inputs(e, &in);
+    in.want_y = true;
+    mn_status s = mn_run_forward_checkpointed(final, &in, 0, out, ck);
+    if (s != MN_OK) mn_memory_free(final);
+    return s;
+}
+
+mn_status mn_experiment_backward(const mn_experiment *e, const char *file, const mn_run_checkpoints *ck,
+                                 mn_run_grads *g)
 {
     memset(g, 0, sizeof *g);
     if (!e->upstream) return mn_fail(MN_ERR_ARG, "%s: no /upstream group", file);
@@ -76,15 +100,10 @@ mn_status mn_experiment_backward(const mn_experiment *e, const char *file, mn_ru
         if (c->kind != MN_NODE_TENSOR) continue;
         s = mn_upstream_set(&e->rule, &up, c->name, &c->tensor, where);
     }
-    mn_segment_inputs in = {0};
-    in.k = e->k;
-    in.v = e->v;
-    in.q = e->q;
-    in.theta = e->theta;
-    in.eta = e->eta;
-    in.alpha = e->alpha;
+    mn_segment_inputs in;
+    experiment_inputs(e, &in);
     if (s == MN_OK) {
-        s = mn_run_backward(&e->rule, &e->dims, e->init, e->init_momenta, &in, &up, 0, g);
+        s = mn_run_backward(&e->rule, &e->dims, e->init, e->init_momenta, &in, &up, 0, ck, g);
         if (s != MN_OK) mn_fail_context(s, "%s: backward: ", file);
     }
     mn_upstream_free(&up);

@@ -15,8 +15,15 @@ mn_status mn_upstream_set(const mn_rule *rule, mn_run_upstream *up, const char *
 mn_status mn_upstream_names(const mn_rule *rule, char *buf, size_t len);
 void mn_upstream_free(mn_run_upstream *up);
 
-/* The backward of an experiment that has /upstream (file names it in errors). */
-mn_status mn_experiment_backward(const mn_experiment *e, const char *file, mn_run_grads *g);
+/* mn_experiment_run on the cpu, keeping the backward's checkpoints
+ * (mn_run_forward_checkpointed): the same outputs and final state. */
+mn_status mn_experiment_run_checkpointed(const mn_experiment *e, mn_memory_state *final, mn_segment_outputs *out,
+                                         mn_run_checkpoints *ck);
+
+/* The backward of an experiment that has /upstream (file names it in
+ * errors); ck: the forward's checkpoints or NULL. */
+mn_status mn_experiment_backward(const mn_experiment *e, const char *file, const mn_run_checkpoints *ck,
+                                 mn_run_grads *g);
 
 /* /grads into a result tree: k, v, q (when the run had q), theta, eta, alpha
  * at full shape and W1, ..., S_W1, ... at [B,H,...]. Tensors are shared. */

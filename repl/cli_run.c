@@ -87,7 +87,10 @@ int mn_cli_run(int argc, char **argv)
     mn_precision prec = MN_PREC_FP32;
     (void)mn_precision_lookup(precision, &prec); /* checked above */
     if (!quiet) mn_progress_stderr_begin("mnemo run", e.rule.step);
-    mn_status s = mn_experiment_run(&e, dev, prec, &final, &out);
+    /* With /upstream on the cpu, the forward keeps the backward's checkpoints. */
+    mn_run_checkpoints ck = {0};
+    mn_status s = e.upstream && dev == MN_CPU ? mn_experiment_run_checkpointed(&e, &final, &out, &ck)
+                                              : mn_experiment_run(&e, dev, prec, &final, &out);
     if (!quiet) mn_progress_stderr_end();
     if (s != MN_OK) {
         /* Shape and gate errors come from the engine: say which file. */
@@ -99,11 +102,12 @@ int mn_cli_run(int argc, char **argv)
     s = mn_result_tree(&e.rule, e.rule_group, &final, &out, device, precision, trace, &root);
     mn_run_grads grads = {0};
     if (s == MN_OK && e.upstream) {
-        s = mn_experiment_backward(&e, exp_path, &grads);
+        s = mn_experiment_backward(&e, exp_path, ck.data ? &ck : NULL, &grads);
         if (s == MN_OK) s = mn_grads_to_tree(&e.rule, &grads, root);
     }
     if (s == MN_OK) s = mn_h5_save(out_path, root);
     mn_run_grads_free(&grads);
+    mn_run_checkpoints_free(&ck);
     if (s != MN_OK) fprintf(stderr, "mnemo run: %s\n", mn_last_error());
     mn_node_free(root);
     mn_segment_outputs_free(&out);

@@ -32,6 +32,7 @@ def report(name, ok, detail=""):
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MNEMO = os.environ.get("MNEMO") or os.path.join(ROOT, "mnemo")
 CHECKS = ["grads file: run", "grads file: names and shapes", "grads file: values vs torch",
+          "grads file: outputs unchanged by /upstream",
           "grads file: unknown upstream", "grads file: compare walks /grads"]
 try:
     import h5py
@@ -144,6 +145,18 @@ with tempfile.TemporaryDirectory() as d:
                 worst, detail = err, f"{n}: relative error {err:.3g}"
         report("grads file: values vs torch", worst < 1e-4, detail)
         print(f"# worst relative error of /grads against torch: {detail}")
+    # /upstream changes nothing else: /outputs and /final as without it, bit for bit
+    plain = os.path.join(d, "plain.h5")
+    write_experiment(exp, {})
+    p2 = subprocess.run([MNEMO, "run", exp, "-o", plain, "-q"], capture_output=True, text=True, timeout=120)
+    same = p.returncode == 0 and p2.returncode == 0
+    if same:
+        with h5py.File(res, "r") as a, h5py.File(plain, "r") as b:
+            for grp in ["outputs", "final"]:
+                for n in b[grp]:
+                    same = same and np.array_equal(a[grp][n][()], b[grp][n][()])
+            same = same and "grads" not in b
+    report("grads file: outputs unchanged by /upstream", same, p2.stderr.strip())
     bad = dict(up, dW7=f32(B, H, dh, dk))
     write_experiment(exp, bad)
     p = subprocess.run([MNEMO, "run", exp, "-o", res, "-q"], capture_output=True, text=True, timeout=60)

@@ -273,6 +273,80 @@ static void check_input(const char *cname, const char *xname, problem *pb, mn_te
     free(x0);
 }
 
+/* |a - b| / |b| in L2, NaN-free entries only. */
+static double rel_l2(const mn_tensor *a, const mn_tensor *b)
+{
+    const float *x = mn_tensor_data(a), *y = mn_tensor_data(b);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < mn_tensor_numel(a); i++)
+        if (isfinite(x[i]) && isfinite(y[i])) {
+            num += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
+            den += (double)y[i] * y[i];
+        }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static bool same_tensor(const mn_tensor *a, const mn_tensor *b)
+{
+    if (!a->storage || !b->storage) return !a->storage && !b->storage;
+    return mn_tensor_same_shape(a, b) &&
+           memcmp(mn_tensor_data(a), mn_tensor_data(b), sizeof(float) * (size_t)mn_tensor_numel(a)) == 0;
+}
+
+/* The forward in segments of K steps gives the single run's outputs bit for
+ * bit, and its checkpoints give the backward of the recomputed ones (the
+ * engine's forward and the backward's recompute round differently: 1e-5). */
+static void check_checkpointed(const gcase *c, problem *pb, const mn_run_grads *g)
+{
+    char name[160];
+    mn_memory_state one, seg;
+    mn_segment_inputs in = {.k = pb->k, .v = pb->v, .q = pb->q, .theta = pb->theta, .eta = pb->eta,
+                            .alpha = pb->alpha, .want_y = true};
+    mn_segment_outputs o1, o2;
+    mn_run_checkpoints ck;
+    bool ok = mn_memory_create(&one, &pb->rule, &pb->dims, pb->init, pb->mom, MN_CPU) == MN_OK &&
+              mn_memory_create(&seg, &pb->rule, &pb->dims, pb->init, pb->mom, MN_CPU) == MN_OK &&
+              mn_segment_run(&one, &in, &o1) == MN_OK &&
+              mn_run_forward_checkpointed(&seg, &in, c->block > 0 ? c->block : 2, &o2, &ck) == MN_OK;
+    snprintf(name, sizeof name, "%s/checkpointed_forward_runs", c->name);
+    CHECK(name, ok);
+    if (!ok) {
+        printf("  (%s)\n", mn_last_error());
+        return;
+    }
+    bool same = same_tensor(&o1.y, &o2.y) && same_tensor(&o1.loss, &o2.loss) &&
+                same_tensor(&o1.grad_norm, &o2.grad_norm) && same_tensor(&o1.skipped, &o2.skipped);
+    for (int p = 0; p < pb->np; p++)
+        same = same && same_tensor(&one.params[p], &seg.params[p]) && same_tensor(&one.momenta[p], &seg.momenta[p]);
+    snprintf(name, sizeof name, "%s/checkpointed_forward_same_outputs", c->name);
+    CHECK(name, same);
+    mn_run_grads g2;
+    mn_segment_inputs bin = in;
+    bin.want_y = false;
+    /* the reference backward at the same K */
+    mn_run_grads g1;
+    ok = mn_run_backward(&pb->rule, &pb->dims, pb->init, pb->mom, &bin, &pb->up, ck.K, NULL, &g1) == MN_OK &&
+         mn_run_backward(&pb->rule, &pb->dims, pb->init, pb->mom, &bin, &pb->up, 0, &ck, &g2) == MN_OK;
+    snprintf(name, sizeof name, "%s/backward_from_forward_checkpoints", c->name);
+    if (ok) {
+        double worst = fmax(rel_l2(&g2.k, &g1.k), rel_l2(&g2.theta, &g1.theta));
+        worst = fmax(worst, fmax(rel_l2(&g2.eta, &g1.eta), rel_l2(&g2.v, &g1.v)));
+        for (int p = 0; p < pb->np; p++) worst = fmax(worst, rel_l2(&g2.params[p], &g1.params[p]));
+        (void)g;
+        CHECK_NEAR(name, worst, 0, 1e-5);
+        mn_run_grads_free(&g1);
+        mn_run_grads_free(&g2);
+    } else {
+        printf("FAIL %s: %s\n", name, mn_last_error());
+        check_failures_++;
+    }
+    mn_segment_outputs_free(&o1);
+    mn_segment_outputs_free(&o2);
+    mn_run_checkpoints_free(&ck);
+    mn_memory_free(&one);
+    mn_memory_free(&seg);
+}
+
 static void run_case(const gcase *c, uint64_t seed)
 {
     problem pb;
@@ -285,12 +359,13 @@ static void run_case(const gcase *c, uint64_t seed)
     }
     mn_segment_inputs in = {.k = pb.k, .v = pb.v, .q = pb.q, .theta = pb.theta, .eta = pb.eta, .alpha = pb.alpha};
     mn_run_grads g;
-    if (mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &pb.up, c->block, &g) != MN_OK) {
+    if (mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &pb.up, c->block, NULL, &g) != MN_OK) {
         printf("FAIL %s/backward: %s\n", c->name, mn_last_error());
         check_failures_++;
         problem_free(&pb);
         return;
     }
+    check_checkpointed(c, &pb, &g);
     mn_rng rng;
     mn_rng_seed(&rng, seed + 99);
     double eps = c->eps > 0 ? c->eps : 1e-2;
@@ -330,9 +405,9 @@ static void test_block_invariance(void)
     }
     mn_segment_inputs in = {.k = pb.k, .v = pb.v, .theta = pb.theta, .eta = pb.eta, .alpha = pb.alpha};
     mn_run_grads g1, g13, ga;
-    bool ok = mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &pb.up, 1, &g1) == MN_OK &&
-              mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &pb.up, 13, &g13) == MN_OK &&
-              mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &pb.up, 0, &ga) == MN_OK;
+    bool ok = mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &pb.up, 1, NULL, &g1) == MN_OK &&
+              mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &pb.up, 13, NULL, &g13) == MN_OK &&
+              mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &pb.up, 0, NULL, &ga) == MN_OK;
     CHECK("blocks/run", ok);
     if (ok) {
         double d1 = 0, d13 = 0;
@@ -363,11 +438,11 @@ static void test_errors_and_reduce(void)
     int64_t bad[4] = {1, 2, 7, 5};
     mn_tensor_zeros(&up.dy, MN_F32, 4, bad, MN_CPU);
     mn_run_grads g;
-    CHECK("errors/bad_dy_shape", mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &up, 0, &g) == MN_ERR_ARG);
+    CHECK("errors/bad_dy_shape", mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &up, 0, NULL, &g) == MN_ERR_ARG);
     CHECK_STR_CONTAINS("errors/bad_dy_names_it", mn_last_error(), "upstream dy has shape 1x2x7x5");
     mn_tensor_release(&up.dy);
     /* no upstream at all: every gradient is zero */
-    bool ok = mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &up, 0, &g) == MN_OK;
+    bool ok = mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &up, 0, NULL, &g) == MN_OK;
     CHECK("errors/empty_upstream_runs", ok);
     if (ok) {
         CHECK("errors/empty_upstream_zero", dotf(&g.k, &g.k) == 0 && dotf(&g.params[0], &g.params[0]) == 0);
