@@ -108,29 +108,13 @@ static rule_build *push_rule_build(lua_State *L)
     return rb;
 }
 
-/* A part's variables ("y v r") as names. */
-static int vars_of(const mn_part *part, char buf[4][8], const char *names[4])
-{
-    int n = 0;
-    for (const char *p = part->vars; *p && n < 4;) {
-        while (*p == ' ') p++;
-        int len = (int)strcspn(p, " ");
-        if (len == 0) break;
-        snprintf(buf[n], sizeof buf[n], "%.*s", len, p);
-        names[n] = buf[n];
-        n++;
-        p += len;
-    }
-    return n;
-}
-
 /* The expression at idx (a function of symbolic arguments, an expression
  * string or an Expr) as its string, added to the tree as attr. */
 static void add_expr(lua_State *L, rule_build *rb, int idx, const char *key, const char *attr, const mn_part *part)
 {
     char buf[4][8];
     const char *vars[4];
-    int nvars = vars_of(part, buf, vars);
+    int nvars = mn_part_vars(part, buf, vars);
     mn_expr *e = NULL;
     if (lua_isfunction(L, idx)) e = symbolic_call(L, idx, key, vars, nvars, &rb->consts);
     else if (lua_type(L, idx) == LUA_TSTRING) {
@@ -184,7 +168,7 @@ static void add_part(lua_State *L, rule_build *rb, int idx, const mn_rule_expr_s
         int found;
         char buf[4][8];
         const char *vars[4];
-        int nvars = vars_of(&set->parts[row], buf, vars);
+        int nvars = mn_part_vars(&set->parts[row], buf, vars);
         const char *s = lua_tostring(L, idx);
         bool named = mn_part_lookup(set, s, &found) == MN_OK || set == &mn_clip_set ||
                      misspelt_name_str(s, vars, nvars, &rb->consts);

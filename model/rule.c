@@ -213,8 +213,7 @@ mn_status mn_loss_lookup(const char *name, mn_loss *out)
 
 int mn_rule_refresh(const mn_rule *r) { return r->refresh < 0 ? r->step : r->refresh; }
 
-/* A part's variables ("y v r") as an array of names; returns the count. */
-static int part_vars(const mn_part *part, char buf[4][8], const char *names[4])
+int mn_part_vars(const mn_part *part, char buf[4][8], const char *names[4])
 {
     int n = 0;
     for (const char *p = part->vars; *p && n < 4;) {
@@ -235,7 +234,7 @@ static mn_status check_expr(const mn_rule *r, const char *attr, const mn_part *p
     if (!e) return mn_fail(MN_ERR_ARG, "%s: the rule is custom but has no expression", attr);
     char buf[4][8];
     const char *vars[4];
-    int nvars = part_vars(part, buf, vars);
+    int nvars = mn_part_vars(part, buf, vars);
     if (mn_expr_check_names(e, vars, nvars, (const char *const *)r->const_names, r->nconsts) != MN_OK)
         return mn_fail_context(MN_ERR_ARG, "%s: ", attr);
     return MN_OK;

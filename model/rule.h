@@ -109,6 +109,8 @@ extern const int mn_rule_expr_slot_count;
 /* The expression member of slot i. */
 mn_expr **mn_rule_expr_member(mn_rule *r, int i);
 
+/* A part's variables ("y v r") as names (pointers into buf); returns the count. */
+int mn_part_vars(const mn_part *part, char buf[4][8], const char *names[4]);
 /* The part row a choice field currently selects. */
 const mn_part *mn_rule_part(const mn_rule *r, const mn_part_set *set, int value);
 /* Reading a field generically (for writers, help): the field's value as a
