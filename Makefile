@@ -4,7 +4,7 @@
 #   make deps         install missing Debian packages (non-interactive)
 #   make demo         deps + build + the default experiment on synthetic data
 #   make test         deps + build + every test this machine can run
-#   make install PREFIX=/usr/local
+#   make install PREFIX=/usr/local   (the binary and the man page docs/mnemo.1)
 
 PREFIX ?= /usr/local
 BUILD  ?= build
@@ -133,6 +133,8 @@ test: deps
 install: $(BIN)
 	install -d $(DESTDIR)$(PREFIX)/bin
 	install -m 755 $(BIN) $(DESTDIR)$(PREFIX)/bin/mnemo
+	install -d $(DESTDIR)$(PREFIX)/share/man/man1
+	install -m 644 docs/mnemo.1 $(DESTDIR)$(PREFIX)/share/man/man1/mnemo.1
 
 clean:
 	rm -rf $(BUILD) $(BIN)

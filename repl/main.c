@@ -63,7 +63,9 @@ static void print_usage(FILE *f)
             "  --            stop handling options\n"
             "\n"
             "exit status: 0 success; 1 a script error or a failed comparison;\n"
-            "2 bad usage or bad input. History: $MNEMO_HISTORY or ~/.mnemo_history.\n");
+            "2 bad usage or bad input. History: $MNEMO_HISTORY or ~/.mnemo_history.\n"
+            "More: the manual page, man mnemo (docs/mnemo.1 in the source tree),\n"
+            "and docs/*.md; inside mnemo, help().\n");
 }
 
 static void print_version(void)
