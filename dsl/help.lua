@@ -92,7 +92,7 @@ The REPL
 Errors print a message and a traceback; the session goes on.]]
 
 H.topics.rules = [[
-Update rules (SPEC.md sections 1-4)
+Update rules (docs/rules.md)
   rule = mnemo.rule{
     layers = 1, hidden = 0, activation = "silu",  -- memory model M(x; W)
     loss = "mse",             -- mse l1 huber(delta) lp(p) dot, an expression
@@ -113,8 +113,8 @@ H.topics.run = [[
 `mnemo run EXP.h5 -o RES.h5 [--device cpu|cuda] [--precision fp32|tf32|bf16]`
 runs an experiment file; `mnemo compare A.h5 B.h5 [--rtol X]` compares two
 result files. An experiment with an /upstream group (dy, dloss, dW1, ...,
-dS_W1, ...: any subset) also gets the run's gradients in /grads (SPEC.md
-section 7; help("Result:backward")). (Both fill in as they land.)]]
+dS_W1, ...: any subset) also gets the run's gradients in /grads
+(docs/gradients.md; help("Result:backward")). (Both fill in as they land.)]]
 
 H.topics["mnemo.data"] = [[
 mnemo.data: workloads as Lua functions returning tensors
@@ -191,14 +191,14 @@ rule:run{k =, v = [, q =] [, theta =, eta =, alpha =] [, init =] [, seed =] [, d
   from the initial state: init is "xavier" (default), "normal", "zeros", a
   table {W1 =, b1 =, ..., S_W1 =, ...} or an .h5 path (its /init or /final);
   seed fixes the initialiser. Gates given here override the rule's. The
-  result is a table in the result schema of SPEC.md section 5: outputs (y,
+  result is a table in the result schema of docs/files.md: outputs (y,
   loss, grad_norm, clip_scale, skipped), final (W1, ..., S_W1, ...), trace
   (step_loss, weight_norm per step), rule; mnemo.save writes it.
   device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there.
   grad = true keeps what res:backward{...} needs (help("Result:backward")).]],
   ["Result:backward"] = [[
 res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block =]} -> gradients
-  The gradients of a run (SPEC.md section 7) from rule:run{..., grad =
+  The gradients of a run (docs/gradients.md) from rule:run{..., grad =
   true}: given upstream gradients of its outputs (any subset, the rest
   zero: dy like res.outputs.y [B,H,T,dv], dloss like res.outputs.loss,
   dW1 ... and dS_W1 ... like res.final's tensors), the gradient of <dy,
@@ -226,7 +226,7 @@ rule:memory{dk = [, dv =] [, B = 1, H = 1] [, init =] [, seed =] [, device =] [,
   ["Rule:experiment"] = [[
 rule:experiment{k =, v =, ...} -> table
   The same arguments as rule:run, returned as a table in the experiment
-  schema (SPEC.md section 5) with gates resolved and the initial state
+  schema (docs/files.md) with gates resolved and the initial state
   drawn: mnemo.save("exp.h5", rule:experiment{...}) then `mnemo run` or the
   Python reference reads it.]],
   ["Rule:attrs"] = [[
@@ -328,12 +328,12 @@ e:ge(x) -> an Expr
   1 where e >= x, else 0.]],
   ["mnemo.load_experiment"] = [[
 mnemo.load_experiment(path) -> rule, data
-  Reads an experiment file (SPEC.md section 5): the Rule, and a table of
+  Reads an experiment file (docs/files.md): the Rule, and a table of
   its inputs and gates (k, v, q, theta, eta, alpha) and initial
   parameters.]],
   ["mnemo.expr"] = [[
 mnemo.expr(source) -> an Expr
-  A symbolic expression (SPEC.md section 4) from a string such as
+  A symbolic expression (docs/rules.md) from a string such as
   "abs(r)^1.5" or a number. Exprs combine with + - * / ^ and the math
   functions of the module (mnemo.abs(e), mnemo.tanh(e), ...). Methods:
   e:diff("r") the derivative, e:simplify(), e:eval{r = 0.5}, e:c() the C
@@ -345,7 +345,7 @@ mnemo.var(name) -> an Expr
   ["mnemo.compare"] = [[
 mnemo.compare(a, b [, {rtol =, atol =, all =, quiet =}]) -> a report
   Compares two results (file paths or tables; b is the reference) dataset
-  by dataset with the relative L2 error of SPEC.md section 3. The report
+  by dataset with the relative L2 error of docs/rules.md#precision. The report
   prints as a table; report.passed, report.nfailed and report.rows hold
   the numbers. The shell form is `mnemo compare A.h5 B.h5`.]],
   ["mnemo.device"] = [[

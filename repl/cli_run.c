@@ -15,7 +15,7 @@
 
 static const char run_usage[] =
     "usage: mnemo run EXP.h5 -o RES.h5 [--device cpu|cuda] [--precision fp32|tf32|bf16] [--trace]\n"
-    "  Runs the experiment file EXP.h5 (SPEC.md section 5) and writes the result file RES.h5.\n"
+    "  Runs the experiment file EXP.h5 (docs/files.md) and writes the result file RES.h5.\n"
     "  --device     engine to run on (default: cpu)\n"
     "  --precision  matrix precision (default fp32; tf32 and bf16 need cuda)\n"
     "  --trace      also write /trace (per-step mean loss and weight norm)\n"
