@@ -198,7 +198,7 @@ def check_coverage():
     report(not bad, "README.md and docs/ never point at ../shared", ", ".join(bad))
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         readme = f.read()
-    miss = [d for d in ("docs/rules.md", "docs/gradients.md", "docs/files.md", "docs/cli.md")
+    miss = [d for d in ("docs/rules.md", "docs/gradients.md", "docs/files.md", "docs/cli.md", "docs/design.md")
             if d not in readme]
     report(not miss, "README.md links every document of docs/", ", ".join(miss))
 
