@@ -14,7 +14,7 @@ CC     ?= gcc
 # Debian packages the build, the tests and the demo need.
 DEB_PACKAGES = build-essential pkg-config liblua5.4-dev libhdf5-dev hdf5-tools \
                libopenblas-dev libreadline-dev python3 python3-torch python3-h5py \
-               python3-numpy gnuplot-nox base-files
+               python3-numpy gnuplot-nox base-files groff-base
 
 # Recursively expanded on purpose: pkg-config must be asked after `make deps`.
 PKGS     = lua5.4 hdf5-serial openblas readline

@@ -95,10 +95,10 @@ H.topics.rules = [[
 Update rules (docs/rules.md)
   rule = mnemo.rule{
     layers = 1, hidden = 0, activation = "silu",  -- memory model M(x; W)
-    loss = "mse",             -- mse l1 huber(delta) lp(p) dot, an expression
+    loss = "mse",             -- mse l1 huber(delta) lp(p) dot logcosh, an expression
                               -- string "abs(r)^1.5", or function(y, v, r)
     step = 4, refresh = 4,    -- tokens per step; gradient point
-    clip = "norm", clip_max = 1,                  -- none norm softnorm value
+    clip = "norm", clip_max = 1,                  -- none norm softnorm value softvalue
     theta = 0.1, eta = 0.9, alpha = 0.01,         -- numbers, tensors, functions
   }
   res = rule:run{k = k, v = v [, q =, init =, seed =, device =]}
