@@ -138,10 +138,16 @@ def check_man_page():
     p = subprocess.run([MNEMO, "--help"], capture_output=True, text=True)
     report(p.returncode == 0 and "man mnemo" in p.stdout and "docs/mnemo.1" in p.stdout,
            "mnemo --help points at the man page", p.stdout[-200:])
-    with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
-        mk = f.read()
-    report("docs/mnemo.1" in mk and "share/man/man1" in mk, "make install installs the man page",
-           "no docs/mnemo.1 -> share/man/man1 in the Makefile")
+    # What `make install` would do (-n: nothing is built or copied).
+    dest = tempfile.mkdtemp(prefix="mnemo_docs_install_")
+    p = subprocess.run(["make", "-n", "-C", ROOT, "install", "DESTDIR=" + dest, "PREFIX=/opt/mn"],
+                       capture_output=True, text=True)
+    want = f"docs/mnemo.1 {dest}/opt/mn/share/man/man1/mnemo.1"
+    report(p.returncode == 0 and any(l.strip().startswith("install") and l.strip().endswith(want)
+                                     for l in p.stdout.splitlines()),
+           "make install installs the man page to $(PREFIX)/share/man/man1",
+           p.stderr.strip()[-200:] or "no install of " + want)
+    shutil.rmtree(dest, ignore_errors=True)
 
 
 def read_doc(name):
