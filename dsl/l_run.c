@@ -190,6 +190,36 @@ static void dims_from(lua_State *L, const mn_rule *r, const mn_tensor *k, const 
     }
 }
 
+/* Refuse keys of the call table at opts that are not in allowed (a typo
+ * would otherwise be ignored); SPEC v2's lengths gets its own message. */
+static void check_options(lua_State *L, int opts, const char *what, const char *const *allowed)
+{
+    lua_pushnil(L);
+    while (lua_next(L, opts)) {
+        lua_pop(L, 1);
+        if (lua_type(L, -1) != LUA_TSTRING) luaL_error(L, "%s: option keys must be names, got a %s key", what, luaL_typename(L, -1));
+        const char *key = lua_tostring(L, -1);
+        bool known = false;
+        for (int i = 0; allowed[i] && !known; i++) known = strcmp(key, allowed[i]) == 0;
+        if (known) continue;
+        if (strcmp(key, "lengths") == 0)
+            luaL_error(L, "%s: lengths (ragged batches) is specified (SPEC v2) but not run by this version yet", what);
+        luaL_Buffer b;
+        luaL_buffinit(L, &b);
+        for (int i = 0; allowed[i]; i++) {
+            if (i) luaL_addstring(&b, ", ");
+            luaL_addstring(&b, allowed[i]);
+        }
+        luaL_pushresult(&b);
+        luaL_error(L, "%s: unknown option '%s' (one of: %s)", what, key, lua_tostring(L, -1));
+    }
+}
+
+static const char *const run_options[] = {"k", "v", "q", "theta", "eta", "alpha", "init", "seed", "shared",
+                                          "device", "precision", "grad", NULL};
+static const char *const memory_options[] = {"B", "H", "dk", "dv", "init", "seed", "shared", "device",
+                                             "precision", NULL};
+
 /* Owned C-side resources of a run, freed by __gc/__close if Lua raises. */
 typedef struct run_guard {
     mn_tensor params[MN_MAX_PARAMS], momenta[MN_MAX_PARAMS];
@@ -264,6 +294,7 @@ static void segment_inputs(lua_State *L, int rule_idx, int opts, const mn_dims *
 static run_guard *prepare_call(lua_State *L, const l_rule *lr, mn_dims *d, mn_segment_inputs *in)
 {
     luaL_checktype(L, 2, LUA_TTABLE);
+    check_options(L, 2, "run", run_options);
     run_guard *g = push_guard(L);
     mn_tensor *k = input_tensor(L, 2, "k", true);
     mn_tensor *v = input_tensor(L, 2, "v", true);
@@ -362,6 +393,7 @@ int l_rule_memory(lua_State *L)
 {
     l_rule *lr = check_rule(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
+    check_options(L, 2, "memory", memory_options);
     run_guard *g = push_guard(L);
     mn_dims d = {0};
     d.B = l_rule_field_int(L, 2, "B", 1);

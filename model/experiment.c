@@ -59,6 +59,9 @@ static mn_status experiment_from_tree(const mn_node *root, const char *file, mn_
     MN_TRY(take_tensor(root, file, "inputs/k", true, &e->k));
     MN_TRY(take_tensor(root, file, "inputs/v", true, &e->v));
     MN_TRY(take_tensor(root, file, "inputs/q", false, &e->q));
+    if (mn_node_find(root, "inputs/lengths"))
+        return mn_fail(MN_ERR_ARG, "%s: /inputs/lengths: ragged batches are specified (SPEC v2) but not run by this "
+                                   "version yet", file);
     MN_TRY(take_tensor(root, file, "gates/theta", true, &e->theta));
     MN_TRY(take_tensor(root, file, "gates/eta", false, &e->eta));
     MN_TRY(take_tensor(root, file, "gates/alpha", false, &e->alpha));
