@@ -89,6 +89,8 @@ typedef struct mn_mlp_grad_work {
     float *y, *u, *ybar, *ubar;                        /* rows x dv */
     double *din, *dout, *dout2, *dv_in, *dr_in;        /* program scratch */
     double *dphi_at[MN_MAX_LAYERS];                    /* phi'(z) of the tangent pass, kept for the reverse */
+    float *xclean;                                     /* rows x in: x with non-finite rows zeroed */
+    unsigned char *xbad, *cut;                         /* per row: x non-finite; loss terms cut */
     mn_shared_program dphi, ddphi;                     /* phi', phi'' (repeated calls once) */
     double *shared_scratch[MN_SHARED_MAX];
     mn_loss_programs loss;
@@ -104,6 +106,14 @@ int64_t mn_mlp_grad_work_bytes(const mn_mlp_shape *s, int64_t max_rows);
  * backward of dyhat). */
 void mn_loss_dyhat(mn_mlp_grad_work *w, const float *y, const float *v, const float *weight, int64_t rows,
                    int64_t dv, float *dyhat);
+
+/* Tokens with non-finite inputs (SPEC.md section 7: their own gradient
+ * entries are unspecified, every other entry must stay finite) contribute
+ * nothing to any other entry, as the reference cuts them: a row whose x is
+ * not finite is computed on zeros and its upstream is dropped, and a row
+ * whose x is finite but v is not keeps its loss's terms only where f' is
+ * finite there (l1 or huber against v = +-Inf). The gradients of x and v at
+ * such rows are left as they come out (unspecified). */
 
 /* The adjoint of one step's gradient: with y_t = M(x_t; P), dyhat_t =
  * weight_t R f'(y_t, v_t) and G = sum_t J_P(y_t)^T dyhat_t, accumulate the

@@ -17,6 +17,7 @@
 #include "grad.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,8 +106,9 @@ int64_t mn_mlp_grad_work_bytes(const mn_mlp_shape *s, int64_t max_rows)
     /* forward z, h, aux and dz, dh; tangents; four adjoints; y, u, ybar, ubar; doubles */
     int64_t floats = max_rows * (3 * hidden + 2 * wide) + max_rows * 2 * hidden + 4 * max_rows * wide +
                      4 * max_rows * dv;
+    floats += max_rows * s->in[0]; /* xclean */
     int64_t doubles = (5 + MN_SHARED_MAX) * max_rows * wide + max_rows * hidden;
-    return floats * 4 + doubles * 8;
+    return floats * 4 + doubles * 8 + 2 * max_rows;
 }
 
 mn_status mn_mlp_grad_work_init(mn_mlp_grad_work *w, const mn_mlp_shape *s, const mn_rule *rule,
@@ -128,6 +130,8 @@ mn_status mn_mlp_grad_work_init(mn_mlp_grad_work *w, const mn_mlp_shape *s, cons
     for (size_t i = 0; i < 4 && ok; i++) ok = (*fv[i] = malloc(sizeof(float) * max_rows * dv)) != NULL;
     double **db[] = {&w->din, &w->dout, &w->dout2, &w->dv_in, &w->dr_in};
     for (size_t i = 0; i < 5 && ok; i++) ok = (*db[i] = malloc(sizeof(double) * max_rows * wide)) != NULL;
+    ok = ok && (w->xclean = malloc(sizeof(float) * max_rows * s->in[0])) && (w->xbad = malloc((size_t)max_rows)) &&
+         (w->cut = malloc((size_t)max_rows));
     if (!ok) {
         mn_mlp_grad_work_free(w);
         return mn_fail(MN_ERR_OOM, "out of memory for the backward's scratch (%lld rows)", (long long)max_rows);
@@ -161,7 +165,8 @@ void mn_mlp_grad_work_free(mn_mlp_grad_work *w)
         free(w->dphi_at[i]);
     }
     void *bufs[] = {w->zbar, w->zdotbar, w->hbar, w->hdotbar, w->y,      w->u,
-                    w->ybar, w->ubar,    w->din,  w->dout,    w->dout2, w->dv_in, w->dr_in};
+                    w->ybar, w->ubar,    w->din,  w->dout,    w->dout2, w->dv_in, w->dr_in,
+                    w->xclean, w->xbad, w->cut};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     mn_shared_program_free(&w->dphi);
     mn_shared_program_free(&w->ddphi);
@@ -241,6 +246,32 @@ static void restore_forward(const mn_mlp_shape *s, mn_mlp_grad_work *w, int64_t 
     memcpy(w->y, kept, sizeof(float) * rows * s->out[s->layers - 1]);
 }
 
+static bool row_finite(const float *a, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(a[i])) return false;
+    return true;
+}
+
+/* Marks the rows of x (rows x in) with a non-finite entry in w->xbad and,
+ * when there is one, copies x to w->xclean with those rows zeroed: the
+ * passes then run on finite numbers (0 * NaN would spread through the
+ * products), and the callers drop those rows' upstream. Returns the x to use. */
+static const float *clean_rows(mn_mlp_grad_work *w, const float *x, int64_t rows, int64_t in)
+{
+    bool any = false;
+    for (int64_t t = 0; t < rows; t++) {
+        w->xbad[t] = !row_finite(x + t * in, in);
+        any = any || w->xbad[t];
+    }
+    if (!any) return x;
+    for (int64_t t = 0; t < rows; t++) {
+        if (w->xbad[t]) memset(w->xclean + t * in, 0, sizeof(float) * in);
+        else memcpy(w->xclean + t * in, x + t * in, sizeof(float) * in);
+    }
+    return w->xclean;
+}
+
 void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *const *P, float *const *dG,
                          const float *x, const float *v, const float *weight, const float *dloss,
                          const float *dyret, int64_t ret_rows, int64_t rows, const float *kept,
@@ -249,6 +280,9 @@ void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *cons
     int L = s->layers;
     int64_t dv = s->out[L - 1], n = rows * dv;
     double R = w->loss.feature_scale;
+    const float *xin = clean_rows(w, x, rows, s->in[0]);
+    if (xin != x) kept = NULL; /* the kept activations are those of the non-finite rows */
+    x = xin;
     if (kept) restore_forward(s, w, rows, kept);
     else mn_mlp_forward(s, &w->fwd, P, x, rows, w->y);
 
@@ -279,8 +313,21 @@ void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *cons
      * read (it may be the non-finite theta that made the step skip). */
     load_loss_inputs(w, w->y, v, n);
     run_loss(w, w->loss.fy, n, w->dout);
+    /* Cut rows (grad.h): a non-finite x, or a non-finite v where f' is not
+     * finite either. They get zero adjoints from the loss and no v, weight
+     * terms. */
+    for (int64_t t = 0; t < rows; t++) {
+        w->cut[t] = w->xbad[t];
+        if (!w->cut[t] && !row_finite(v + t * dv, dv))
+            for (int64_t j = 0; j < dv && !w->cut[t]; j++) w->cut[t] = !isfinite(w->dout[t * dv + j]);
+    }
     for (int64_t t = 0; t < rows; t++) {
         double acc = 0, dl = dloss ? dloss[t] : 0.0;
+        if (w->cut[t]) {
+            memset(w->ybar + t * dv, 0, sizeof(float) * dv);
+            if (dG) memset(w->ubar + t * dv, 0, sizeof(float) * dv);
+            continue;
+        }
         for (int64_t j = 0; j < dv; j++) {
             int64_t e = t * dv + j;
             if (dG) w->ubar[e] = (float)(weight[t] * R * w->dout[e]);
@@ -293,7 +340,7 @@ void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *cons
         run_loss(w, w->loss.fyy, n, w->dout);
         run_loss(w, w->loss.fyv, n, w->dout2);
         for (int64_t t = 0; t < rows; t++)
-            for (int64_t j = 0; j < dv; j++) {
+            for (int64_t j = 0; j < dv && !w->cut[t]; j++) {
                 int64_t e = t * dv + j;
                 w->ybar[e] += (float)(weight[t] * R * w->dout[e] * w->u[e]);
                 gv[e] += (float)(weight[t] * R * w->dout2[e] * w->u[e]);
@@ -302,11 +349,13 @@ void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *cons
     if (dloss) {
         run_loss(w, w->loss.fv, n, w->dout);
         for (int64_t t = 0; t < rows; t++)
-            for (int64_t j = 0; j < dv; j++) gv[t * dv + j] += (float)(dloss[t] * R * w->dout[t * dv + j]);
+            for (int64_t j = 0; j < dv && !w->cut[t]; j++) gv[t * dv + j] += (float)(dloss[t] * R * w->dout[t * dv + j]);
     }
 
+    /* Retrieval outputs read x as the query: a non-finite one is cut. */
     if (dyret)
-        for (int64_t e = 0; e < ret_rows * dv; e++) w->ybar[e] += dyret[e];
+        for (int64_t t = 0; t < ret_rows; t++)
+            for (int64_t j = 0; j < dv && !w->xbad[t]; j++) w->ybar[t * dv + j] += dyret[t * dv + j];
 
     /* Reverse of forward + tangent. */
     memcpy(w->zbar, w->ybar, sizeof(float) * n);
@@ -354,11 +403,14 @@ void mn_mlp_vjp(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *const *P, con
                 const float *dy, int64_t rows, float *const *gP, float *gx)
 {
     int L = s->layers;
-    int64_t n = rows * s->out[L - 1];
+    int64_t dv = s->out[L - 1], n = rows * dv;
+    x = clean_rows(w, x, rows, s->in[0]); /* a non-finite query's output is cut */
     mn_mlp_forward(s, &w->fwd, P, x, rows, w->y);
     memcpy(w->zbar, dy, sizeof(float) * n);
+    for (int64_t t = 0; t < rows; t++)
+        if (w->xbad[t]) memset(w->zbar + t * dv, 0, sizeof(float) * dv);
     if (s->residual)
-        for (int64_t e = 0; e < n; e++) gx[e] += dy[e];
+        for (int64_t e = 0; e < n; e++) gx[e] += w->zbar[e];
     for (int i = L - 1; i >= 0; i--) {
         float *W, *b, *gW, *gb;
         layer(s, P, i, &W, &b);

@@ -102,37 +102,95 @@ def torch_run(k, v, params, c):
     return y_out.numpy(), {n: P[n].detach().numpy() for n in names}
 
 
+def torch_grad_run(k, v, params, c, dy):
+    """The same rule as one autograd graph, titans-pytorch's way: per step
+    torch.autograd.grad(..., create_graph=True), the norm clip
+    differentiated through |G|, then .backward() of L = <dy, y> (what
+    res:backward{dy = dy} returns). Returns the gradient of W1 (initial)."""
+    k = torch.from_numpy(k[0]).requires_grad_(True)
+    v = torch.from_numpy(v[0]).requires_grad_(True)
+    dy = torch.from_numpy(dy)
+    names = ["W1", "b1", "W2", "b2"]
+    P0 = {n: torch.from_numpy(p.copy()).requires_grad_(True) for n, p in params.items()}
+    P = dict(P0)
+    S = {n: torch.zeros_like(p) for n, p in P.items()}
+    theta, eta, alpha, cmax = GATES["theta"], GATES["eta"], GATES["alpha"], RULE["clip_max"]
+    BH, T, d = k.shape
+
+    def forward(p, x):
+        h = F.silu(torch.baddbmm(p["b1"].unsqueeze(1), x, p["W1"].transpose(1, 2)))
+        return torch.baddbmm(p["b2"].unsqueeze(1), h, p["W2"].transpose(1, 2))
+
+    ys = []
+    for s0 in range(0, T, c):
+        ks, vs = k[:, s0:s0 + c], v[:, s0:s0 + c]
+        y = forward(P, ks)
+        loss = ((y - vs) ** 2).mean(-1)
+        grads = torch.autograd.grad((theta * loss).sum(), [P[n] for n in names], create_graph=True)
+        sq = sum(g.pow(2).flatten(1).sum(1) for g in grads)
+        scale = torch.clamp(cmax / sq.sqrt(), max=1.0)
+        for n, g in zip(names, grads):
+            sh = (BH,) + (1,) * (g.dim() - 1)
+            S[n] = eta * S[n] - g * scale.view(sh)
+            P[n] = (1 - alpha) * P[n] + S[n]
+        ys.append(y[:, :-1])
+        ys.append(forward(P, ks[:, -1:]))
+    y_out = torch.cat(ys, dim=1)
+    (dy[0] * y_out).sum().backward()
+    return P0["W1"].grad.numpy()
+
+
 def rel(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def grad_lines(mnemo, env, work, exp, args):
-    """Forward alone vs forward (grad = true) plus backward, in-process, best of R."""
+def grad_lines(mnemo, env, work, exp, args, k, v, params, c):
+    """Forward alone vs forward (grad = true) plus backward, in-process, best
+    of R; and PyTorch's autograd through the same rule (torch_grad_run) on the
+    same dy, its W1 gradient compared with mnemo's."""
+    dy = np.random.default_rng(1).standard_normal(v.shape).astype(np.float32)
+    dyfile = os.path.join(work, "dy.h5")
+    with h5py.File(dyfile, "w") as f:
+        f["dy"] = dy
+    gfile = os.path.join(work, "gW1.h5")
     lua = (
         "local rule, inputs = mnemo.load_experiment(arg[1]) "
-        "local dy = mnemo.randn(table.unpack(inputs.v.shape)) "
+        "local dy = mnemo.load(arg[2]).dy "
         "for i = 1, %d do "
         "  local t0 = mnemo._clock() rule:run(inputs) local t1 = mnemo._clock() "
         "  inputs.grad = true local res = rule:run(inputs) local g = res:backward{dy = dy} inputs.grad = nil "
         "  local t2 = mnemo._clock() "
         "  print(string.format('grad %%.6f %%.6f %%d %%d %%d', t1 - t0, t2 - t1, g.memory.block, "
         "    g.memory.backward_bytes, g.memory.forward_bytes)) "
+        "  if i == 1 then mnemo.save(arg[3], {W1 = g.init.W1}) end "
         "end" % (args.repeat + 1))
     script = os.path.join(work, "grad.lua")
     with open(script, "w") as f:
         f.write(lua)
-    out = subprocess.run([mnemo, "-q", script, exp], check=True, env=env, capture_output=True, text=True).stdout
+    out = subprocess.run([mnemo, "-q", script, exp, dyfile, gfile], check=True, env=env, capture_output=True,
+                         text=True).stdout
     rows = [line.split()[1:] for line in out.splitlines() if line.startswith("grad ")][1:]
     fwd = min(float(r[0]) for r in rows)
     both = min(float(r[1]) for r in rows)
     block, bwd_bytes, fwd_bytes = (int(x) for x in rows[-1][2:])
+    t_torch = []
+    for _ in range(args.repeat + 1):
+        t0 = time.perf_counter()
+        gW1_t = torch_grad_run(k, v, params, c, dy)
+        t_torch.append(time.perf_counter() - t0)
+    tt = min(t_torch[1:])
+    with h5py.File(gfile, "r") as f:
+        gW1_m = np.asarray(f["W1"]).reshape(gW1_t.shape)
     return [
         "",
         "| backward (issue 12) | threads | forward best (s) | forward + backward best (s) | ratio (target <= 3) "
-        "| block K | backward memory (MB) | forward state (MB) |",
-        "|---|---|---|---|---|---|---|---|",
-        "| B*H=8, T=%d, MLP 64-256-64 silu, c=64, norm clip | %d | %.3f | %.3f | %.2fx | %d | %.1f | %.1f |"
-        % (args.T, args.threads, fwd, both, both / fwd, block, bwd_bytes / 1e6, fwd_bytes / 1e6),
+        "| PyTorch %s autograd fwd + bwd best (s) | speed-up | rel err dW1 | block K | backward memory (MB) "
+        "| forward state (MB) |" % torch.__version__,
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| B*H=8, T=%d, MLP 64-256-64 silu, c=64, norm clip | %d | %.3f | %.3f | %.2fx | %.3f | %.2fx | %.1e | %d "
+        "| %.1f | %.1f |"
+        % (args.T, args.threads, fwd, both, both / fwd, tt, tt / both, rel(gW1_m, gW1_t), block, bwd_bytes / 1e6,
+           fwd_bytes / 1e6),
     ]
 
 
@@ -194,7 +252,7 @@ def main():
           % (", ".join("%.3f" % x for x in t_mnemo), ", ".join("%.3f" % x for x in t_cli),
              ", ".join("%.3f" % x for x in t_torch), flops / tm / 1e9))
     if args.grad:
-        lines += grad_lines(mnemo, env, work, exp, args)
+        lines += grad_lines(mnemo, env, work, exp, args, k, v, params, c)
         print("\n".join(lines[3:]))
     if args.out:
         with open(args.out, "a") as f:

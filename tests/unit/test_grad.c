@@ -2,7 +2,9 @@
  * finite differences of the forward, on a table of small cases that spans
  * every axis of the rule (loss, activation incl. custom, clip and scope,
  * refresh, retrieve, reductions, residual, bias, depth, skipped steps, q
- * given or not, checkpoint block K).
+ * given or not, checkpoint block K), plus tokens with a non-finite key,
+ * value or query (the gradients at that token are left out; every other
+ * entry must be finite and match).
  *
  * For each input X the test draws a direction D and compares <dL/dX, D> with
  * (L(X + eps D) - L(X - eps D)) / (2 eps), where L = <dy, y> + <dloss, loss>
@@ -44,6 +46,13 @@ typedef struct gcase {
     int B, H, T, dk, dv;
     double theta;
     int skip_token; /* >= 0: theta = inf at this token of memory 0 (its step is skipped) */
+    /* >= 0: feature 1 of input bad_input ('k', 'v' or 'q') at this token of
+     * memory 0 is bad_value (NaN or +-Inf); the gradients of k, v and q at
+     * that token are then unspecified and every other entry is held to the
+     * finite differences (SPEC.md section 7) */
+    int bad_token;
+    char bad_input;
+    float bad_value;
     int block;      /* K; 0 = auto */
     double eps;     /* finite-difference step; 0 = 1e-2 */
 } gcase;
@@ -51,7 +60,7 @@ typedef struct gcase {
 #define BASE .layers = 1, .act = MN_ACT_SILU, .loss = MN_LOSS_MSE, .loss_delta = 1, .loss_p = 1.5, \
              .clip = MN_CLIP_NONE, .clip_max = 1, .step = 1, .refresh = -1, .token_reduce = MN_REDUCE_SUM, \
              .feature_reduce = MN_REDUCE_MEAN, .bias = -1, .B = 1, .H = 2, .T = 7, .dk = 4, .dv = 3, \
-             .theta = 0.3, .skip_token = -1
+             .theta = 0.3, .skip_token = -1, .bad_token = -1
 
 static const gcase cases[] = {
     {"linear_mse", BASE},
@@ -103,6 +112,22 @@ static const gcase cases[] = {
     {"skipped_step_refresh0", BASE, .step = 2, .layers = 2, .dh = 4, .skip_token = 0, .refresh = 0},
     {"wide_awkward", BASE, .layers = 2, .dh = 33, .dk = 17, .dv = 17, .residual = true, .T = 45, .step = 4,
      .refresh = 8, .use_q = true, .clip = MN_CLIP_NORM, .clip_max = 0.2, .B = 2, .H = 2, .theta = 0.05},
+    /* non-finite inputs: a NaN value skips its step, whose other tokens'
+     * loss gradients (dloss) must stay finite; a NaN key also cuts its own
+     * retrieval (q = k); an Inf query cuts its retrieval output only */
+    {"nan_v_skipped", BASE, .step = 2, .layers = 2, .dh = 4, .bad_token = 3, .bad_input = 'v', .bad_value = NAN},
+    {"nan_v_skipped_custom_loss_before", BASE, .step = 3, .layers = 3, .dh = 4, .loss = MN_LOSS_CUSTOM,
+     .loss_expr = "r^2 / (1 + r^2)", .retrieve = MN_RETRIEVE_BEFORE, .refresh = 0, .bad_token = 4, .bad_input = 'v',
+     .bad_value = NAN},
+    {"inf_v_mse_skipped_refresh", BASE, .step = 2, .layers = 2, .dh = 4, .refresh = 4, .T = 9, .bad_token = 5,
+     .bad_input = 'v', .bad_value = INFINITY},
+    {"nan_k_skipped", BASE, .step = 2, .layers = 2, .dh = 4, .bad_token = 2, .bad_input = 'k', .bad_value = NAN},
+    {"inf_k_skipped_c1_residual", BASE, .step = 1, .layers = 2, .dh = 4, .residual = true, .dv = 4, .bad_token = 4,
+     .bad_input = 'k', .bad_value = -INFINITY},
+    {"nan_k_skipped_q", BASE, .step = 3, .layers = 2, .dh = 4, .use_q = true, .bad_token = 1, .bad_input = 'k',
+     .bad_value = NAN},
+    {"inf_q_retrieval", BASE, .step = 2, .layers = 2, .dh = 4, .use_q = true, .retrieve = MN_RETRIEVE_BEFORE,
+     .bad_token = 3, .bad_input = 'q', .bad_value = INFINITY},
     {"depth1_bias_mean_B2", BASE, .bias = 1, .B = 2, .H = 1, .step = 4, .T = 10, .token_reduce = MN_REDUCE_MEAN},
 };
 
@@ -186,6 +211,11 @@ static mn_status setup(problem *pb, const gcase *c, uint64_t seed)
     if (c->use_q) MN_TRY(make_tensor(&pb->q, 4, ks, &rng, 1, 0));
     MN_TRY(make_tensor(&pb->theta, 3, ts, &rng, 0.5 * c->theta, c->theta));
     if (c->skip_token >= 0) ((float *)mn_tensor_data(&pb->theta))[c->skip_token] = INFINITY;
+    if (c->bad_token >= 0) {
+        mn_tensor *t = c->bad_input == 'k' ? &pb->k : c->bad_input == 'q' ? &pb->q : &pb->v;
+        int64_t width = c->bad_input == 'v' ? d->dv : d->dk;
+        ((float *)mn_tensor_data(t))[c->bad_token * width + 1] = c->bad_value;
+    }
     MN_TRY(make_tensor(&pb->eta, 3, ss, &rng, 0.2, 0.6));
     MN_TRY(make_tensor(&pb->alpha, 3, ss, &rng, 0.05, 0.05));
     MN_TRY(make_tensor(&pb->up.dy, 4, vs, &rng, 1, 0));
@@ -236,8 +266,28 @@ static mn_status objective(problem *pb, double *L)
 }
 
 /* Compare <g, D> with the central difference along D for input X. */
-static void check_input(const char *cname, const char *xname, problem *pb, mn_tensor *X, const mn_tensor *g,
-                        mn_rng *rng, double eps)
+/* Tokens [B*H*T] with a non-finite key, value or query: the gradients of
+ * k, v and q there are unspecified (SPEC.md section 7). */
+static unsigned char *bad_tokens(const problem *pb)
+{
+    const mn_dims *d = &pb->dims;
+    int64_t n = d->B * d->H * d->T;
+    unsigned char *bad = calloc((size_t)n, 1);
+    const mn_tensor *in[3] = {&pb->k, &pb->v, &pb->q};
+    for (int i = 0; i < 3 && bad; i++) {
+        if (!in[i]->storage) continue;
+        int64_t w = in[i]->shape[3];
+        const float *x = mn_tensor_data(in[i]);
+        for (int64_t e = 0; e < n * w; e++)
+            if (!isfinite(x[e])) bad[e / w] = 1;
+    }
+    return bad;
+}
+
+/* Compare <g, D> with the central difference along D for input X; width > 0:
+ * X is [B,H,T,width] and the rows where bad is set are left out. */
+static void check_input_rows(const char *cname, const char *xname, problem *pb, mn_tensor *X, const mn_tensor *g,
+                             mn_rng *rng, double eps, const unsigned char *bad, int64_t width)
 {
     char name[160];
     snprintf(name, sizeof name, "%s/%s", cname, xname);
@@ -249,8 +299,9 @@ static void check_input(const char *cname, const char *xname, problem *pb, mn_te
     bool finite = true;
     for (int64_t i = 0; i < ne; i++) {
         x0[i] = x[i];
-        D[i] = isfinite(x[i]) ? (float)(2 * mn_rng_uniform(rng) - 1) : 0.0f;
-        if (!isfinite(gd[i]) && isfinite(x[i])) finite = false;
+        bool held = isfinite(x[i]) && !(bad && width > 0 && bad[i / width]);
+        D[i] = held ? (float)(2 * mn_rng_uniform(rng) - 1) : 0.0f;
+        if (!isfinite(gd[i]) && held) finite = false;
         if (D[i] != 0) {
             an += (double)gd[i] * D[i];
             scale += fabs((double)gd[i] * D[i]);
@@ -271,6 +322,12 @@ static void check_input(const char *cname, const char *xname, problem *pb, mn_te
     if (!(s1 == MN_OK && s2 == MN_OK && finite && err <= tol)) check_failures_++;
     free(D);
     free(x0);
+}
+
+static void check_input(const char *cname, const char *xname, problem *pb, mn_tensor *X, const mn_tensor *g,
+                        mn_rng *rng, double eps)
+{
+    check_input_rows(cname, xname, pb, X, g, rng, eps, NULL, 0);
 }
 
 /* |a - b| / |b| in L2, NaN-free entries only. */
@@ -369,9 +426,11 @@ static void run_case(const gcase *c, uint64_t seed)
     mn_rng rng;
     mn_rng_seed(&rng, seed + 99);
     double eps = c->eps > 0 ? c->eps : 1e-2;
-    check_input(c->name, "k", &pb, &pb.k, &g.k, &rng, eps);
-    check_input(c->name, "v", &pb, &pb.v, &g.v, &rng, eps);
-    if (c->use_q) check_input(c->name, "q", &pb, &pb.q, &g.q, &rng, eps);
+    unsigned char *bad = bad_tokens(&pb);
+    check_input_rows(c->name, "k", &pb, &pb.k, &g.k, &rng, eps, bad, pb.dims.dk);
+    check_input_rows(c->name, "v", &pb, &pb.v, &g.v, &rng, eps, bad, pb.dims.dv);
+    if (c->use_q) check_input_rows(c->name, "q", &pb, &pb.q, &g.q, &rng, eps, bad, pb.dims.dk);
+    free(bad);
     CHECK(c->name, c->use_q == (g.q.storage != NULL));
     check_input(c->name, "theta", &pb, &pb.theta, &g.theta, &rng, eps);
     check_input(c->name, "eta", &pb, &pb.eta, &g.eta, &rng, eps);
@@ -391,6 +450,82 @@ static void run_case(const gcase *c, uint64_t seed)
     }
     mn_run_grads_free(&g);
     problem_free(&pb);
+}
+
+/* A value of +-Inf under l1 or huber: f' is finite there (-+1, -+delta) and
+ * f'' is 0, so the step is not skipped and the token keeps its loss's
+ * gradient, as the reference does. Its gradients then equal those at a
+ * large finite value of the same sign (v = +-1e6 gives the same residual
+ * sign and branch), except v's own entries at that token. */
+static void test_inf_value_keeps_loss_gradient(void)
+{
+    gcase cs[] = {{"inf_v_l1", BASE, .loss = MN_LOSS_L1, .step = 2, .layers = 2, .dh = 4},
+                  {"inf_v_huber", BASE, .loss = MN_LOSS_HUBER, .loss_delta = 0.5, .step = 3, .layers = 2, .dh = 4,
+                   .clip = MN_CLIP_NORM, .clip_max = 0.05}};
+    for (size_t ci = 0; ci < sizeof cs / sizeof *cs; ci++) {
+        const gcase *c = &cs[ci];
+        char name[160];
+        problem pb;
+        if (setup(&pb, c, 31 + ci) != MN_OK) {
+            printf("FAIL %s/setup: %s\n", c->name, mn_last_error());
+            check_failures_++;
+            problem_free(&pb);
+            continue;
+        }
+        int64_t at = 3 * pb.dims.dv + 1; /* token 3, feature 1 of memory 0 */
+        float sign = ci == 0 ? 1.0f : -1.0f;
+        float *v = mn_tensor_data(&pb.v);
+        mn_segment_inputs in = {.k = pb.k, .v = pb.v, .theta = pb.theta, .eta = pb.eta, .alpha = pb.alpha};
+        mn_run_grads ginf, gbig;
+        v[at] = sign * INFINITY;
+        bool ok = mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &pb.up, 0, NULL, &ginf) == MN_OK;
+        /* the forward skips no step */
+        mn_memory_state st;
+        mn_segment_outputs out;
+        bool fwd = ok && mn_memory_create(&st, &pb.rule, &pb.dims, pb.init, pb.mom, MN_CPU) == MN_OK;
+        if (fwd) {
+            fwd = mn_segment_run(&st, &in, &out) == MN_OK;
+            if (fwd) {
+                const float *sk = mn_tensor_data(&out.skipped);
+                for (int64_t i = 0; i < mn_tensor_numel(&out.skipped); i++) fwd = fwd && sk[i] == 0;
+                mn_segment_outputs_free(&out);
+            }
+            mn_memory_free(&st);
+        }
+        snprintf(name, sizeof name, "%s/no_step_skipped", c->name);
+        CHECK(name, fwd);
+        v[at] = sign * 1e6f;
+        ok = ok && mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &pb.up, 0, NULL, &gbig) == MN_OK;
+        snprintf(name, sizeof name, "%s/backward", c->name);
+        CHECK(name, ok);
+        if (ok) {
+            /* v's entries at that token are unspecified */
+            float *a = mn_tensor_data(&ginf.v), *b = mn_tensor_data(&gbig.v);
+            for (int64_t j = 0; j < pb.dims.dv; j++) a[3 * pb.dims.dv + j] = b[3 * pb.dims.dv + j] = 0;
+            const mn_tensor *pairs[][2] = {{&ginf.k, &gbig.k}, {&ginf.v, &gbig.v}, {&ginf.theta, &gbig.theta},
+                                           {&ginf.eta, &gbig.eta}, {&ginf.alpha, &gbig.alpha}};
+            double worst = 0;
+            bool finite = true;
+            for (size_t i = 0; i < 5; i++) {
+                worst = fmax(worst, rel_l2(pairs[i][0], pairs[i][1]));
+                const float *x = mn_tensor_data(pairs[i][0]);
+                for (int64_t e = 0; e < mn_tensor_numel(pairs[i][0]); e++) finite = finite && isfinite(x[e]);
+            }
+            for (int p = 0; p < pb.np; p++) {
+                worst = fmax(worst, fmax(rel_l2(&ginf.params[p], &gbig.params[p]),
+                                         rel_l2(&ginf.momenta[p], &gbig.momenta[p])));
+                const float *x = mn_tensor_data(&ginf.params[p]);
+                for (int64_t e = 0; e < mn_tensor_numel(&ginf.params[p]); e++) finite = finite && isfinite(x[e]);
+            }
+            snprintf(name, sizeof name, "%s/finite", c->name);
+            CHECK(name, finite);
+            snprintf(name, sizeof name, "%s/same_as_large_finite_value", c->name);
+            CHECK_NEAR(name, worst, 0, 1e-5);
+            mn_run_grads_free(&ginf);
+            mn_run_grads_free(&gbig);
+        }
+        problem_free(&pb);
+    }
 }
 
 /* K changes memory, never the numbers: K = 1 and K = S agree with auto. */
@@ -523,6 +658,7 @@ int main(int argc, char **argv)
         if (!only || strstr(cases[i].name, only)) run_case(&cases[i], 1000 + i);
     if (!only) {
         test_block_invariance();
+        test_inf_value_keeps_loss_gradient();
         test_errors_and_reduce();
         test_shared_program();
     }
