@@ -10,7 +10,6 @@
 #include "../../model/rule_io.h"
 #ifdef MN_HAVE_CUDA
 #include "../../kernels/cuda.h"
-#include <cuda_runtime.h>
 #endif
 
 #include <stdio.h>
@@ -227,23 +226,6 @@ static mn_status call_init(call *c, const mn_rule *r, const int64_t *dims6, cons
     return MN_OK;
 }
 
-#ifdef MN_HAVE_CUDA
-/* The engine's CUDA work goes to the legacy default stream. To run in the
- * caller's stream order without a host wait: the legacy stream waits for
- * what the caller queued so far, and the caller's stream then waits for the
- * engine. (With the caller on the legacy stream itself, both are no-ops.) */
-static mn_status stream_join(cudaStream_t from, cudaStream_t to)
-{
-    if (from == to) return MN_OK;
-    cudaEvent_t ev;
-    cudaError_t err = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-    if (err == cudaSuccess) err = cudaEventRecord(ev, from);
-    if (err == cudaSuccess) err = cudaStreamWaitEvent(to, ev, 0);
-    (void)cudaEventDestroy(ev);
-    if (err != cudaSuccess) return mn_fail(MN_ERR_DEVICE, "cuda: %s joining the caller's stream", cudaGetErrorString(err));
-    return MN_OK;
-}
-#endif
 
 /* Forward of one run from the initial state. outputs: y, loss, grad_norm,
  * clip_scale, skipped (given tensors of the engine's shapes, filled);
@@ -262,10 +244,14 @@ int mnt_forward(const mn_rule *r, const int64_t *dims6, int device, void *stream
     bool have_state = false;
     mn_status s = call_init(&c, r, dims6, inputs, params, momenta);
 #ifdef MN_HAVE_CUDA
-    cudaStream_t caller = (cudaStream_t)stream;
+    /* The engine's CUDA work (tensor ops, the per-memory kernels) goes to
+     * the caller's stream for this call, so it is ordered after what the
+     * caller queued there and before what it queues next, and a CUDA graph
+     * capturing that stream records it. The large path runs on a stream of
+     * its own after waiting for the caller's (kernels/engine_cuda.c). */
     if (s == MN_OK && device == MN_CUDA) {
         if (!mnt_cuda_available()) s = mn_fail(MN_ERR_DEVICE, "cuda: %s", mn_cuda_unavailable_reason());
-        else s = stream_join(caller, cudaStreamLegacy);
+        else mn_cuda_set_stream(stream);
     }
 #else
     (void)stream;
@@ -286,12 +272,12 @@ int mnt_forward(const mn_rule *r, const int64_t *dims6, int device, void *stream
         snprintf(what, sizeof what, "S_%s", name);
         if (s == MN_OK) s = copy_out(&final_momenta[p], &st.momenta[p], what);
     }
-#ifdef MN_HAVE_CUDA
-    if (s == MN_OK && device == MN_CUDA) s = stream_join(cudaStreamLegacy, caller);
-#endif
     mn_segment_outputs_free(&out);
     if (have_state) mn_memory_free(&st);
     call_free(&c);
+#ifdef MN_HAVE_CUDA
+    mn_cuda_set_stream(NULL); /* the REPL's and every other caller's default */
+#endif
     return s;
 }
 
