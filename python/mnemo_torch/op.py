@@ -8,14 +8,14 @@ same forward and backward are also registered as custom ops (mnemo::run,
 mnemo::run_backward) with fake implementations, so torch.compile(fullgraph=
 True) traces a model that calls run()."""
 
+import collections
 import ctypes
-import math
 import warnings
 
 import torch
 
 from . import _native as nat
-from .rule import Rule
+from .rule import Rule, by_op_id
 
 OUTPUTS = ("y", "loss", "grad_norm", "clip_scale", "skipped")
 INPUTS = ("k", "v", "q", "theta", "eta", "alpha")
@@ -48,11 +48,9 @@ def _prep(t, name, like):
     return t
 
 
-class Result(dict):
-    """y, loss, grad_norm, clip_scale, skipped, and params / momenta (dicts
-    of the final W^(S), S^(S), [B,H,...]); also as attributes."""
-
-    __getattr__ = dict.__getitem__
+# y, loss, grad_norm, clip_scale, skipped, and params / momenta (dicts of
+# the final W^(S), S^(S), [B,H,...]). A namedtuple: torch.compile traces it.
+Result = collections.namedtuple("Result", OUTPUTS + ("params", "momenta"))
 
 
 # ---- the two engine calls on plain tensors ----
@@ -191,10 +189,7 @@ def run(rule, k, v, theta, q=None, eta=None, alpha=None, params=None, momenta=No
     else:
         outs = RunFunction.apply(rule, len(names), *(inputs + p + m))
     n = len(names)
-    res = Result(zip(OUTPUTS, outs[:5]))
-    res["params"] = dict(zip(names, outs[5:5 + n]))
-    res["momenta"] = dict(zip(names, outs[5 + n:5 + 2 * n]))
-    return res
+    return Result(*outs[:5], dict(zip(names, outs[5:5 + n])), dict(zip(names, outs[5 + n:5 + 2 * n])))
 
 
 # ---- torch.library (torch >= 2.4): traceable by torch.compile ----
@@ -208,17 +203,8 @@ def _torch_version():
 
 
 HAVE_CUSTOM_OP = _torch_version() >= (2, 4) and hasattr(torch, "library") and hasattr(torch.library, "custom_op")
-_rules = {}  # rule id -> Rule, so that the op's schema carries an int
-
-
 def _use_custom_op(tensors):
     return HAVE_CUSTOM_OP
-
-
-def _rule_id(rule):
-    rid = id(rule)
-    _rules[rid] = rule
-    return rid
 
 
 if HAVE_CUSTOM_OP:
@@ -228,13 +214,13 @@ if HAVE_CUSTOM_OP:
     def _op_run(rule_id: int, k: torch.Tensor, v: torch.Tensor, q: Optional[torch.Tensor], theta: torch.Tensor,
                 eta: Optional[torch.Tensor], alpha: Optional[torch.Tensor], params: List[torch.Tensor],
                 momenta: List[torch.Tensor]) -> List[torch.Tensor]:
-        rule = _rules[rule_id]
+        rule = by_op_id(rule_id)
         m = [t if t.numel() else None for t in momenta] if momenta else [None] * len(params)
         return forward_tensors(rule, [k, v, q, theta, eta, alpha], list(params), m)
 
     @_op_run.register_fake
     def _op_run_fake(rule_id, k, v, q, theta, eta, alpha, params, momenta):
-        rule = _rules[rule_id]
+        rule = by_op_id(rule_id)
         B, H, T, dk = k.shape
         dv = v.shape[3]
         S = (T + rule.step - 1) // rule.step
@@ -248,7 +234,7 @@ if HAVE_CUSTOM_OP:
     def _op_run_backward(rule_id: int, inputs: List[Optional[torch.Tensor]], params: List[torch.Tensor],
                          momenta: List[torch.Tensor], upstream: List[Optional[torch.Tensor]],
                          wanted: List[bool]) -> List[torch.Tensor]:
-        rule = _rules[rule_id]
+        rule = by_op_id(rule_id)
         m = [t if t.numel() else None for t in momenta] if momenta else [None] * len(params)
         grads = backward_tensors(rule, list(inputs), list(params), m, list(upstream), list(wanted))
         given = list(inputs) + list(params) + list(m)
@@ -293,7 +279,7 @@ if HAVE_CUSTOM_OP:
         m = [] if all(t is None for t in momenta) else [
             t if t is not None else torch.zeros_like(pp) for t, pp in zip(momenta, p)]
         k, v, q, theta, eta, alpha = inputs
-        return _op_run(_rule_id(rule), k, v, q, theta, eta, alpha, p, m)
+        return _op_run(rule._op_id, k, v, q, theta, eta, alpha, p, m)
 
     def _bias_shapes(rule, inputs, params):
         dims = _dims(rule, inputs[0], inputs[1], params)

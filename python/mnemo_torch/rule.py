@@ -60,6 +60,19 @@ def _read_group(node):
     return out
 
 
+_registry = {}  # op id -> Rule: the custom op's schema carries an int
+
+
+def _register(rule):
+    key = len(_registry) + 1
+    _registry[key] = rule
+    return key
+
+
+def by_op_id(key):
+    return _registry[key]
+
+
 class Rule:
     """A rule, from a file saved at the prompt or from a dict of /rule keys."""
 
@@ -88,7 +101,14 @@ class Rule:
         vals = [ctypes.c_int64() for _ in range(4)]
         nat.lib.mnt_rule_info(handle, *[ctypes.byref(v) for v in vals])
         self.layers, self.hidden, self.step, self.nparams = (v.value for v in vals)
-
+        self.bias = bool(self.attrs().get("bias", 0))
+        # params() is plain Python, so that torch.compile traces run() without
+        # a call into the library; it must agree with the engine's layout
+        for dims in ((3, 5, 7), (2, 2, 4)):
+            if self.params(*dims) != self._params_native(*dims):
+                raise MnemoError("mnemo_torch: parameter layout %r differs from the engine's %r"
+                                 % (self.params(*dims), self._params_native(*dims)))
+        self._op_id = _register(self)
     def __del__(self):
         h = getattr(self, "_handle", None)
         if h and nat is not None and nat.lib is not None:
@@ -110,6 +130,17 @@ class Rule:
 
     def params(self, dk, dv, dh=0):
         """[(name, shape of one memory)] in the engine's order (W1, b1, ...)."""
+        dh = dh or self.hidden
+        out = []
+        for i in range(1, self.layers + 1):
+            rows = dv if i == self.layers else dh
+            cols = dk if i == 1 else dh
+            out.append(("W%d" % i, (rows, cols)))
+            if self.bias:
+                out.append(("b%d" % i, (rows,)))
+        return out
+
+    def _params_native(self, dk, dv, dh=0):
         dims = nat.int64s([1, 1, 1, dk, dv, dh or self.hidden])
         out = []
         for i in range(self.nparams):

@@ -67,7 +67,7 @@ def main():
         xc = {n: t.clone().requires_grad_(True) for n, t in cpu.items()}
         xg = {n: t.cuda().requires_grad_(True) for n, t in cpu.items()}
         rc, rg = call(xc), call(xg)
-        rows = ["%s %.2g" % (n, rel(rg[n], rc[n])) for n in mt.OUTPUTS if rel(rg[n], rc[n]) > 1e-5]
+        rows = ["%s %.2g" % (n, rel(getattr(rg, n), getattr(rc, n))) for n in mt.OUTPUTS if rel(getattr(rg, n), getattr(rc, n)) > 1e-5]
         rows += ["final %s %.2g" % (n, rel(rg.params[n], rc.params[n]))
                  for n in rc.params if rel(rg.params[n], rc.params[n]) > 1e-5]
         report(not rows and rg.y.is_cuda, "bridge_gpu/forward", "; ".join(rows) or "y not on cuda")

@@ -120,7 +120,7 @@ def bridge_call(rule, cfg, requires_grad):
 
 
 def bridge_outputs(res):
-    out = {n: res[n].detach().numpy() for n in mt.OUTPUTS}
+    out = {n: getattr(res, n).detach().numpy() for n in mt.OUTPUTS}
     for n, t in res.params.items():
         out["final/" + n] = t.detach().numpy()
     for n, t in res.momenta.items():
@@ -133,7 +133,7 @@ def bridge_grads(res, leaves, upstream):
     outs, ups = [], []
     for key, val in upstream.items():
         if key in ("dy", "dloss"):
-            outs.append(res[key[1:]])
+            outs.append(getattr(res, key[1:]))
         elif key.startswith("dS_"):
             outs.append(res.momenta[key[3:]])
         else:
