@@ -12,6 +12,8 @@
     float32, on awkward shapes (T not a multiple of the step, odd widths);
   - a rule from a dict equals the same rule from the file; rule:save at the
     prompt gives a file the bridge loads;
+  - examples/titans_torch.py: training through the op and through
+    torch.autograd.grad in the forward pass gives the same losses;
   - errors: an unknown key, a bad expression, a missing file or group, a
     parameter the rule lacks, a shape that does not fit, each one exception
     naming it; other dtypes and layouts are converted with a warning.
@@ -347,6 +349,19 @@ def saved_at_prompt(workdir):
     report(got == want, "bridge/rule_save", "attrs differ:\n    file %r\n    dict %r" % (got, want))
 
 
+def example():
+    """examples/titans_torch.py at a few steps: training through the op and
+    through torch.autograd.grad in the forward gives the same losses."""
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "titans_torch.py"), "--steps", "6"],
+                         capture_output=True, text=True)
+    line = [ln for ln in run.stdout.splitlines() if ln.startswith("largest relative difference")]
+    if run.returncode != 0 or not line:
+        report(False, "bridge/example", "exit %d: %s" % (run.returncode, (run.stderr or run.stdout).strip()[-300:]))
+        return
+    diff = float(line[0].split(":")[1])
+    report(diff < 1e-4, "bridge/example", "losses of the op and of autograd.grad differ by %.2g" % diff)
+
+
 def main():
     print("# bridge: %s (torch %s, custom op: %s)" % (mt.lib_path, torch.__version__, mt.HAVE_CUSTOM_OP))
     count = int(os.environ.get("MNEMO_BRIDGE_COUNT", "24"))
@@ -362,6 +377,7 @@ def main():
             print("SKIP bridge/random: no mnemo binary at %s (set MNEMO)" % MNEMO)
         finite_differences()
         errors(workdir)
+        example()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 1 if failures else 0
