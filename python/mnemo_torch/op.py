@@ -274,8 +274,13 @@ if HAVE_CUSTOM_OP:
     _op_run.register_autograd(_backward, setup_context=_setup_context)
 
     def _custom_run(rule, inputs, params, momenta):
-        p = [t if t is not None else torch.zeros(s, device=inputs[0].device)
-             for t, s in zip(params, _bias_shapes(rule, inputs, params))]
+        # the op's schema takes every parameter: a missing bias is zeros (as
+        # the engine makes it), a missing weight the engine's own error
+        names = _bias_shapes(rule, inputs, params)
+        for (name, _), t in zip(names, params):
+            if t is None and name.startswith("W"):
+                raise nat.MnemoError("initial weight %s is missing" % name)
+        p = [t if t is not None else torch.zeros(s, device=inputs[0].device) for t, (_, s) in zip(params, names)]
         m = [] if all(t is None for t in momenta) else [
             t if t is not None else torch.zeros_like(pp) for t, pp in zip(momenta, p)]
         k, v, q, theta, eta, alpha = inputs
@@ -283,7 +288,7 @@ if HAVE_CUSTOM_OP:
 
     def _bias_shapes(rule, inputs, params):
         dims = _dims(rule, inputs[0], inputs[1], params)
-        return [s for _, s in rule.params(dims[3], dims[4], dims[5])]
+        return rule.params(dims[3], dims[4], dims[5])
 else:
     def _custom_run(rule, inputs, params, momenta):  # pragma: no cover - torch < 2.4
         raise RuntimeError("mnemo_torch: torch.library custom ops need torch >= 2.4 (this is %s)" % torch.__version__)
