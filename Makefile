@@ -3,6 +3,7 @@
 #   make CUDA=0       CPU-only build
 #   make deps         install missing Debian packages (non-interactive)
 #   make demo         deps + build + the default experiment on synthetic data
+#   make python       the PyTorch bridge's native library (build/libmnemo_torch.so)
 #   make test         deps + build + every test this machine can run
 #   make install PREFIX=/usr/local   (the binary and the man page docs/mnemo.1)
 
@@ -68,7 +69,7 @@ endif
 UNIT_SRC   = $(wildcard tests/unit/test_*.c)
 UNIT_BIN   = $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
-.PHONY: all deps demo test install clean check-cuda
+.PHONY: all deps demo test install clean check-cuda python
 all: $(BIN) $(UNIT_BIN)
 
 $(BIN): $(FRONT_OBJ) $(ENGINE_LIB)
@@ -109,6 +110,13 @@ $(BUILD)/tests/%: tests/unit/%.c $(ENGINE_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(PKG_CFLAGS) -Imodel -Itests/unit $< $(ENGINE_LIB) $(LDLIBS) -o $@
 
+# The PyTorch bridge (python/mnemo_torch) loads this with ctypes: the engine
+# and a small C shim, no Lua (--as-needed drops the REPL's libraries).
+TORCH_LIB = $(BUILD)/libmnemo_torch.so
+python: $(TORCH_LIB)
+$(TORCH_LIB): python/native/mnemo_torch.c $(ENGINE_LIB)
+	$(CC) $(filter-out -MMD -MP,$(CFLAGS)) $(PKG_CFLAGS) -shared -o $@.tmp $< $(ENGINE_LIB) -Wl,--as-needed $(LDLIBS) && mv $@.tmp $@
+
 # Missing packages only; apt-get runs only when something is missing.
 deps:
 	@missing=""; for p in $(DEB_PACKAGES); do \
@@ -127,7 +135,7 @@ demo: deps
 	$(abspath $(BIN)) examples/titans_mlp.lua full $(BUILD)/demo
 
 test: deps
-	$(MAKE) all
+	$(MAKE) all python
 	MNEMO=$(abspath $(BIN)) BUILD=$(BUILD) sh tests/run.sh
 
 install: $(BIN)

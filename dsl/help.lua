@@ -184,7 +184,7 @@ mnemo.rule{...} -> a Rule
   (activation, loss, clip) are expression strings or Lua functions of
   symbolic arguments. Unknown fields are errors. Methods:
   rule:run{k=, v=, ...}, rule:memory{...}, rule:experiment{...},
-  rule:attrs(), rule:expressions(), rule:with{...}. See help("rules").]],
+  rule:attrs(), rule:save(path), rule:expressions(), rule:with{...}. See help("rules").]],
   ["Rule:run"] = [[
 rule:run{k =, v = [, q =] [, theta =, eta =, alpha =] [, init =] [, seed =] [, device =] [, precision =]} -> result
   One run over k [B,H,T,dk] and v [B,H,T,dv] ([T,d] or [H,T,d] also do)
@@ -229,6 +229,10 @@ rule:experiment{k =, v =, ...} -> table
   schema (docs/files.md) with gates resolved and the initial state
   drawn: mnemo.save("exp.h5", rule:experiment{...}) then `mnemo run` or the
   Python reference reads it.]],
+  ["Rule:save"] = [[
+rule:save(path)
+  The rule alone in a file (its /rule group, as in an experiment file), for
+  the PyTorch bridge: mnemo_torch.Rule("rule.h5").]],
   ["Rule:attrs"] = [[
 rule:attrs() -> table
   The rule's /rule attributes (every field, defaults included), as written

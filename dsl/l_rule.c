@@ -12,6 +12,7 @@
 #include "l_expr.h"
 #include "../model/experiment.h"
 #include "../model/rule_io.h"
+#include "../model/h5.h"
 #ifdef MN_HAVE_CUDA
 #include "../kernels/codegen.h"
 #include "../kernels/cuda.h"
@@ -335,6 +336,24 @@ static int rule_attrs(lua_State *L)
     return 1;
 }
 
+/* rule:save(path): the rule alone as a file with the experiment schema's
+ * /rule group (attributes and constants), for the PyTorch bridge
+ * (python/mnemo_torch) or mnemo.load_experiment's /rule. */
+static int rule_save(lua_State *L)
+{
+    const mn_rule *r = &check_rule(L, 1)->rule;
+    const char *path = luaL_checkstring(L, 2);
+    mn_node *root = mn_node_group("");
+    mn_node *g = root ? mn_node_add_group(root, "rule") : NULL;
+    mn_status st = g ? MN_OK : mn_fail(MN_ERR_OOM, "rule:save: out of memory");
+    if (st == MN_OK && !mn_node_add_integer(root, "mnemo_schema", 1)) st = mn_fail(MN_ERR_OOM, "rule:save: out of memory");
+    if (st == MN_OK) st = mn_rule_to_tree(r, g);
+    if (st == MN_OK) st = mn_h5_save(path, root);
+    mn_node_free(root);
+    if (st != MN_OK) return l_raise(L);
+    return 0;
+}
+
 static void push_expr_string(lua_State *L, mn_expr *e)
 {
     if (!e) {
@@ -636,7 +655,7 @@ void l_rule_register(lua_State *L)
 {
     int module = lua_gettop(L);
     static const luaL_Reg rule_methods[] = {
-        {"run", l_rule_run}, {"memory", l_rule_memory}, {"experiment", l_rule_experiment}, {"attrs", rule_attrs},
+        {"run", l_rule_run}, {"memory", l_rule_memory}, {"experiment", l_rule_experiment}, {"attrs", rule_attrs}, {"save", rule_save},
         {"expressions", rule_expressions}, {"with", rule_with}, {"source", rule_source},
         {"kernel_info", rule_kernel_info}, {"plan", rule_plan}, {NULL, NULL}};
     luaL_newmetatable(L, RULE_MT);

@@ -24,6 +24,12 @@ static struct {
     long smem_optin;
 } dev;
 
+/* ---- the current stream (cuda.h) ---- */
+
+static void *current_stream; /* cudaStream_t; NULL: the legacy default stream */
+void mn_cuda_set_stream(void *stream) { current_stream = stream; }
+void *mn_cuda_get_stream(void) { return current_stream; }
+
 /* ---- errors ---- */
 
 mn_status mn_cuda_status(cudaError_t err, const char *call, const char *file, int line)

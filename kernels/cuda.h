@@ -43,6 +43,15 @@ mn_status mn_cuda_memory(mn_cuda_memory_stats *out);
  * device is known to be usable. */
 void mn_cuda_engine_register(void);
 
+/* The stream the layer's tensor ops and the per-memory kernels (fused and
+ * general paths) go to: NULL, the legacy default stream, unless a caller
+ * sets one for the length of its call, as the PyTorch bridge does with
+ * torch's current stream. The large path keeps its own stream. One stream
+ * at a time: the caching allocator hands a freed block to the next request
+ * without waiting, which is safe only while all work is ordered on one. */
+void mn_cuda_set_stream(void *stream);
+void *mn_cuda_get_stream(void);
+
 /* Surface an asynchronous error from earlier launches (the REPL calls this
  * after each statement); MN_OK when there is none. */
 mn_status mn_cuda_check_pending(void);

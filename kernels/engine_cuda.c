@@ -199,21 +199,28 @@ static mn_status prepare(const mn_memory_state *st, int64_t memories, const mn_c
     return mn_cuda_alloc(*work_bytes, work);
 }
 
-/* Launch on the legacy default stream (every tensor op of the CUDA layer is
- * ordered on it) and wait: a fault inside the kernel is reported by this
- * call, not by whatever runs next. With profiling on, events either side
- * time it (the wait is there anyway). */
+/* Launch on the layer's current stream (the legacy default stream unless a
+ * caller set one: mn_cuda_set_stream) and wait: a fault inside the kernel is
+ * reported by this call, not by whatever runs next. Under stream capture
+ * (a CUDA graph) there is nothing to wait for: the launch is recorded, not
+ * run. With profiling on, events either side time it (the wait is there
+ * anyway). */
 static mn_status launch(const mn_cuda_module *m, cudaKernel_t kernel, const char *kname, int threads, long smem,
                         int64_t memories, mn_rule_kargs *a)
 {
     dim3 grid = {(unsigned)memories, 1, 1}, block = {(unsigned)threads, 1, 1};
     void *args[1] = {a};
-    bool timed = prof.on && prof.events;
-    if (timed) MN_CUDA_CHECK(cudaEventRecord(prof.start, 0));
-    MN_CUDA_CHECK(cudaLaunchKernel((const void *)kernel, grid, block, args, (size_t)smem, 0));
+    cudaStream_t stream = (cudaStream_t)mn_cuda_get_stream();
+    enum cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (stream) MN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    bool captured = capture != cudaStreamCaptureStatusNone;
+    bool timed = prof.on && prof.events && !captured;
+    if (timed) MN_CUDA_CHECK(cudaEventRecord(prof.start, stream));
+    MN_CUDA_CHECK(cudaLaunchKernel((const void *)kernel, grid, block, args, (size_t)smem, stream));
     MN_CUDA_CHECK_LAUNCH();
-    if (timed) MN_CUDA_CHECK(cudaEventRecord(prof.stop, 0));
-    MN_CUDA_CHECK(cudaStreamSynchronize(0));
+    if (captured) return MN_OK;
+    if (timed) MN_CUDA_CHECK(cudaEventRecord(prof.stop, stream));
+    MN_CUDA_CHECK(cudaStreamSynchronize(stream));
     if (timed) {
         float ms = 0;
         MN_CUDA_CHECK(cudaEventElapsedTime(&ms, prof.start, prof.stop));
@@ -235,7 +242,20 @@ static mn_status cuda_segment_run(mn_memory_state *st, const mn_segment_inputs *
     mn_cuda_plan pl;
     MN_TRY(device_plan(&st->rule, &st->dims, st->precision, &pl));
     /* it keeps the step count and reports progress itself */
-    if (pl.path == MN_PATH_LARGE) return mn_cuda_large_segment_run(st, in, out, n, nsteps);
+    if (pl.path == MN_PATH_LARGE) {
+        /* the large path runs on a stream of its own and waits for it:
+         * what a caller queued on its stream (the inputs) must be done */
+        cudaStream_t caller = (cudaStream_t)mn_cuda_get_stream();
+        if (caller) {
+            enum cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+            MN_CUDA_CHECK(cudaStreamIsCapturing(caller, &capture));
+            if (capture != cudaStreamCaptureStatusNone)
+                return mn_fail(MN_ERR_UNSUPPORTED, "cuda engine: the large path (cuBLAS on a stream of its own) "
+                                                   "cannot be captured in a caller's CUDA graph");
+            MN_CUDA_CHECK(cudaStreamSynchronize(caller));
+        }
+        return mn_cuda_large_segment_run(st, in, out, n, nsteps);
+    }
     mn_cuda_module *mod;
     MN_TRY(rule_module(&st->rule, &st->dims, st->precision, &pl, &mod));
     mn_rule_kargs a;

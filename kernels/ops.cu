@@ -17,6 +17,9 @@
 #include <string.h>
 #include <type_traits>
 
+/* every launch and copy goes to the layer's current stream (cuda.h) */
+#define MN_STREAM ((cudaStream_t)mn_cuda_get_stream())
+
 /* ---- geometry ---- */
 
 enum { MAX_OPS = 4, THREADS = 256 };
@@ -239,9 +242,9 @@ static mn_status launch_map1(const Geom &g, mn_dtype dt, void *o, const void *a)
 {
     unsigned nb = blocks_for(g.numel);
     switch (dt) {
-    case MN_F32: k_map1<<<nb, THREADS>>>(g, (float *)o, (const float *)a, F()); break;
-    case MN_F64: k_map1<<<nb, THREADS>>>(g, (double *)o, (const double *)a, F()); break;
-    case MN_I64: k_map1<<<nb, THREADS>>>(g, (int64_t *)o, (const int64_t *)a, F()); break;
+    case MN_F32: k_map1<<<nb, THREADS, 0, MN_STREAM>>>(g, (float *)o, (const float *)a, F()); break;
+    case MN_F64: k_map1<<<nb, THREADS, 0, MN_STREAM>>>(g, (double *)o, (const double *)a, F()); break;
+    case MN_I64: k_map1<<<nb, THREADS, 0, MN_STREAM>>>(g, (int64_t *)o, (const int64_t *)a, F()); break;
     }
     MN_CUDA_CHECK_LAUNCH();
     return MN_OK;
@@ -252,9 +255,9 @@ static mn_status launch_map2(const Geom &g, mn_dtype dt, void *o, const void *a,
 {
     unsigned nb = blocks_for(g.numel);
     switch (dt) {
-    case MN_F32: k_map2<<<nb, THREADS>>>(g, (float *)o, (const float *)a, (const float *)b, F()); break;
-    case MN_F64: k_map2<<<nb, THREADS>>>(g, (double *)o, (const double *)a, (const double *)b, F()); break;
-    case MN_I64: k_map2<<<nb, THREADS>>>(g, (int64_t *)o, (const int64_t *)a, (const int64_t *)b, F()); break;
+    case MN_F32: k_map2<<<nb, THREADS, 0, MN_STREAM>>>(g, (float *)o, (const float *)a, (const float *)b, F()); break;
+    case MN_F64: k_map2<<<nb, THREADS, 0, MN_STREAM>>>(g, (double *)o, (const double *)a, (const double *)b, F()); break;
+    case MN_I64: k_map2<<<nb, THREADS, 0, MN_STREAM>>>(g, (int64_t *)o, (const int64_t *)a, (const int64_t *)b, F()); break;
     }
     MN_CUDA_CHECK_LAUNCH();
     return MN_OK;
@@ -313,9 +316,9 @@ static void launch_where(const Geom &g, mn_dtype cdt, void *o, const void *c, co
     unsigned nb = blocks_for(g.numel);
     const TV *pa = (const TV *)a, *pb = (const TV *)b;
     switch (cdt) {
-    case MN_F32: k_where<<<nb, THREADS>>>(g, (TV *)o, (const float *)c, pa, pb); break;
-    case MN_F64: k_where<<<nb, THREADS>>>(g, (TV *)o, (const double *)c, pa, pb); break;
-    case MN_I64: k_where<<<nb, THREADS>>>(g, (TV *)o, (const int64_t *)c, pa, pb); break;
+    case MN_F32: k_where<<<nb, THREADS, 0, MN_STREAM>>>(g, (TV *)o, (const float *)c, pa, pb); break;
+    case MN_F64: k_where<<<nb, THREADS, 0, MN_STREAM>>>(g, (TV *)o, (const double *)c, pa, pb); break;
+    case MN_I64: k_where<<<nb, THREADS, 0, MN_STREAM>>>(g, (TV *)o, (const int64_t *)c, pa, pb); break;
     }
 }
 
@@ -342,9 +345,9 @@ static void launch_copy_from(const Geom &g, mn_dtype sdt, TD *d, const void *s)
 {
     unsigned nb = blocks_for(g.numel);
     switch (sdt) {
-    case MN_F32: k_map1<<<nb, THREADS>>>(g, d, (const float *)s, Conv<TD, float>()); break;
-    case MN_F64: k_map1<<<nb, THREADS>>>(g, d, (const double *)s, Conv<TD, double>()); break;
-    case MN_I64: k_map1<<<nb, THREADS>>>(g, d, (const int64_t *)s, Conv<TD, int64_t>()); break;
+    case MN_F32: k_map1<<<nb, THREADS, 0, MN_STREAM>>>(g, d, (const float *)s, Conv<TD, float>()); break;
+    case MN_F64: k_map1<<<nb, THREADS, 0, MN_STREAM>>>(g, d, (const double *)s, Conv<TD, double>()); break;
+    case MN_I64: k_map1<<<nb, THREADS, 0, MN_STREAM>>>(g, d, (const int64_t *)s, Conv<TD, int64_t>()); break;
     }
 }
 
@@ -358,7 +361,7 @@ extern "C" mn_status mn_cuda_copy(mn_tensor *dst, const mn_tensor *src)
     void *d = mn_tensor_data(dst);
     const void *s = mn_tensor_data(src);
     if (dst->dtype == src->dtype && mn_tensor_is_contiguous(dst) && mn_tensor_is_contiguous(src)) {
-        MN_CUDA_CHECK(cudaMemcpyAsync(d, s, (size_t)g.numel * mn_dtype_size(dst->dtype), cudaMemcpyDeviceToDevice, 0));
+        MN_CUDA_CHECK(cudaMemcpyAsync(d, s, (size_t)g.numel * mn_dtype_size(dst->dtype), cudaMemcpyDeviceToDevice, MN_STREAM));
         return MN_OK;
     }
     switch (dst->dtype) {
@@ -390,14 +393,14 @@ extern "C" mn_status mn_cuda_fill(mn_tensor *dst, double value)
     void *d = mn_tensor_data(dst);
     /* All three dtypes store +0 as zero bytes. */
     if (value == 0 && !signbit(value) && mn_tensor_is_contiguous(dst)) {
-        MN_CUDA_CHECK(cudaMemsetAsync(d, 0, (size_t)g.numel * mn_dtype_size(dst->dtype), 0));
+        MN_CUDA_CHECK(cudaMemsetAsync(d, 0, (size_t)g.numel * mn_dtype_size(dst->dtype), MN_STREAM));
         return MN_OK;
     }
     unsigned nb = blocks_for(g.numel);
     switch (dst->dtype) {
-    case MN_F32: k_fill<<<nb, THREADS>>>(g, (float *)d, (float)value); break;
-    case MN_F64: k_fill<<<nb, THREADS>>>(g, (double *)d, value); break;
-    case MN_I64: k_fill<<<nb, THREADS>>>(g, (int64_t *)d, mn_to_i64(value)); break;
+    case MN_F32: k_fill<<<nb, THREADS, 0, MN_STREAM>>>(g, (float *)d, (float)value); break;
+    case MN_F64: k_fill<<<nb, THREADS, 0, MN_STREAM>>>(g, (double *)d, value); break;
+    case MN_I64: k_fill<<<nb, THREADS, 0, MN_STREAM>>>(g, (int64_t *)d, mn_to_i64(value)); break;
     }
     MN_CUDA_CHECK_LAUNCH();
     return MN_OK;
@@ -519,9 +522,9 @@ template <int OP> static mn_status reduce_all_op(const Geom &g, mn_dtype dt, con
     double *partial = NULL, host[1024];
     MN_TRY(mn_cuda_alloc(nb * sizeof(double), (void **)&partial));
     switch (dt) {
-    case MN_F32: k_reduce_all<float, OP><<<nb, THREADS>>>(g, (const float *)a, partial); break;
-    case MN_F64: k_reduce_all<double, OP><<<nb, THREADS>>>(g, (const double *)a, partial); break;
-    case MN_I64: k_reduce_all<int64_t, OP><<<nb, THREADS>>>(g, (const int64_t *)a, partial); break;
+    case MN_F32: k_reduce_all<float, OP><<<nb, THREADS, 0, MN_STREAM>>>(g, (const float *)a, partial); break;
+    case MN_F64: k_reduce_all<double, OP><<<nb, THREADS, 0, MN_STREAM>>>(g, (const double *)a, partial); break;
+    case MN_I64: k_reduce_all<int64_t, OP><<<nb, THREADS, 0, MN_STREAM>>>(g, (const int64_t *)a, partial); break;
     }
     mn_status st = MN_CUDA_ST(cudaGetLastError());
     if (st == MN_OK) st = MN_CUDA_ST(cudaMemcpy(host, partial, nb * sizeof(double), cudaMemcpyDeviceToHost));
@@ -591,9 +594,9 @@ static void launch_reduce_dim(const Geom &g, T *o, const T *a, int64_t len, int6
     typedef Policy<T, OP> R;
     if (rs == 1 && len >= 64) {
         int64_t threads = g.numel * 32;
-        k_reduce_dim_warp<T, R><<<blocks_for(threads), THREADS>>>(g, o, a, len);
+        k_reduce_dim_warp<T, R><<<blocks_for(threads), THREADS, 0, MN_STREAM>>>(g, o, a, len);
     } else {
-        k_reduce_dim<T, R><<<blocks_for(g.numel), THREADS>>>(g, o, a, len, rs);
+        k_reduce_dim<T, R><<<blocks_for(g.numel), THREADS, 0, MN_STREAM>>>(g, o, a, len, rs);
     }
 }
 
@@ -673,8 +676,8 @@ template <typename T>
 static void launch_arg(const Geom &g, bool want_max, int64_t *o, const T *a, int64_t len, int64_t rs)
 {
     unsigned nb = blocks_for(g.numel);
-    if (want_max) k_argreduce<T, true><<<nb, THREADS>>>(g, o, a, len, rs);
-    else k_argreduce<T, false><<<nb, THREADS>>>(g, o, a, len, rs);
+    if (want_max) k_argreduce<T, true><<<nb, THREADS, 0, MN_STREAM>>>(g, o, a, len, rs);
+    else k_argreduce<T, false><<<nb, THREADS, 0, MN_STREAM>>>(g, o, a, len, rs);
 }
 
 extern "C" mn_status mn_cuda_argreduce_dim(mn_op op, mn_tensor *out, const mn_tensor *a, int d)
@@ -734,7 +737,7 @@ extern "C" mn_status mn_cuda_matmul_i64(mn_tensor *out, const mn_tensor *a, cons
     }
     int64_t total = mg.batch * mg.m * mg.n;
     if (total == 0) return MN_OK;
-    k_matmul_i64<<<blocks_for(total), THREADS>>>(mg, (int64_t *)mn_tensor_data(out),
+    k_matmul_i64<<<blocks_for(total), THREADS, 0, MN_STREAM>>>(mg, (int64_t *)mn_tensor_data(out),
                                                  (const int64_t *)mn_tensor_data(a), (const int64_t *)mn_tensor_data(b));
     MN_CUDA_CHECK_LAUNCH();
     return MN_OK;

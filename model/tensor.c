@@ -61,6 +61,7 @@ static mn_status storage_new(mn_device dev, size_t nbytes, mn_storage **out)
     s->nbytes = nbytes;
     s->refs = 1;
     s->device = dev;
+    s->borrowed = false;
     *out = s;
     return MN_OK;
 }
@@ -68,7 +69,7 @@ static mn_status storage_new(mn_device dev, size_t nbytes, mn_storage **out)
 static void storage_unref(mn_storage *s)
 {
     if (!s || --s->refs > 0) return;
-    if (allocators[s->device].free) allocators[s->device].free(s->data, s->nbytes);
+    if (!s->borrowed && allocators[s->device].free) allocators[s->device].free(s->data, s->nbytes);
     free(s);
 }
 
@@ -177,6 +178,38 @@ mn_status mn_tensor_empty(mn_tensor *out, mn_dtype dt, int ndim, const int64_t *
     out->ndim = ndim;
     for (int d = 0; d < ndim; d++) out->shape[d] = shape[d];
     set_contiguous_strides(out);
+    return MN_OK;
+}
+
+mn_status mn_tensor_wrap(mn_tensor *out, void *data, mn_dtype dt, int ndim, const int64_t *shape,
+                         const int64_t *stride, mn_device dev)
+{
+    MN_TRY(need_empty("wrap", out));
+    size_t esize = mn_dtype_size(dt);
+    if (!esize) return mn_fail(MN_ERR_ARG, "wrap: unknown dtype %d", (int)dt);
+    if (!device_ok(dev)) return mn_fail(MN_ERR_ARG, "wrap: unknown device %d", (int)dev);
+    if (ndim < 0 || ndim > MN_MAX_DIMS) return mn_fail(MN_ERR_ARG, "wrap: %d dims (at most %d)", ndim, MN_MAX_DIMS);
+    int64_t n = 0;
+    MN_TRY(shape_numel("wrap", ndim, shape, esize, &n));
+    if (!data && n > 0) return mn_fail(MN_ERR_ARG, "wrap: no data for %lld elements", (long long)n);
+    /* bytes spanned by the view, so that nbytes means what it does elsewhere */
+    int64_t span = n > 0 ? 1 : 0;
+    for (int d = 0; d < ndim && stride && n > 0; d++) {
+        if (stride[d] < 0) return mn_fail(MN_ERR_ARG, "wrap: negative stride %lld in dim %d", (long long)stride[d], d + 1);
+        span += (shape[d] - 1) * stride[d];
+    }
+    if (!stride) span = n;
+    mn_storage *s = mn_malloc(sizeof *s, "a tensor storage header");
+    if (!s) return MN_ERR_OOM;
+    *s = (mn_storage){.data = data, .nbytes = (size_t)span * esize, .refs = 1, .device = dev, .borrowed = true};
+    memset(out, 0, sizeof *out);
+    out->storage = s;
+    out->dtype = dt;
+    out->ndim = ndim;
+    for (int d = 0; d < ndim; d++) out->shape[d] = shape[d];
+    if (stride)
+        for (int d = 0; d < ndim; d++) out->stride[d] = stride[d];
+    else set_contiguous_strides(out);
     return MN_OK;
 }
 

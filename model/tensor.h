@@ -15,6 +15,7 @@ typedef struct mn_storage {
     size_t nbytes;
     int refs;
     mn_device device;
+    bool borrowed;       /* memory owned by someone else (mn_tensor_wrap): never freed here */
 } mn_storage;
 
 typedef struct mn_tensor {
@@ -40,6 +41,12 @@ mn_status mn_tensor_empty(mn_tensor *out, mn_dtype dt, int ndim, const int64_t *
                           mn_device dev);
 mn_status mn_tensor_zeros(mn_tensor *out, mn_dtype dt, int ndim, const int64_t *shape,
                           mn_device dev);
+/* A tensor over memory the caller owns (a torch tensor's data, say): no copy,
+ * and the last release frees only the header, never data. Strides in
+ * elements (NULL: contiguous); the caller keeps data alive and unmoved while
+ * any holder of the tensor lives. */
+mn_status mn_tensor_wrap(mn_tensor *out, void *data, mn_dtype dt, int ndim, const int64_t *shape,
+                         const int64_t *stride, mn_device dev);
 /* Give back this holder's storage reference and make t empty. NULL-safe. */
 void mn_tensor_release(mn_tensor *t);
 /* out becomes another holder of src's storage with the same view. */

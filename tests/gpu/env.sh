@@ -16,3 +16,4 @@ done
 unset mnemo_lib_ mnemo_site_ mnemo_dir_
 export PATH=$PWD/.carry/bin:$PATH
 export MNEMO=$PWD/.carry/bin/mnemo
+[ -f "$PWD/.carry/bin/libmnemo_torch.so" ] && export MNEMO_TORCH_LIB=$PWD/.carry/bin/libmnemo_torch.so

@@ -1,6 +1,7 @@
 #!/bin/sh
 # pack.sh: put what the GPU machine lacks into .carry/ (git-ignored) so that
-# the device tool can carry it: the mnemo binary, the unit-test binaries, and
+# the device tool can carry it: the mnemo binary, the unit-test binaries,
+# libmnemo_torch.so (the PyTorch bridge, when `make python` built it), and
 # the shared libraries it links that are not part of the base system
 # (Lua, HDF5, OpenBLAS, readline, ...), compressed to stay under the 64 MiB
 # carry limit. The CUDA libraries are not packed: the GPU machine has the
@@ -14,7 +15,10 @@ build=${2:-build}
 rm -rf .carry && mkdir -p .carry/bin .carry/lib
 cp "$bin" .carry/bin/mnemo
 for t in "$build"/tests/test_*; do [ -x "$t" ] && [ ! -d "$t" ] && cp "$t" .carry/bin/; done
-for lib in $(ldd "$bin" "$build"/tests/test_* 2>/dev/null | awk '$3 ~ /^\// {print $3}' | sort -u); do
+# the PyTorch bridge's native library (make python), when built
+torch_lib=
+if [ -f "$build/libmnemo_torch.so" ]; then torch_lib=$build/libmnemo_torch.so; cp "$torch_lib" .carry/bin/; fi
+for lib in $(ldd "$bin" "$build"/tests/test_* $torch_lib 2>/dev/null | awk '$3 ~ /^\// {print $3}' | sort -u); do
     case "$(basename "$lib")" in
         libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libgcc_s.so*|libresolv.so*|libstdc++.so*) continue ;;
         libcuda*|libcublas*|libnvrtc*) continue ;;

@@ -10,6 +10,7 @@
 #     fp32 on sequences up to 400 tokens (steps longer than a chunk), and in
 #     fp32 with the general and the large path forced (MNEMO_CUDA_PATH), all
 #     at once (they share the kernel cache, written atomically),
+#   - the PyTorch bridge (tests/python/test_bridge.py, tests/gpu/test_bridge_gpu.py),
 #   - compute-sanitizer (memcheck; racecheck, initcheck, synccheck on fewer)
 #     on a few `mnemo run` calls,
 #   - one mid-size run timed on cuda and cpu, and compared.
@@ -159,6 +160,13 @@ T.ok("engine/source", src:find("mn_rule_step_kernel", 1, true) ~= nil and src:fi
 T.done()
 EOF
 run_one "engine/lua" "$MNEMO" "$WORK/engine.lua"
+
+# ---- the PyTorch bridge (python/mnemo_torch): its CPU tests under this
+# machine's torch (2.x: the custom-op path), then cuda, compile and graphs ----
+if [ -n "$PYTHON" ]; then
+    run_one "py/test_bridge.py" "$PYTHON" tests/python/test_bridge.py
+    run_one "gpu/test_bridge_gpu.py" "$PYTHON" tests/gpu/test_bridge_gpu.py
+fi
 
 # ---- compute-sanitizer on a few runs ----
 if [ -n "$PYTHON" ] && [ -x "$SANITIZER" ]; then

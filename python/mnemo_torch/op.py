@@ -1,0 +1,294 @@
+"""op: one run of a rule as a differentiable PyTorch op.
+
+run(rule, k, v, theta, ...) calls the engine's forward on the tensors' own
+memory (CPU, or CUDA in the caller's stream order) and, through a
+torch.autograd.Function, the engine's backward of SPEC.md section 7 for k, v,
+q, the gates and the initial parameters and momenta. With torch >= 2.4 the
+same forward and backward are also registered as custom ops (mnemo::run,
+mnemo::run_backward) with fake implementations, so torch.compile(fullgraph=
+True) traces a model that calls run()."""
+
+import collections
+import ctypes
+import warnings
+
+import torch
+
+from . import _native as nat
+from .rule import Rule, by_op_id
+
+OUTPUTS = ("y", "loss", "grad_norm", "clip_scale", "skipped")
+INPUTS = ("k", "v", "q", "theta", "eta", "alpha")
+
+_warned = set()
+
+
+def _warn_once(key, msg):
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(msg, stacklevel=3)
+
+
+def _prep(t, name, like):
+    """t as the engine takes it: a float32 contiguous tensor on like's
+    device. Others are converted (differentiably) with a warning."""
+    if t is None:
+        return None
+    if not torch.is_tensor(t):
+        return torch.tensor(float(t), dtype=torch.float32, device=like.device)
+    if t.device != like.device:
+        raise ValueError("mnemo_torch.run: %s is on %s, k on %s" % (name, t.device, like.device))
+    if t.dtype != torch.float32:
+        _warn_once(("dtype", name, t.dtype),
+                   "mnemo_torch.run: %s is %s; converted to float32 (a copy)" % (name, t.dtype))
+        t = t.float()
+    if not t.is_contiguous():
+        _warn_once(("contig", name), "mnemo_torch.run: %s is not contiguous; copied" % name)
+        t = t.contiguous()
+    return t
+
+
+# y, loss, grad_norm, clip_scale, skipped, and params / momenta (dicts of
+# the final W^(S), S^(S), [B,H,...]). A namedtuple: torch.compile traces it.
+Result = collections.namedtuple("Result", OUTPUTS + ("params", "momenta"))
+
+
+# ---- the two engine calls on plain tensors ----
+
+def _dims(rule, k, v, params):
+    B, H, T, dk = k.shape
+    dv = v.shape[3]
+    dh = rule.hidden
+    if rule.layers >= 2 and dh == 0:
+        w1 = params[0]
+        if w1 is None or w1.dim() < 2:
+            raise ValueError("mnemo_torch.run: the rule's hidden is 0 and W1 does not give it")
+        dh = w1.shape[-2]
+    return [B, H, T, dk, dv, dh]
+
+
+def _shapes(rule, dims):
+    B, H, T, dk, dv, dh = dims
+    S = (T + rule.step - 1) // rule.step if T else 0
+    outs = [(B, H, T, dv), (B, H, T), (B, H, S), (B, H, S), (B, H, S)]
+    finals = [(B, H) + shape for _, shape in rule.params(dk, dv, dh)]
+    return outs, finals
+
+
+def _stream_of(t):
+    if not t.is_cuda:
+        return None
+    return ctypes.c_void_p(torch.cuda.current_stream(t.device).cuda_stream)
+
+
+def forward_tensors(rule, inputs, params, momenta):
+    """inputs: k, v, q, theta, eta, alpha (prepared; q, eta, alpha may be
+    None); params, momenta: lists in the rule's order (None: zeros). Returns
+    the five outputs, then the final parameters, then the final momenta."""
+    k = inputs[0]
+    dims = _dims(rule, k, inputs[1], params)
+    outs, finals = _shapes(rule, dims)
+    dev = k.device
+    y = [torch.empty(s, dtype=torch.float32, device=dev) for s in outs]
+    fp = [torch.empty(s, dtype=torch.float32, device=dev) for s in finals]
+    fm = [torch.empty(s, dtype=torch.float32, device=dev) for s in finals]
+    if k.is_cuda and not nat.lib.mnt_cuda_available():
+        raise nat.MnemoError("mnemo_torch.run: CUDA tensors, but the engine has no usable CUDA device "
+                             "(a CPU-only build, or no driver)")
+    nat.check(nat.lib.mnt_forward(rule.handle, nat.int64s(dims), nat.CUDA if k.is_cuda else nat.CPU,
+                                  _stream_of(k), nat.arg_array(inputs), nat.arg_array(params),
+                                  nat.arg_array(momenta), nat.arg_array(y), nat.arg_array(fp), nat.arg_array(fm)))
+    return y + fp + fm
+
+
+def backward_tensors(rule, inputs, params, momenta, upstream, wanted):
+    """The gradients of <dy, y> + <dloss, loss> + sum <dP, P^(S)> for every
+    input, parameter and momentum; upstream: dy, dloss, dparams..., dmomenta...
+    (None: zero). wanted: booleans in the order inputs, params, momenta.
+    The engine's backward is CPU-only: CUDA tensors go through CPU copies."""
+    like = inputs[0]
+    if like.is_cuda:
+        _warn_once("cpu-backward", "mnemo_torch: the engine's backward runs on the CPU for now; "
+                   "CUDA tensors are copied to the CPU and the gradients back")
+    cpu = lambda t: None if t is None else t.detach().to("cpu", torch.float32).contiguous()  # noqa: E731
+    inputs_c = [cpu(t) for t in inputs]
+    params_c = [cpu(t) for t in params]
+    momenta_c = [cpu(t) for t in momenta]
+    upstream_c = [cpu(t) for t in upstream]
+    dims = _dims(rule, inputs_c[0], inputs_c[1], params_c)
+    given = inputs_c + params_c + momenta_c
+    grads = [torch.zeros(t.shape, dtype=torch.float32) if (t is not None and w) else None
+             for t, w in zip(given, wanted)]
+    nat.check(nat.lib.mnt_backward(rule.handle, nat.int64s(dims), nat.arg_array(inputs_c), nat.arg_array(params_c),
+                                   nat.arg_array(momenta_c), nat.arg_array(upstream_c), nat.arg_array(grads)))
+    return [None if g is None else g.to(like.device) for g in grads]
+
+
+# ---- autograd ----
+
+class RunFunction(torch.autograd.Function):
+    """apply(rule, n_params, k, v, q, theta, eta, alpha, *params, *momenta)."""
+
+    @staticmethod
+    def forward(ctx, rule, nparams, *tensors):
+        inputs = list(tensors[:6])
+        params = list(tensors[6:6 + nparams])
+        momenta = list(tensors[6 + nparams:])
+        outs = forward_tensors(rule, inputs, params, momenta)
+        ctx.rule, ctx.nparams = rule, nparams
+        ctx.save_for_backward(*[t if t is not None else torch.empty(0) for t in tensors])
+        ctx.given = [t is not None for t in tensors]
+        ctx.mark_non_differentiable(outs[2], outs[3], outs[4])
+        ctx.set_materialize_grads(False)  # an unused output's upstream is None: zero to the engine
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *douts):
+        saved = [t if g else None for t, g in zip(ctx.saved_tensors, ctx.given)]
+        n = ctx.nparams
+        inputs, params, momenta = saved[:6], saved[6:6 + n], saved[6 + n:]
+        upstream = [douts[0], douts[1]] + list(douts[5:5 + n]) + list(douts[5 + n:5 + 2 * n])
+        wanted = list(ctx.needs_input_grad[2:])
+        if not any(wanted):
+            return (None, None) + (None,) * len(saved)
+        grads = backward_tensors(ctx.rule, inputs, params, momenta, upstream, wanted)
+        return (None, None) + tuple(grads)
+
+
+def _param_lists(rule, k, v, params, momenta):
+    if not isinstance(params, dict):
+        raise TypeError("mnemo_torch.run: params must be a dict {'W1': tensor, ...}")
+    dims = _dims(rule, k, v, [params.get("W1")])
+    names = [n for n, _ in rule.params(dims[3], dims[4], dims[5])]
+    for key in list(params) + list(momenta or {}):
+        if key not in names:
+            raise KeyError("mnemo_torch.run: no parameter %r in this rule (it has %s)" % (key, ", ".join(names)))
+    p = [_prep(params.get(nm), nm, k) for nm in names]
+    m = [_prep((momenta or {}).get(nm), "momenta " + nm, k) for nm in names]
+    return names, p, m
+
+
+def run(rule, k, v, theta, q=None, eta=None, alpha=None, params=None, momenta=None):
+    """One run of rule from the initial state params (dict W1, b1, ...:
+    [...], [H,...] or [B,H,...]; a missing bias is zero) and momenta (same,
+    missing: zero). k [B,H,T,dk], v [B,H,T,dv], q [B,H,T,dk] or None (q = k);
+    gates: numbers or tensors that broadcast to [B,H,T] (theta) or [B,H,S]
+    (eta, alpha; None: 0). Differentiable in every tensor argument. Returns a
+    Result: y, loss, grad_norm, clip_scale, skipped, params, momenta."""
+    if not isinstance(rule, Rule):
+        rule = Rule(rule)
+    if not torch.is_tensor(k) or k.dim() != 4:
+        raise ValueError("mnemo_torch.run: k must be a [B,H,T,dk] tensor")
+    if not torch.is_tensor(v) or v.dim() != 4:
+        raise ValueError("mnemo_torch.run: v must be a [B,H,T,dv] tensor")
+    k0 = k
+    inputs = [_prep(t, n, k0) for t, n in zip((k, v, q, theta, eta, alpha), INPUTS)]
+    names, p, m = _param_lists(rule, inputs[0], inputs[1], params or {}, momenta)
+    if _use_custom_op(inputs + p + m):
+        outs = _custom_run(rule, inputs, p, m)
+    else:
+        outs = RunFunction.apply(rule, len(names), *(inputs + p + m))
+    n = len(names)
+    return Result(*outs[:5], dict(zip(names, outs[5:5 + n])), dict(zip(names, outs[5 + n:5 + 2 * n])))
+
+
+# ---- torch.library (torch >= 2.4): traceable by torch.compile ----
+
+def _torch_version():
+    parts = torch.__version__.split("+")[0].split(".")
+    try:
+        return tuple(int(x) for x in parts[:2])
+    except ValueError:
+        return (0, 0)
+
+
+HAVE_CUSTOM_OP = _torch_version() >= (2, 4) and hasattr(torch, "library") and hasattr(torch.library, "custom_op")
+def _use_custom_op(tensors):
+    return HAVE_CUSTOM_OP
+
+
+if HAVE_CUSTOM_OP:
+    from typing import List, Optional
+
+    @torch.library.custom_op("mnemo::run", mutates_args=())
+    def _op_run(rule_id: int, k: torch.Tensor, v: torch.Tensor, q: Optional[torch.Tensor], theta: torch.Tensor,
+                eta: Optional[torch.Tensor], alpha: Optional[torch.Tensor], params: List[torch.Tensor],
+                momenta: List[torch.Tensor]) -> List[torch.Tensor]:
+        rule = by_op_id(rule_id)
+        m = [t if t.numel() else None for t in momenta] if momenta else [None] * len(params)
+        return forward_tensors(rule, [k, v, q, theta, eta, alpha], list(params), m)
+
+    @_op_run.register_fake
+    def _op_run_fake(rule_id, k, v, q, theta, eta, alpha, params, momenta):
+        rule = by_op_id(rule_id)
+        B, H, T, dk = k.shape
+        dv = v.shape[3]
+        S = (T + rule.step - 1) // rule.step
+        outs = [k.new_empty((B, H, T, dv)), k.new_empty((B, H, T)), k.new_empty((B, H, S)),
+                k.new_empty((B, H, S)), k.new_empty((B, H, S))]
+        ndims = [len(s) for _, s in rule.params(2, 2, 2)]
+        finals = [k.new_empty((B, H) + tuple(p.shape[p.dim() - nd:])) for p, nd in zip(params, ndims)]
+        return outs + finals + [f.new_empty(f.shape) for f in finals]
+
+    @torch.library.custom_op("mnemo::run_backward", mutates_args=())
+    def _op_run_backward(rule_id: int, inputs: List[Optional[torch.Tensor]], params: List[torch.Tensor],
+                         momenta: List[torch.Tensor], upstream: List[Optional[torch.Tensor]],
+                         wanted: List[bool]) -> List[torch.Tensor]:
+        rule = by_op_id(rule_id)
+        m = [t if t.numel() else None for t in momenta] if momenta else [None] * len(params)
+        grads = backward_tensors(rule, list(inputs), list(params), m, list(upstream), list(wanted))
+        given = list(inputs) + list(params) + list(m)
+        # the op returns a tensor for every slot: zeros-sized where not wanted
+        return [g if g is not None else (t.new_zeros(0) if t is not None else inputs[0].new_zeros(0))
+                for g, t in zip(grads, given)]
+
+    @_op_run_backward.register_fake
+    def _op_run_backward_fake(rule_id, inputs, params, momenta, upstream, wanted):
+        given = list(inputs) + list(params) + (list(momenta) if momenta else [None] * len(params))
+        return [t.new_empty(t.shape) if (t is not None and w) else inputs[0].new_empty(0)
+                for t, w in zip(given, wanted)]
+
+    def _setup_context(ctx, inputs, output):
+        rule_id, k, v, q, theta, eta, alpha, params, momenta = inputs
+        ctx.rule_id = rule_id
+        ctx.nparams = len(params)
+        ctx.has_momenta = bool(momenta)
+        ctx.given = [t is not None for t in (k, v, q, theta, eta, alpha)]
+        saved = [t if t is not None else k.new_empty(0) for t in (k, v, q, theta, eta, alpha)]
+        ctx.save_for_backward(*(saved + list(params) + list(momenta)))
+
+    def _backward(ctx, douts):
+        n = ctx.nparams
+        saved = list(ctx.saved_tensors)
+        inputs = [t if g else None for t, g in zip(saved[:6], ctx.given)]
+        params = saved[6:6 + n]
+        momenta = saved[6 + n:] if ctx.has_momenta else []
+        upstream = [douts[0], douts[1]] + list(douts[5:5 + 2 * n])
+        wanted = [g for g in ctx.given] + [True] * n + [ctx.has_momenta] * n
+        grads = _op_run_backward(ctx.rule_id, inputs, params, momenta, upstream, wanted)
+        gi = [g if w and g.numel() else None for g, w in zip(grads[:6], wanted[:6])]
+        gp = list(grads[6:6 + n])
+        gm = list(grads[6 + n:]) if ctx.has_momenta else []
+        return (None, *gi, gp, gm)
+
+    _op_run.register_autograd(_backward, setup_context=_setup_context)
+
+    def _custom_run(rule, inputs, params, momenta):
+        # the op's schema takes every parameter: a missing bias is zeros (as
+        # the engine makes it), a missing weight the engine's own error
+        names = _bias_shapes(rule, inputs, params)
+        for (name, _), t in zip(names, params):
+            if t is None and name.startswith("W"):
+                raise nat.MnemoError("initial weight %s is missing" % name)
+        p = [t if t is not None else torch.zeros(s, device=inputs[0].device) for t, (_, s) in zip(params, names)]
+        m = [] if all(t is None for t in momenta) else [
+            t if t is not None else torch.zeros_like(pp) for t, pp in zip(momenta, p)]
+        k, v, q, theta, eta, alpha = inputs
+        return _op_run(rule._op_id, k, v, q, theta, eta, alpha, p, m)
+
+    def _bias_shapes(rule, inputs, params):
+        dims = _dims(rule, inputs[0], inputs[1], params)
+        return rule.params(dims[3], dims[4], dims[5])
+else:
+    def _custom_run(rule, inputs, params, momenta):  # pragma: no cover - torch < 2.4
+        raise RuntimeError("mnemo_torch: torch.library custom ops need torch >= 2.4 (this is %s)" % torch.__version__)

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""test_bridge_gpu.py: the PyTorch bridge (python/mnemo_torch) on a GPU.
+
+  - cuda tensors against the same call on cpu tensors (outputs, final state,
+    gradients; the backward runs on CPU copies for now, with one warning);
+  - the caller's stream: the op on a side stream right after a long kernel
+    that writes its input there, and its output read on that stream;
+  - torch.compile(fullgraph=True) of a small model that calls the op
+    (torch >= 2.4: the custom op mnemo::run and its fake implementation),
+    forward and backward against eager;
+  - CUDA-graph capture and replay of the op's forward.
+Run by tests/gpu/run_gpu_tests.sh; needs libmnemo_torch.so built with CUDA
+(make python; tests/gpu/pack.sh carries it). Prints PASS/FAIL/SKIP lines."""
+
+import os
+import sys
+import warnings
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+import torch  # noqa: E402
+
+failures = 0
+
+
+def report(ok, name, why=""):
+    global failures
+    if ok:
+        print("PASS %s" % name)
+    else:
+        failures += 1
+        print("FAIL %s: %s" % (name, why))
+
+
+def rel(a, b):
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    nb = float(b.norm())
+    return float((a - b).norm()) / (nb if nb > 0 else 1.0)
+
+
+def main():
+    if not torch.cuda.is_available():
+        print("SKIP bridge_gpu: torch sees no CUDA device")
+        return 0
+    try:
+        import mnemo_torch as mt
+    except ImportError as e:
+        print("FAIL bridge_gpu/import: %s" % e)
+        return 1
+    print("# %s, torch %s, custom op: %s, %s" % (mt.lib_path, torch.__version__, mt.HAVE_CUSTOM_OP,
+                                                 torch.cuda.get_device_name()))
+    torch.manual_seed(0)
+    rule = mt.Rule({"layers": 2, "hidden": 16, "step": 4, "activation": "gelu", "clip": "norm", "clip_max": 1.0})
+    B, H, T, dk, dv = 2, 4, 37, 16, 16
+    cpu = {"k": torch.randn(B, H, T, dk) * 0.5, "v": torch.randn(B, H, T, dv) * 0.5,
+           "q": torch.randn(B, H, T, dk) * 0.5, "theta": torch.full((H, 1), 0.05),
+           "eta": torch.full((1,), 0.7), "alpha": torch.full((B, H, 1), 0.01),
+           "W1": torch.randn(16, dk) * 0.2, "W2": torch.randn(dv, 16) * 0.2}
+
+    def call(x):
+        return mt.run(rule, x["k"], x["v"], x["theta"], q=x["q"], eta=x["eta"], alpha=x["alpha"],
+                      params={"W1": x["W1"], "W2": x["W2"]})
+
+    # ---- cuda against cpu, forward and backward ----
+    try:
+        xc = {n: t.clone().requires_grad_(True) for n, t in cpu.items()}
+        xg = {n: t.cuda().requires_grad_(True) for n, t in cpu.items()}
+        rc, rg = call(xc), call(xg)
+        rows = ["%s %.2g" % (n, rel(getattr(rg, n), getattr(rc, n))) for n in mt.OUTPUTS if rel(getattr(rg, n), getattr(rc, n)) > 1e-5]
+        rows += ["final %s %.2g" % (n, rel(rg.params[n], rc.params[n]))
+                 for n in rc.params if rel(rg.params[n], rc.params[n]) > 1e-5]
+        report(not rows and rg.y.is_cuda, "bridge_gpu/forward", "; ".join(rows) or "y not on cuda")
+        up = torch.randn(B, H, T, dv)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            (rg.y * up.cuda()).sum().backward()
+        (rc.y * up).sum().backward()
+        rows = ["%s %.2g" % (n, rel(xg[n].grad, xc[n].grad)) for n in cpu if rel(xg[n].grad, xc[n].grad) > 1e-4]
+        rows += ["%s not on cuda" % n for n in cpu if not xg[n].grad.is_cuda]
+        report(not rows, "bridge_gpu/backward", "; ".join(rows))
+        report(any("backward runs on the CPU" in str(x.message) for x in w), "bridge_gpu/backward_warning",
+               "no warning that the backward ran on CPU copies")
+    except Exception as e:  # one failure line, not a traceback, per part
+        report(False, "bridge_gpu/forward", "%s: %s" % (type(e).__name__, e))
+
+    # ---- the caller's stream ----
+    try:
+        side = torch.cuda.Stream()
+        ref = call({n: t.cuda() for n, t in cpu.items()}).y
+        big = torch.randn(4096, 4096, device="cuda")
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            k = torch.zeros(B, H, T, dk, device="cuda")
+            for _ in range(8):
+                big = big @ big * 1e-2  # keeps the side stream busy
+            k.copy_(cpu["k"].cuda(non_blocking=False))
+            x = {n: t.cuda() for n, t in cpu.items()}
+            x["k"] = k + 0 * big[0, 0]  # written last on the side stream
+            y = call(x).y
+            out = y.clone()  # read on the side stream, with no wait in between
+        torch.cuda.synchronize()
+        report(rel(out, ref) < 1e-6, "bridge_gpu/stream", "result on a side stream differs: rel %.2g" % rel(out, ref))
+    except Exception as e:
+        report(False, "bridge_gpu/stream", "%s: %s" % (type(e).__name__, e))
+
+    # ---- torch.compile(fullgraph=True) ----
+    if not mt.HAVE_CUSTOM_OP or not hasattr(torch, "compile"):
+        print("SKIP bridge_gpu/compile: torch %s (needs >= 2.4)" % torch.__version__)
+    else:
+        try:
+            class Layer(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.qkv = torch.nn.Linear(dk, 3 * dk)
+                    self.gate = torch.nn.Linear(dk, 1)
+                    self.W1 = torch.nn.Parameter(torch.randn(16, dk) * 0.2)
+                    self.W2 = torch.nn.Parameter(torch.randn(dv, 16) * 0.2)
+
+                def forward(self, x):
+                    q, k, v = self.qkv(x).chunk(3, dim=-1)
+                    theta = 0.1 * torch.sigmoid(self.gate(x)).squeeze(-1)
+                    r = mt.run(rule, k.contiguous(), v.contiguous(), theta.contiguous(), q=q.contiguous(),
+                               eta=0.7, alpha=0.01, params={"W1": self.W1, "W2": self.W2})
+                    return r.y.square().mean() + r.loss.mean()
+
+            model = Layer().cuda()
+            x = torch.randn(B, H, T, dk, device="cuda")
+            eager = model(x)
+            ge = torch.autograd.grad(eager, list(model.parameters()))
+            compiled = torch.compile(model, fullgraph=True)
+            got = compiled(x)
+            gc = torch.autograd.grad(got, list(model.parameters()))
+            rows = [] if rel(got, eager) < 1e-5 else ["loss rel %.2g" % rel(got, eager)]
+            rows += ["grad %d rel %.2g" % (i, rel(a, b)) for i, (a, b) in enumerate(zip(gc, ge)) if rel(a, b) > 1e-4]
+            report(not rows, "bridge_gpu/compile_fullgraph", "; ".join(rows))
+        except Exception as e:
+            report(False, "bridge_gpu/compile_fullgraph", "%s: %s" % (type(e).__name__, str(e).splitlines()[0]))
+
+    # ---- CUDA-graph capture and replay ----
+    try:
+        static = {n: t.cuda() for n, t in cpu.items()}
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):  # warm-up: kernels compiled, memory cached
+                call(static)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y_static = call(static).y
+        new_k = torch.randn(B, H, T, dk) * 0.5
+        static["k"].copy_(new_k.cuda())
+        g.replay()
+        torch.cuda.synchronize()
+        want = call(dict(static)).y
+        report(rel(y_static, want) < 1e-6, "bridge_gpu/cuda_graph", "replay differs: rel %.2g" % rel(y_static, want))
+    except Exception as e:
+        report(False, "bridge_gpu/cuda_graph", "%s: %s" % (type(e).__name__, str(e).splitlines()[0]))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
