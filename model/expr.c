@@ -19,7 +19,30 @@ static mn_expr *node_new(mn_expr_kind kind)
     if (!e) return NULL;
     e->refs = 1;
     e->kind = kind;
+    e->depth = 1;
     return e;
+}
+
+/* 1 + the deepest of n operands; -1 (message set) past MN_EXPR_HARD_DEPTH,
+ * so that no walker is ever handed a tree deep enough to exhaust the stack. */
+static int depth_over(mn_expr *const *args, int n)
+{
+    int d = 0;
+    for (int i = 0; i < n; i++)
+        if (args[i] && args[i]->depth > d) d = args[i]->depth;
+    if (d + 1 > MN_EXPR_HARD_DEPTH) {
+        mn_fail(MN_ERR_ARG, "expression nested too deeply: over %d levels", MN_EXPR_HARD_DEPTH);
+        return -1;
+    }
+    return d + 1;
+}
+
+mn_status mn_expr_check_depth(const mn_expr *e)
+{
+    if (e && e->depth > MN_EXPR_MAX_DEPTH)
+        return mn_fail(MN_ERR_ARG, "expression nested too deeply: %d levels, the limit is %d",
+                       e->depth, MN_EXPR_MAX_DEPTH);
+    return MN_OK;
 }
 
 mn_expr *mn_expr_num(double value)
@@ -53,11 +76,13 @@ mn_expr *mn_expr_unary(mn_expr_kind kind, mn_expr *a)
         mn_fail(MN_ERR_ARG, "expression node kind %d is not unary", (int)kind);
         return NULL;
     }
-    mn_expr *e = node_new(kind);
+    int depth = depth_over(&a, 1);
+    mn_expr *e = depth > 0 ? node_new(kind) : NULL;
     if (!e) {
         mn_expr_unref(a);
         return NULL;
     }
+    e->depth = depth;
     e->nargs = 1;
     e->args[0] = a;
     return e;
@@ -76,12 +101,15 @@ mn_expr *mn_expr_binary(mn_expr_kind kind, mn_expr *a, mn_expr *b)
         mn_fail(MN_ERR_ARG, "expression node kind %d is not binary", (int)kind);
         return NULL;
     }
-    mn_expr *e = node_new(kind);
+    mn_expr *ab[2] = {a, b};
+    int depth = depth_over(ab, 2);
+    mn_expr *e = depth > 0 ? node_new(kind) : NULL;
     if (!e) {
         mn_expr_unref(a);
         mn_expr_unref(b);
         return NULL;
     }
+    e->depth = depth;
     e->nargs = 2;
     e->args[0] = a;
     e->args[1] = b;
@@ -98,11 +126,13 @@ mn_expr *mn_expr_call(mn_expr_func func, int nargs, mn_expr **args)
     else if (nargs != mn_expr_func_arity(func))
         st = mn_fail(MN_ERR_ARG, "%s takes %d argument%s, got %d", mn_expr_func_name(func),
                      mn_expr_func_arity(func), mn_expr_func_arity(func) == 1 ? "" : "s", nargs);
-    mn_expr *e = (st == MN_OK && !missing) ? node_new(MN_EX_CALL) : NULL;
+    int depth = (st == MN_OK && !missing) ? depth_over(args, nargs) : -1;
+    mn_expr *e = depth > 0 ? node_new(MN_EX_CALL) : NULL;
     if (!e) {
         for (int i = 0; i < nargs && i < 3; i++) mn_expr_unref(args[i]);
         return NULL;
     }
+    e->depth = depth;
     e->func = func;
     e->nargs = nargs;
     for (int i = 0; i < nargs; i++) e->args[i] = args[i];

@@ -37,8 +37,24 @@ typedef struct mn_expr {
     char *name;               /* MN_EX_VAR */
     mn_expr_func func;        /* MN_EX_CALL */
     int nargs;                /* operands: 1 for NEG, 2 for binary, 1-3 for CALL */
+    int depth;                /* 1 for a leaf, else 1 + the deepest operand */
     struct mn_expr *args[3];
 } mn_expr;
+
+/* Depth limits. Every walker (printer, simplifier, derivative, evaluator,
+ * compiler, C emitter, release) recurses once per level, so depth bounds the
+ * C stack they use. What a user writes (a parsed string, an Expr built in
+ * Lua) may be MN_EXPR_MAX_DEPTH levels deep: "r+r+...+r" with 1000 terms is
+ * 1000 levels. Derivatives and simplified forms of such an expression grow
+ * deeper, so the constructors themselves refuse only past the larger
+ * MN_EXPR_HARD_DEPTH, which the walkers are tested at (tests/unit/test_expr.c)
+ * under the sanitizers. */
+#define MN_EXPR_MAX_DEPTH 1000
+#define MN_EXPR_HARD_DEPTH 32000
+
+/* MN_OK when e is at most MN_EXPR_MAX_DEPTH deep, else an error naming the
+ * limit ("expression nested too deeply: N levels, the limit is 1000"). */
+mn_status mn_expr_check_depth(const mn_expr *e);
 
 /* Constructors take ownership of the references passed in (a NULL argument
  * yields NULL, so a chain of constructors needs one NULL check at the end)
