@@ -52,6 +52,14 @@ mn_expr *mn_expr_num(double value)
     return e;
 }
 
+/* The bit of a name in mn_expr.names (FNV-1a, 64 bits folded to 6). */
+static uint64_t name_bit(const char *name)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++) h = (h ^ *c) * 1099511628211ull;
+    return 1ull << ((h ^ (h >> 32) ^ (h >> 16)) & 63);
+}
+
 mn_expr *mn_expr_var(const char *name)
 {
     if (!name) {
@@ -65,6 +73,7 @@ mn_expr *mn_expr_var(const char *name)
         free(e);
         return NULL;
     }
+    e->names = name_bit(name);
     return e;
 }
 
@@ -85,6 +94,7 @@ mn_expr *mn_expr_unary(mn_expr_kind kind, mn_expr *a)
     e->depth = depth;
     e->nargs = 1;
     e->args[0] = a;
+    for (int i = 0; i < e->nargs; i++) e->names |= e->args[i]->names;
     return e;
 }
 
@@ -113,6 +123,7 @@ mn_expr *mn_expr_binary(mn_expr_kind kind, mn_expr *a, mn_expr *b)
     e->nargs = 2;
     e->args[0] = a;
     e->args[1] = b;
+    for (int i = 0; i < e->nargs; i++) e->names |= e->args[i]->names;
     return e;
 }
 
@@ -136,6 +147,7 @@ mn_expr *mn_expr_call(mn_expr_func func, int nargs, mn_expr **args)
     e->func = func;
     e->nargs = nargs;
     for (int i = 0; i < nargs; i++) e->args[i] = args[i];
+    for (int i = 0; i < e->nargs; i++) e->names |= e->args[i]->names;
     return e;
 }
 
@@ -155,7 +167,9 @@ void mn_expr_unref(mn_expr *e)
 
 bool mn_expr_uses(const mn_expr *e, const char *name)
 {
-    if (!e) return false;
+    /* Without the name's bit no name below can be it: the walk goes down
+     * only where the name may be, so a derivative stays linear in size. */
+    if (!e || !(e->names & name_bit(name))) return false;
     if (e->kind == MN_EX_VAR) return strcmp(e->name, name) == 0;
     for (int i = 0; i < e->nargs; i++)
         if (mn_expr_uses(e->args[i], name)) return true;

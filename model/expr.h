@@ -38,6 +38,8 @@ typedef struct mn_expr {
     mn_expr_func func;        /* MN_EX_CALL */
     int nargs;                /* operands: 1 for NEG, 2 for binary, 1-3 for CALL */
     int depth;                /* 1 for a leaf, else 1 + the deepest operand */
+    uint64_t names;           /* one bit per name below (a hash of it): lets
+                               * mn_expr_uses skip the subtrees without it */
     struct mn_expr *args[3];
 } mn_expr;
 
@@ -50,7 +52,7 @@ typedef struct mn_expr {
  * MN_EXPR_HARD_DEPTH, which the walkers are tested at (tests/unit/test_expr.c)
  * under the sanitizers. */
 #define MN_EXPR_MAX_DEPTH 1000
-#define MN_EXPR_HARD_DEPTH 32000
+#define MN_EXPR_HARD_DEPTH 10000
 
 /* MN_OK when e is at most MN_EXPR_MAX_DEPTH deep, else an error naming the
  * limit ("expression nested too deeply: N levels, the limit is 1000"). */

@@ -235,11 +235,11 @@ static mn_status parse_call(parser *ps, const token *name, mn_expr **out)
         st = parse_error(ps, "%s takes %d argument%s, got %d at position %d", fname, arity,
                          arity == 1 ? "" : "s", nargs, name->pos + 1);
     }
+    if (st == MN_OK) st = next_token(ps); /* past ')' */
     if (st != MN_OK) {
         for (int i = 0; i < 3; i++) mn_expr_unref(args[i]);
         return st;
     }
-    MN_TRY(next_token(ps)); /* past ')' */
     return built(mn_expr_call((mn_expr_func)f, nargs, args), out);
 }
 
