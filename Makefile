@@ -53,43 +53,6 @@ KERNEL_C_SRC  =
 KERNEL_CU_SRC =
 endif
 
-# ---- Robustness (issue 17): sanitizers and fuzzers -------------------------
-# SANITIZER_BUILD=1 (set by `make sanitize-build`, never by hand) turns this
-# build into the CPU engine under AddressSanitizer and UndefinedBehaviorSanitizer;
-# it lives in its own folder so it never mixes with the normal objects.
-# `make test` builds it too and tests/run.sh runs the unit tests, the Lua tests
-# and the bad-input catalogue (tests/badinput/) under it (SANITIZE=0 skips).
-# `make fuzz` runs each libFuzzer target of tests/fuzz/ for FUZZ_SECONDS;
-# `make test` runs each for FUZZ_TEST_SECONDS (FUZZ=0 skips).
-SANITIZE ?= 1
-SAN_BUILD = build-san
-SAN_FLAGS = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-ifeq ($(SANITIZER_BUILD),1)
-CFLAGS += $(SAN_FLAGS)
-LDLIBS += -fsanitize=address,undefined
-endif
-FUZZ ?= 1
-FUZZ_SECONDS ?= 60
-FUZZ_TEST_SECONDS ?= 20
-FUZZ_BUILD = build-fuzz
-FUZZ_CC ?= clang
-FUZZ_TARGETS = $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(wildcard tests/fuzz/fuzz_*.c))
-FUZZ_CFLAGS = -O1 -g -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-              -fno-omit-frame-pointer -fopenmp -DMN_FUZZING
-
-.PHONY: sanitize-build fuzz-build fuzz
-sanitize-build:
-	$(MAKE) CUDA=0 SANITIZER_BUILD=1 BUILD=$(SAN_BUILD) BIN=$(SAN_BUILD)/mnemo all
-
-# The fuzzers link the model sources compiled by clang (not the gcc archive).
-fuzz-build: $(FUZZ_TARGETS)
-$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(MODEL_SRC) $(wildcard model/*.h model/*.def)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) $(PKG_CFLAGS) -Imodel $< $(MODEL_SRC) $(PKG_LIBS) -lm -lpthread -o $@
-
-fuzz: deps fuzz-build
-	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_BUILD=$(FUZZ_BUILD) sh tests/fuzz/run_fuzz.sh
-
 ENGINE_OBJ = $(MODEL_SRC:%.c=$(BUILD)/%.o) $(KERNEL_C_SRC:%.c=$(BUILD)/%.o) \
              $(KERNEL_CU_SRC:%.cu=$(BUILD)/%.cu.o)
 FRONT_OBJ  = $(DSL_SRC:%.c=$(BUILD)/%.o) $(REPL_SRC:%.c=$(BUILD)/%.o) $(BUILD)/embedded_lua.o
@@ -178,3 +141,45 @@ clean:
 	rm -rf $(BUILD) $(BIN) $(SAN_BUILD) $(FUZZ_BUILD)
 
 -include $(ENGINE_OBJ:.o=.d) $(FRONT_OBJ:.o=.d) $(UNIT_BIN:%=%.d)
+
+# ---- Robustness (issue 17): sanitizers and fuzzers -------------------------
+# SANITIZER_BUILD=1 (set by `make sanitize-build`, never by hand) turns this
+# build into the CPU engine under AddressSanitizer and UndefinedBehaviorSanitizer;
+# it lives in its own folder so it never mixes with the normal objects.
+# `make test` builds it too and tests/run.sh runs the unit tests, the Lua tests
+# and the bad-input catalogue (tests/badinput/) under it (SANITIZE=0 skips).
+# `make fuzz` runs each libFuzzer target of tests/fuzz/ for FUZZ_SECONDS;
+# `make test` runs each for FUZZ_TEST_SECONDS (FUZZ=0 skips).
+SANITIZE ?= 1
+SAN_BUILD = build-san
+SAN_FLAGS = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+ifeq ($(SANITIZER_BUILD),1)
+CFLAGS += $(SAN_FLAGS)
+LDLIBS += -fsanitize=address,undefined
+endif
+FUZZ ?= 1
+FUZZ_SECONDS ?= 60
+FUZZ_TEST_SECONDS ?= 20
+FUZZ_BUILD = build-fuzz
+FUZZ_CC ?= clang
+FUZZ_TARGETS = $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_CFLAGS = -O1 -g -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer-no-link,address,undefined \
+              -fno-sanitize-recover=undefined -fno-omit-frame-pointer -fopenmp -MMD -MP
+FUZZ_OBJ = $(MODEL_SRC:%.c=$(FUZZ_BUILD)/%.o)
+
+.PHONY: sanitize-build fuzz-build fuzz
+sanitize-build:
+	$(MAKE) CUDA=0 SANITIZER_BUILD=1 BUILD=$(SAN_BUILD) BIN=$(SAN_BUILD)/mnemo all
+
+# The fuzzers link the model sources compiled by clang with coverage (not
+# the gcc archive).
+fuzz-build: $(FUZZ_TARGETS)
+$(FUZZ_BUILD)/model/%.o: model/%.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(PKG_CFLAGS) -c $< -o $@
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_OBJ)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(PKG_CFLAGS) -Imodel $< $(FUZZ_OBJ) $(PKG_LIBS) -lm -lpthread -o $@
+-include $(FUZZ_OBJ:.o=.d)
+
+fuzz: deps fuzz-build
+	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_BUILD=$(FUZZ_BUILD) sh tests/fuzz/run_fuzz.sh
