@@ -179,6 +179,7 @@ $(FUZZ_BUILD)/model/%.o: model/%.c
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(PKG_CFLAGS) -c $< -o $@
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_OBJ)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(PKG_CFLAGS) -Imodel $< $(FUZZ_OBJ) $(PKG_LIBS) -lm -lpthread -o $@
+.SECONDARY: $(FUZZ_OBJ)
 -include $(FUZZ_OBJ:.o=.d)
 
 fuzz: deps fuzz-build

@@ -20,6 +20,7 @@ static mn_expr *node_new(mn_expr_kind kind)
     e->refs = 1;
     e->kind = kind;
     e->depth = 1;
+    e->size = 1;
     return e;
 }
 
@@ -42,6 +43,9 @@ mn_status mn_expr_check_depth(const mn_expr *e)
     if (e && e->depth > MN_EXPR_MAX_DEPTH)
         return mn_fail(MN_ERR_ARG, "expression nested too deeply: %d levels, the limit is %d",
                        e->depth, MN_EXPR_MAX_DEPTH);
+    if (e && e->size > MN_EXPR_MAX_NODES)
+        return mn_fail(MN_ERR_ARG, "expression too large: over %d nodes counting each use of a shared part (%lld)",
+                       MN_EXPR_MAX_NODES, (long long)e->size);
     return MN_OK;
 }
 
@@ -94,7 +98,11 @@ mn_expr *mn_expr_unary(mn_expr_kind kind, mn_expr *a)
     e->depth = depth;
     e->nargs = 1;
     e->args[0] = a;
-    for (int i = 0; i < e->nargs; i++) e->names |= e->args[i]->names;
+    for (int i = 0; i < e->nargs; i++) {
+        e->names |= e->args[i]->names;
+        e->size += e->args[i]->size;
+        if (e->size > ((int64_t)1 << 60)) e->size = (int64_t)1 << 60; /* saturate */
+    }
     return e;
 }
 
@@ -123,7 +131,11 @@ mn_expr *mn_expr_binary(mn_expr_kind kind, mn_expr *a, mn_expr *b)
     e->nargs = 2;
     e->args[0] = a;
     e->args[1] = b;
-    for (int i = 0; i < e->nargs; i++) e->names |= e->args[i]->names;
+    for (int i = 0; i < e->nargs; i++) {
+        e->names |= e->args[i]->names;
+        e->size += e->args[i]->size;
+        if (e->size > ((int64_t)1 << 60)) e->size = (int64_t)1 << 60; /* saturate */
+    }
     return e;
 }
 
@@ -147,7 +159,11 @@ mn_expr *mn_expr_call(mn_expr_func func, int nargs, mn_expr **args)
     e->func = func;
     e->nargs = nargs;
     for (int i = 0; i < nargs; i++) e->args[i] = args[i];
-    for (int i = 0; i < e->nargs; i++) e->names |= e->args[i]->names;
+    for (int i = 0; i < e->nargs; i++) {
+        e->names |= e->args[i]->names;
+        e->size += e->args[i]->size;
+        if (e->size > ((int64_t)1 << 60)) e->size = (int64_t)1 << 60; /* saturate */
+    }
     return e;
 }
 

@@ -182,6 +182,10 @@ static mn_status built_at(const parser *ps, mn_expr *e, mn_expr **out)
         return parse_error(ps, "nested too deeply (over %d levels, as in a chain of over %d terms) at position %d",
                            MN_EXPR_MAX_DEPTH, MN_EXPR_MAX_DEPTH, ps->tok.pos + 1);
     }
+    if (e->size > MN_EXPR_MAX_NODES) {
+        mn_expr_unref(e);
+        return parse_error(ps, "too large (over %d nodes) at position %d", MN_EXPR_MAX_NODES, ps->tok.pos + 1);
+    }
     *out = e;
     return MN_OK;
 }

@@ -719,6 +719,14 @@ static void test_depth_limits(void)
         free(src);
     }
 
+    /* sharing: 41 levels but 2^41 nodes to walk; the size check refuses it */
+    e = mn_expr_var("r");
+    for (int i = 0; e && i < 40; i++) e = mn_expr_binary(MN_EX_MUL, e, mn_expr_ref(e));
+    CHECK("size: a shared tree counts every use", e && e->depth == 41 && e->size == ((int64_t)1 << 41) - 1);
+    CHECK("size: over the limit is refused", e && mn_expr_check_depth(e) == MN_ERR_ARG);
+    CHECK_STR_CONTAINS("size: the message states the limit", mn_last_error(), "expression too large: over 20000 nodes");
+    mn_expr_unref(e);
+
     /* a tree at the hard limit: every walker runs; one more level is refused */
     e = mn_expr_var("r");
     for (int i = 1; e && i < MN_EXPR_HARD_DEPTH; i++) {
