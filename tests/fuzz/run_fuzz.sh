@@ -9,7 +9,6 @@ cd "$(dirname "$0")/../.." || exit 2
 FUZZ_BUILD=${FUZZ_BUILD:-build-fuzz}
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
 SAN_SUPP="$PWD/tests/sanitize"
-export ASAN_OPTIONS="allocator_may_return_null=1:detect_leaks=1"
 export LSAN_OPTIONS="suppressions=$SAN_SUPP/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 found=0
@@ -28,10 +27,11 @@ for bin in "$FUZZ_BUILD"/fuzz_*; do
     # corrupt file whatever its caller closes, which the first minute of
     # fuzzing finds. Leaks of our own loader are the sanitizer stage's job
     # (tests/badinput/ loads truncated and corrupt files under LeakSanitizer).
-    extra=
-    [ "$short" = experiment ] && extra=-detect_leaks=0
+    extra= leaks=1
+    [ "$short" = experiment ] && extra=-detect_leaks=0 leaks=0
     # -max_len: long enough for the expression depth limit and for a small
     # experiment file; -rss_limit_mb: a run that asks for more is a finding.
+    ASAN_OPTIONS="allocator_may_return_null=1:detect_leaks=$leaks" \
     "$bin" -max_total_time="$FUZZ_SECONDS" -max_len=16384 -rss_limit_mb=4096 -timeout=30 \
         -print_final_stats=1 $extra -artifact_prefix="$arts/$name-" "$work" "$seeds" > "$log" 2>&1
     rc=$?
