@@ -15,7 +15,7 @@ CC     ?= gcc
 # Debian packages the build, the tests and the demo need.
 DEB_PACKAGES = build-essential pkg-config liblua5.4-dev libhdf5-dev hdf5-tools \
                libopenblas-dev libreadline-dev python3 python3-torch python3-h5py \
-               python3-numpy gnuplot-nox base-files groff-base
+               python3-numpy gnuplot-nox base-files groff-base clang libomp-dev
 
 # Recursively expanded on purpose: pkg-config must be asked after `make deps`.
 PKGS     = lua5.4 hdf5-serial openblas readline
@@ -136,7 +136,10 @@ demo: deps
 
 test: deps
 	$(MAKE) all python
-	MNEMO=$(abspath $(BIN)) BUILD=$(BUILD) sh tests/run.sh
+	$(if $(filter 1,$(SANITIZE)),$(MAKE) sanitize-build)
+	$(if $(filter 1,$(FUZZ)),$(MAKE) fuzz-build)
+	MNEMO=$(abspath $(BIN)) BUILD=$(BUILD) $(if $(filter 1,$(SANITIZE)),SAN_BUILD=$(SAN_BUILD)) \
+	  $(if $(filter 1,$(FUZZ)),FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_SECONDS=$(FUZZ_TEST_SECONDS)) sh tests/run.sh
 
 install: $(BIN)
 	install -d $(DESTDIR)$(PREFIX)/bin
@@ -145,6 +148,49 @@ install: $(BIN)
 	install -m 644 docs/mnemo.1 $(DESTDIR)$(PREFIX)/share/man/man1/mnemo.1
 
 clean:
-	rm -rf $(BUILD) $(BIN)
+	rm -rf $(BUILD) $(BIN) $(SAN_BUILD) $(FUZZ_BUILD)
 
 -include $(ENGINE_OBJ:.o=.d) $(FRONT_OBJ:.o=.d) $(UNIT_BIN:%=%.d)
+
+# ---- Robustness (issue 17): sanitizers and fuzzers -------------------------
+# SANITIZER_BUILD=1 (set by `make sanitize-build`, never by hand) turns this
+# build into the CPU engine under AddressSanitizer and UndefinedBehaviorSanitizer;
+# it lives in its own folder so it never mixes with the normal objects.
+# `make test` builds it too and tests/run.sh runs the unit tests, the Lua tests
+# and the bad-input catalogue (tests/badinput/) under it (SANITIZE=0 skips).
+# `make fuzz` runs each libFuzzer target of tests/fuzz/ for FUZZ_SECONDS;
+# `make test` runs each for FUZZ_TEST_SECONDS (FUZZ=0 skips).
+SANITIZE ?= 1
+SAN_BUILD = build-san
+SAN_FLAGS = -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+ifeq ($(SANITIZER_BUILD),1)
+CFLAGS += $(SAN_FLAGS)
+LDLIBS += -fsanitize=address,undefined
+endif
+FUZZ ?= 1
+FUZZ_SECONDS ?= 60
+FUZZ_TEST_SECONDS ?= 20
+FUZZ_BUILD = build-fuzz
+FUZZ_CC ?= clang
+FUZZ_TARGETS = $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_CFLAGS = -O1 -g -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer-no-link,address,undefined \
+              -fno-sanitize-recover=undefined -fno-omit-frame-pointer -fopenmp -MMD -MP
+FUZZ_OBJ = $(MODEL_SRC:%.c=$(FUZZ_BUILD)/%.o)
+
+.PHONY: sanitize-build fuzz-build fuzz
+sanitize-build:
+	$(MAKE) CUDA=0 SANITIZER_BUILD=1 BUILD=$(SAN_BUILD) BIN=$(SAN_BUILD)/mnemo all
+
+# The fuzzers link the model sources compiled by clang with coverage (not
+# the gcc archive).
+fuzz-build: $(FUZZ_TARGETS)
+$(FUZZ_BUILD)/model/%.o: model/%.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(PKG_CFLAGS) -c $< -o $@
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_OBJ)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $(PKG_CFLAGS) -Imodel $< $(FUZZ_OBJ) $(PKG_LIBS) -lm -lpthread -o $@
+.SECONDARY: $(FUZZ_OBJ)
+-include $(FUZZ_OBJ:.o=.d)
+
+fuzz: deps fuzz-build
+	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_BUILD=$(FUZZ_BUILD) sh tests/fuzz/run_fuzz.sh

@@ -80,7 +80,7 @@ static int binop(lua_State *L, mn_expr_kind kind, const char *what)
     mn_expr *b = l_to_expr(L, 2, what);
     mn_expr *combined = mn_expr_binary(kind, *slot, b);
     *slot = combined;
-    if (!combined) return l_raise(L);
+    if (!combined || mn_expr_check_depth(combined) != MN_OK) return l_raise(L);
     return 1;
 }
 
@@ -98,7 +98,7 @@ static int expr_unm(lua_State *L)
 {
     mn_expr **slot = push_expr_slot(L);
     *slot = mn_expr_unary(MN_EX_NEG, l_to_expr(L, 1, "-"));
-    if (!*slot) return l_raise(L);
+    if (!*slot || mn_expr_check_depth(*slot) != MN_OK) return l_raise(L);
     return 1;
 }
 
@@ -214,7 +214,7 @@ static int expr_func_dispatch(lua_State *L)
     mn_expr *args[3] = {NULL, NULL, NULL};
     for (int i = 0; i < arity; i++) args[i] = l_to_expr(L, i + 1, mn_expr_func_name(f));
     *slot = mn_expr_call(f, arity, args);
-    if (!*slot) return l_raise(L);
+    if (!*slot || mn_expr_check_depth(*slot) != MN_OK) return l_raise(L);
     return 1;
 }
 

@@ -56,6 +56,7 @@ typedef struct {
     lua_State *L;
     const char *who;  /* "mnemo.save: " prefix of messages, or "" */
     int visiting;     /* stack index of {table = path} for the tables being converted */
+    int depth;         /* tables entered: bounded like the loader's groups */
 } conv;
 
 static int conv_error(conv *c, const char *fmt, ...)
@@ -174,7 +175,12 @@ static void table_to_group(conv *c, int tidx, mn_node *g, const char *path)
         case LUA_TTABLE: {
             mn_node *sub = mn_node_add_group(g, key);
             add_or_raise(c, sub);
+            /* The loader refuses groups nested deeper (and the C stack would
+             * not hold a recursion as deep as a Lua table can nest). */
+            if (++c->depth > MN_H5_MAX_DEPTH)
+                conv_error(c, "tables nest more than %d deep at '%s'", MN_H5_MAX_DEPTH, kpath);
             table_to_group(c, v, sub, lua_tostring(L, kpath_idx));
+            c->depth--;
             break;
         }
         case LUA_TUSERDATA: {
@@ -207,7 +213,7 @@ static tree_box *build_tree(lua_State *L, int idx, const char *root_name, const 
     int box_idx = lua_gettop(L);
     if (!(b->node = mn_node_group(root_name ? root_name : "/"))) l_raise(L);
     lua_newtable(L);
-    conv c = {L, who, lua_gettop(L)};
+    conv c = {L, who, lua_gettop(L), 0};
     table_to_group(&c, idx, b->node, "");
     lua_settop(L, box_idx);
     return b;

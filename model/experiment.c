@@ -85,6 +85,32 @@ static mn_status experiment_from_tree(const mn_node *root, const char *file, mn_
         snprintf(path, sizeof path, "init/S_%s", name);
         MN_TRY(take_tensor(root, file, path, false, &e->init_momenta[i]));
     }
+    /* A dataset in /init that no parameter reads (W2 for a one-layer rule, a
+     * misspelt name) means the file and the rule disagree: say so rather
+     * than run with part of the file ignored. */
+    const mn_node *init = mn_node_find(root, "init");
+    for (int c = 0; init && init->kind == MN_NODE_GROUP && c < init->nchildren; c++) {
+        const mn_node *n = init->children[c];
+        if (n->kind != MN_NODE_TENSOR && n->kind != MN_NODE_GROUP) continue; /* attributes */
+        bool known = false;
+        for (int i = 0; i < np && !known; i++) {
+            char name[16], momentum[24];
+            mn_rule_param_name(&e->rule, i, name, sizeof name);
+            snprintf(momentum, sizeof momentum, "S_%s", name);
+            known = strcmp(n->name, name) == 0 || strcmp(n->name, momentum) == 0;
+        }
+        if (!known) {
+            char names[200] = "";
+            for (int i = 0; i < np; i++) {
+                char name[16];
+                mn_rule_param_name(&e->rule, i, name, sizeof name);
+                size_t used = strlen(names);
+                snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "", name);
+            }
+            return mn_fail(MN_ERR_ARG, "%s: dataset /init/%s is not a parameter of this rule (its parameters: %s, and S_ of each)",
+                           file, n->name, names);
+        }
+    }
     /* hidden: from the attribute, or read off W1 ([dh, dk] when L >= 2). */
     if (e->rule.layers >= 2) {
         int64_t from_w1 = e->init[0].storage && e->init[0].ndim >= 2 ? e->init[0].shape[e->init[0].ndim - 2] : 0;

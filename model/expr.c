@@ -19,7 +19,34 @@ static mn_expr *node_new(mn_expr_kind kind)
     if (!e) return NULL;
     e->refs = 1;
     e->kind = kind;
+    e->depth = 1;
+    e->size = 1;
     return e;
+}
+
+/* 1 + the deepest of n operands; -1 (message set) past MN_EXPR_HARD_DEPTH,
+ * so that no walker is ever handed a tree deep enough to exhaust the stack. */
+static int depth_over(mn_expr *const *args, int n)
+{
+    int d = 0;
+    for (int i = 0; i < n; i++)
+        if (args[i] && args[i]->depth > d) d = args[i]->depth;
+    if (d + 1 > MN_EXPR_HARD_DEPTH) {
+        mn_fail(MN_ERR_ARG, "expression nested too deeply: over %d levels", MN_EXPR_HARD_DEPTH);
+        return -1;
+    }
+    return d + 1;
+}
+
+mn_status mn_expr_check_depth(const mn_expr *e)
+{
+    if (e && e->depth > MN_EXPR_MAX_DEPTH)
+        return mn_fail(MN_ERR_ARG, "expression nested too deeply: %d levels, the limit is %d",
+                       e->depth, MN_EXPR_MAX_DEPTH);
+    if (e && e->size > MN_EXPR_MAX_NODES)
+        return mn_fail(MN_ERR_ARG, "expression too large: over %d nodes counting each use of a shared part (%lld)",
+                       MN_EXPR_MAX_NODES, (long long)e->size);
+    return MN_OK;
 }
 
 mn_expr *mn_expr_num(double value)
@@ -27,6 +54,14 @@ mn_expr *mn_expr_num(double value)
     mn_expr *e = node_new(MN_EX_NUM);
     if (e) e->num = value;
     return e;
+}
+
+/* The bit of a name in mn_expr.names (FNV-1a, 64 bits folded to 6). */
+static uint64_t name_bit(const char *name)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++) h = (h ^ *c) * 1099511628211ull;
+    return 1ull << ((h ^ (h >> 32) ^ (h >> 16)) & 63);
 }
 
 mn_expr *mn_expr_var(const char *name)
@@ -42,6 +77,7 @@ mn_expr *mn_expr_var(const char *name)
         free(e);
         return NULL;
     }
+    e->names = name_bit(name);
     return e;
 }
 
@@ -53,13 +89,20 @@ mn_expr *mn_expr_unary(mn_expr_kind kind, mn_expr *a)
         mn_fail(MN_ERR_ARG, "expression node kind %d is not unary", (int)kind);
         return NULL;
     }
-    mn_expr *e = node_new(kind);
+    int depth = depth_over(&a, 1);
+    mn_expr *e = depth > 0 ? node_new(kind) : NULL;
     if (!e) {
         mn_expr_unref(a);
         return NULL;
     }
+    e->depth = depth;
     e->nargs = 1;
     e->args[0] = a;
+    for (int i = 0; i < e->nargs; i++) {
+        e->names |= e->args[i]->names;
+        e->size += e->args[i]->size;
+        if (e->size > ((int64_t)1 << 60)) e->size = (int64_t)1 << 60; /* saturate */
+    }
     return e;
 }
 
@@ -76,15 +119,23 @@ mn_expr *mn_expr_binary(mn_expr_kind kind, mn_expr *a, mn_expr *b)
         mn_fail(MN_ERR_ARG, "expression node kind %d is not binary", (int)kind);
         return NULL;
     }
-    mn_expr *e = node_new(kind);
+    mn_expr *ab[2] = {a, b};
+    int depth = depth_over(ab, 2);
+    mn_expr *e = depth > 0 ? node_new(kind) : NULL;
     if (!e) {
         mn_expr_unref(a);
         mn_expr_unref(b);
         return NULL;
     }
+    e->depth = depth;
     e->nargs = 2;
     e->args[0] = a;
     e->args[1] = b;
+    for (int i = 0; i < e->nargs; i++) {
+        e->names |= e->args[i]->names;
+        e->size += e->args[i]->size;
+        if (e->size > ((int64_t)1 << 60)) e->size = (int64_t)1 << 60; /* saturate */
+    }
     return e;
 }
 
@@ -98,14 +149,21 @@ mn_expr *mn_expr_call(mn_expr_func func, int nargs, mn_expr **args)
     else if (nargs != mn_expr_func_arity(func))
         st = mn_fail(MN_ERR_ARG, "%s takes %d argument%s, got %d", mn_expr_func_name(func),
                      mn_expr_func_arity(func), mn_expr_func_arity(func) == 1 ? "" : "s", nargs);
-    mn_expr *e = (st == MN_OK && !missing) ? node_new(MN_EX_CALL) : NULL;
+    int depth = (st == MN_OK && !missing) ? depth_over(args, nargs) : -1;
+    mn_expr *e = depth > 0 ? node_new(MN_EX_CALL) : NULL;
     if (!e) {
         for (int i = 0; i < nargs && i < 3; i++) mn_expr_unref(args[i]);
         return NULL;
     }
+    e->depth = depth;
     e->func = func;
     e->nargs = nargs;
     for (int i = 0; i < nargs; i++) e->args[i] = args[i];
+    for (int i = 0; i < e->nargs; i++) {
+        e->names |= e->args[i]->names;
+        e->size += e->args[i]->size;
+        if (e->size > ((int64_t)1 << 60)) e->size = (int64_t)1 << 60; /* saturate */
+    }
     return e;
 }
 
@@ -125,7 +183,9 @@ void mn_expr_unref(mn_expr *e)
 
 bool mn_expr_uses(const mn_expr *e, const char *name)
 {
-    if (!e) return false;
+    /* Without the name's bit no name below can be it: the walk goes down
+     * only where the name may be, so a derivative stays linear in size. */
+    if (!e || !(e->names & name_bit(name))) return false;
     if (e->kind == MN_EX_VAR) return strcmp(e->name, name) == 0;
     for (int i = 0; i < e->nargs; i++)
         if (mn_expr_uses(e->args[i], name)) return true;

@@ -37,8 +37,33 @@ typedef struct mn_expr {
     char *name;               /* MN_EX_VAR */
     mn_expr_func func;        /* MN_EX_CALL */
     int nargs;                /* operands: 1 for NEG, 2 for binary, 1-3 for CALL */
+    int depth;                /* 1 for a leaf, else 1 + the deepest operand */
+    int64_t size;             /* nodes with shared ones counted each time they
+                               * are reached (what a walk visits), saturating */
+    uint64_t names;           /* one bit per name below (a hash of it): lets
+                               * mn_expr_uses skip the subtrees without it */
     struct mn_expr *args[3];
 } mn_expr;
+
+/* Depth limits. Every walker (printer, simplifier, derivative, evaluator,
+ * compiler, C emitter, release) recurses once per level, so depth bounds the
+ * C stack they use. What a user writes (a parsed string, an Expr built in
+ * Lua) may be MN_EXPR_MAX_DEPTH levels deep: "r+r+...+r" with 1000 terms is
+ * 1000 levels. Derivatives and simplified forms of such an expression grow
+ * deeper, so the constructors themselves refuse only past the larger
+ * MN_EXPR_HARD_DEPTH, which the walkers are tested at (tests/unit/test_expr.c)
+ * under the sanitizers. */
+#define MN_EXPR_MAX_DEPTH 1000
+#define MN_EXPR_HARD_DEPTH 10000
+/* Size is the other bound: an Expr built in Lua shares sub-expressions
+ * (e = e * e forty times is 41 levels but 2^41 nodes to walk), and every
+ * walker visits a shared node once per use. */
+#define MN_EXPR_MAX_NODES 20000
+
+/* MN_OK when e is at most MN_EXPR_MAX_DEPTH deep and MN_EXPR_MAX_NODES in
+ * size, else an error naming the limit ("expression nested too deeply: N
+ * levels, the limit is 1000"; "expression too large: over 20000 nodes ..."). */
+mn_status mn_expr_check_depth(const mn_expr *e);
 
 /* Constructors take ownership of the references passed in (a NULL argument
  * yields NULL, so a chain of constructors needs one NULL check at the end)

@@ -169,12 +169,27 @@ static mn_status expected(const parser *ps, const char *what)
                        token_text(ps, &ps->tok, buf, sizeof buf), ps->tok.pos + 1);
 }
 
-/* A constructor returns NULL only on out-of-memory, with the message set. */
-static mn_status built(mn_expr *e, mn_expr **out)
+/* A constructor returns NULL only on out-of-memory, with the message set.
+ * A node deeper than MN_EXPR_MAX_DEPTH stops the parse here, at the token
+ * that made it so: a long chain "r+r+...+r" is as deep as it is long, and
+ * every walker of the result recurses once per level. */
+static mn_status built_at(const parser *ps, mn_expr *e, mn_expr **out)
 {
+    *out = NULL;
+    if (!e) return MN_ERR_OOM;
+    if (e->depth > MN_EXPR_MAX_DEPTH) {
+        mn_expr_unref(e);
+        return parse_error(ps, "nested too deeply (over %d levels, as in a chain of over %d terms) at position %d",
+                           MN_EXPR_MAX_DEPTH, MN_EXPR_MAX_DEPTH, ps->tok.pos + 1);
+    }
+    if (e->size > MN_EXPR_MAX_NODES) {
+        mn_expr_unref(e);
+        return parse_error(ps, "too large (over %d nodes) at position %d", MN_EXPR_MAX_NODES, ps->tok.pos + 1);
+    }
     *out = e;
-    return e ? MN_OK : MN_ERR_OOM;
+    return MN_OK;
 }
+#define built(e, out) built_at(ps, (e), (out))
 
 static mn_status parse_expr(parser *ps, mn_expr **out);
 static mn_status parse_unary(parser *ps, mn_expr **out);
@@ -224,11 +239,11 @@ static mn_status parse_call(parser *ps, const token *name, mn_expr **out)
         st = parse_error(ps, "%s takes %d argument%s, got %d at position %d", fname, arity,
                          arity == 1 ? "" : "s", nargs, name->pos + 1);
     }
+    if (st == MN_OK) st = next_token(ps); /* past ')' */
     if (st != MN_OK) {
         for (int i = 0; i < 3; i++) mn_expr_unref(args[i]);
         return st;
     }
-    MN_TRY(next_token(ps)); /* past ')' */
     return built(mn_expr_call((mn_expr_func)f, nargs, args), out);
 }
 
@@ -330,8 +345,7 @@ static mn_status parse_left_assoc(parser *ps, mn_expr **out, const char *op1, mn
             mn_expr_unref(left);
             return st;
         }
-        left = mn_expr_binary(kind, left, right);
-        if (!left) return MN_ERR_OOM;
+        MN_TRY(built(mn_expr_binary(kind, left, right), &left));
     }
     *out = left;
     return MN_OK;
@@ -377,15 +391,16 @@ mn_status mn_expr_parse(const char *src, mn_expr **out)
 {
     *out = NULL;
     if (!src) return mn_fail(MN_ERR_ARG, "expression is NULL");
-    parser ps = {.src = src, .tok = {.kind = TOK_END, .pos = 0, .len = 0}, .depth = 0};
-    MN_TRY(next_token(&ps));
-    if (ps.tok.kind == TOK_END) return parse_error(&ps, "empty expression");
+    parser ps_ = {.src = src, .tok = {.kind = TOK_END, .pos = 0, .len = 0}, .depth = 0};
+    parser *ps = &ps_;
+    MN_TRY(next_token(ps));
+    if (ps->tok.kind == TOK_END) return parse_error(ps, "empty expression");
     mn_expr *e = NULL;
-    MN_TRY(parse_expr(&ps, &e));
-    if (ps.tok.kind != TOK_END) {
+    MN_TRY(parse_expr(ps, &e));
+    if (ps->tok.kind != TOK_END) {
         char buf[64];
-        mn_status st = parse_error(&ps, "unexpected %s at position %d",
-                                   token_text(&ps, &ps.tok, buf, sizeof buf), ps.tok.pos + 1);
+        mn_status st = parse_error(ps, "unexpected %s at position %d",
+                                   token_text(ps, &ps->tok, buf, sizeof buf), ps->tok.pos + 1);
         mn_expr_unref(e);
         return st;
     }

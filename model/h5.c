@@ -41,7 +41,6 @@
 #include <unistd.h>
 
 #define H5_PATH_MAX 4096
-#define H5_MAX_DEPTH 128 /* deeper groups on read: a cycle of hard links */
 
 typedef struct {
     const char *verb;              /* "saving" / "loading" */
@@ -682,7 +681,7 @@ static mn_status read_link(h5_ctx *cx, hid_t gid, const char *name, mn_node *g, 
     H5C(it = H5Iget_type(obj));
     if (it == H5I_GROUP) {
         WHERE("group '%s'", cx->path);
-        if (depth + 1 > H5_MAX_DEPTH) {
+        if (depth + 1 > MN_H5_MAX_DEPTH) {
             st = h5_fail_here(cx, MN_ERR_UNSUPPORTED,
                               "groups nested too deeply (a cycle of hard links?)");
             goto done;

@@ -6,6 +6,10 @@
 #ifndef MN_H5_H
 #define MN_H5_H
 
+/* Groups nest at most this deep, on read (deeper: a cycle of hard links) and
+ * on write (a Lua table nested deeper is refused before any recursion). */
+#define MN_H5_MAX_DEPTH 128
+
 #include "tree.h"
 
 mn_status mn_h5_save(const char *path, const mn_node *root);

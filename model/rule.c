@@ -158,6 +158,7 @@ mn_status mn_rule_copy(mn_rule *dst, const mn_rule *src)
 
 mn_status mn_rule_set_const(mn_rule *r, const char *name, double value)
 {
+    if (isnan(value)) return mn_fail(MN_ERR_ARG, "constant '%s' is NaN", name);
     for (int i = 0; i < r->nconsts; i++)
         if (strcmp(r->const_names[i], name) == 0) {
             r->const_values[i] = value;

@@ -146,15 +146,16 @@ static mn_status shape_numel(const char *who, int ndim, const int64_t *shape, si
 {
     if (ndim < 0 || ndim > MN_MAX_DIMS)
         return mn_fail(MN_ERR_ARG, "%s: %d dims (at most %d)", who, ndim, MN_MAX_DIMS);
-    int64_t n = 1;
+    /* span: the product with zero sizes read as 1, so that the strides of an
+     * empty tensor such as [2^62, 0] do not overflow either. */
+    int64_t n = 1, span = (int64_t)esize;
     for (int d = 0; d < ndim; d++) {
         if (shape[d] < 0) return mn_fail(MN_ERR_ARG, "%s: negative size %lld in dim %d", who, (long long)shape[d], d);
-        if (__builtin_mul_overflow(n, shape[d], &n))
+        if (__builtin_mul_overflow(n, shape[d], &n) ||
+            __builtin_mul_overflow(span, shape[d] ? shape[d] : 1, &span))
             return mn_fail(MN_ERR_ARG, "%s: shape too large", who);
     }
-    int64_t bytes;
-    if (__builtin_mul_overflow(n, (int64_t)esize, &bytes) || (uint64_t)bytes > SIZE_MAX)
-        return mn_fail(MN_ERR_ARG, "%s: shape too large", who);
+    if ((uint64_t)span > SIZE_MAX) return mn_fail(MN_ERR_ARG, "%s: shape too large", who);
     *numel = n;
     return MN_OK;
 }

@@ -12,6 +12,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char run_usage[] =
     "usage: mnemo run EXP.h5 -o RES.h5 [--device cpu|cuda] [--precision fp32|tf32|bf16] [--trace]\n"
@@ -21,6 +22,16 @@ static const char run_usage[] =
     "  --trace      also write /trace (per-step mean loss and weight norm)\n"
     "  An experiment with /upstream also gets the run's backward (on the cpu), written to /grads.\n"
     "  -q, --quiet  no progress line (it only shows on a terminal, for runs over a second)\n";
+
+/* Whether two paths name one file: same device and inode, so that "e.h5",
+ * "./e.h5", a symbolic or a hard link are all caught. A path that does not
+ * exist yet names no existing file. */
+static bool same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (stat(a, &sa) != 0 || stat(b, &sb) != 0) return false;
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
 
 static int usage_error(const char *msg, const char *arg)
 {
@@ -61,6 +72,13 @@ int mn_cli_run(int argc, char **argv)
     }
     if (!exp_path) return usage_error("missing the experiment file", NULL);
     if (!out_path) return usage_error("missing -o RES.h5", NULL);
+    /* The result replaces the output file; were it the experiment, the
+     * inputs would be gone. Refuse before anything is read or written. */
+    if (same_file(exp_path, out_path)) {
+        fprintf(stderr, "mnemo run: -o %s is the experiment file %s itself (its inputs would be lost): "
+                "write the result to another file\n", out_path, exp_path);
+        return 2;
+    }
     mn_device dev;
     if (strcmp(device, "cpu") == 0) dev = MN_CPU;
     else if (strcmp(device, "cuda") == 0) dev = MN_CUDA;

@@ -43,6 +43,24 @@ for t in tests/*/test_*.sh; do
     [ -f "$t" ] && run_one "sh/${t#tests/}" sh "$t"
 done
 
+# The sanitizer build (`make test` sets SAN_BUILD): the unit tests, the Lua
+# tests and the bad-input catalogue once more under ASan and UBSan; options
+# and suppressions (each with its reason) in tests/sanitize/.
+if [ -n "${SAN_BUILD:-}" ] && [ -x "$SAN_BUILD/mnemo" ]; then
+    . tests/sanitize/env.sh
+    for t in "$SAN_BUILD"/tests/test_*; do
+        [ -x "$t" ] && case "$t" in *.d) ;; *) run_one "san/unit/$(basename "$t")" "$t" ;; esac
+    done
+    for t in tests/lua/test_*.lua; do
+        [ -f "$t" ] && MNEMO="$PWD/$SAN_BUILD/mnemo" run_one "san/lua/$(basename "$t")" "$PWD/$SAN_BUILD/mnemo" "$t"
+    done
+    MNEMO="$PWD/$SAN_BUILD/mnemo" run_one "san/badinput/test_badinput.py" "$PYTHON" tests/badinput/test_badinput.py
+fi
+# The fuzzers (`make test` sets FUZZ_BUILD): each runs FUZZ_SECONDS.
+if [ -n "${FUZZ_BUILD:-}" ] && [ -d "$FUZZ_BUILD" ]; then
+    run_one "fuzz/run_fuzz.sh" sh tests/fuzz/run_fuzz.sh
+fi
+
 passed=$(grep -c '^PASS ' "$log")
 failed=$(grep -c '^FAIL ' "$log")
 skipped=$(grep -c '^SKIP ' "$log")

@@ -663,6 +663,114 @@ static void test_to_c(void)
     if (system(cmd) != 0) printf("# could not remove %s\n", dir);
 }
 
+/* ------------------------------------------------------------ depth limits */
+
+/* "t op t op ... op t" with n terms */
+static char *chain(const char *term, const char *op, int n)
+{
+    size_t len = (strlen(term) + strlen(op)) * (size_t)n + 1;
+    char *s = malloc(len);
+    if (!s) return NULL;
+    s[0] = 0;
+    for (int i = 0; i < n; i++) {
+        if (i) strcat(s, op);
+        strcat(s, term);
+    }
+    return s;
+}
+
+/* Every walker at the deepest tree a constructor accepts, and derivatives of
+ * the deepest trees a user may write: an error or a result, never a crash
+ * (the sanitizer build runs this too, with its larger stack frames). */
+static void test_depth_limits(void)
+{
+    const char *vars[] = {"r"};
+    /* 1000 terms are 1000 levels: accepted; 1001 are refused with the limit */
+    char *at = chain("r", "+", MN_EXPR_MAX_DEPTH), *over = chain("r", "+", MN_EXPR_MAX_DEPTH + 1);
+    mn_expr *e = NULL;
+    CHECK("depth: a chain at the limit parses", at && mn_expr_parse(at, &e) == MN_OK && e &&
+          e->depth == MN_EXPR_MAX_DEPTH);
+    mn_expr_unref(e);
+    e = NULL;
+    CHECK("depth: a chain over the limit is refused", over && mn_expr_parse(over, &e) == MN_ERR_ARG && !e);
+    CHECK_STR_CONTAINS("depth: the message states the limit", mn_last_error(), "nested too deeply (over 1000 levels");
+    free(at);
+    free(over);
+
+    /* the user's deepest expressions of each shape still differentiate */
+    const char *shapes[][2] = {{"r", "*"}, {"r", "/"}, {"tanh(r)", "*"}, {"sqrt(r)", "/"},
+                               {"max(r, 1)", "*"}, {"r", "-"}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "depth: d/dr of %s%s... at the limit", shapes[i][0], shapes[i][1]);
+        int terms = MN_EXPR_MAX_DEPTH - (strchr(shapes[i][0], '(') ? 1 : 0);
+        char *src = chain(shapes[i][0], shapes[i][1], terms);
+        e = NULL;
+        mn_status st = src ? mn_expr_parse(src, &e) : MN_ERR_OOM;
+        mn_expr *d = st == MN_OK ? mn_expr_diff(e, "r") : NULL;
+        /* (derivatives grow up to 3 times deeper here: 1000 -> 2994 for r/r/...) */
+        char *text = d ? mn_expr_to_string(d) : NULL;
+        mn_expr_program *prog = NULL;
+        CHECK(name, st == MN_OK && d && text && mn_expr_compile(d, vars, 1, NULL, NULL, 0, &prog) == MN_OK);
+        mn_expr_program_free(prog);
+        free(text);
+        mn_expr_unref(d);
+        mn_expr_unref(e);
+        free(src);
+    }
+
+    /* sharing: 41 levels but 2^41 nodes to walk; the size check refuses it */
+    e = mn_expr_var("r");
+    for (int i = 0; e && i < 40; i++) e = mn_expr_binary(MN_EX_MUL, e, mn_expr_ref(e));
+    CHECK("size: a shared tree counts every use", e && e->depth == 41 && e->size == ((int64_t)1 << 41) - 1);
+    CHECK("size: over the limit is refused", e && mn_expr_check_depth(e) == MN_ERR_ARG);
+    CHECK_STR_CONTAINS("size: the message states the limit", mn_last_error(), "expression too large: over 20000 nodes");
+    mn_expr_unref(e);
+
+    /* a tree at the hard limit: every walker runs; one more level is refused */
+    e = mn_expr_var("r");
+    for (int i = 1; e && i < MN_EXPR_HARD_DEPTH; i++) {
+        if (i % 3 == 0) e = mn_expr_binary(MN_EX_MUL, e, mn_expr_num(1.0 + 1.0 / i));
+        else if (i % 3 == 1) e = mn_expr_binary(MN_EX_ADD, mn_expr_var("r"), e);
+        else {
+            mn_expr *a[1] = {e};
+            e = mn_expr_call(MN_FN_TANH, 1, a);
+        }
+    }
+    CHECK("depth: constructors build up to the hard limit", e && e->depth == MN_EXPR_HARD_DEPTH);
+    if (!e) return;
+    mn_expr *deeper = mn_expr_unary(MN_EX_NEG, mn_expr_ref(e));
+    CHECK("depth: constructors refuse past the hard limit", !deeper);
+    CHECK_STR_CONTAINS("depth: the hard limit message", mn_last_error(), "nested too deeply: over 10000 levels");
+    char *text = mn_expr_to_string(e);
+    CHECK("depth: to_string at the hard limit", text && strlen(text) > MN_EXPR_HARD_DEPTH);
+    free(text);
+    const char *names[] = {"x"};
+    char *c = mn_expr_to_c(e, vars, names, 1, NULL, NULL, 0, false);
+    CHECK("depth: to_c at the hard limit", c != NULL);
+    free(c);
+    mn_expr *s = mn_expr_simplify(e);
+    CHECK("depth: simplify at the hard limit", s != NULL);
+    mn_expr_unref(s);
+    mn_expr *d = mn_expr_diff(e, "r");
+    CHECK("depth: diff at the hard limit gives a result or an error",
+          d != NULL || strstr(mn_last_error(), "nested too deeply") != NULL);
+    mn_expr_unref(d);
+    double one = 0.5;
+    double v = mn_expr_eval(e, vars, &one, 1, NULL, NULL, 0);
+    CHECK("depth: eval at the hard limit", isfinite(v));
+    mn_expr_program *prog = NULL;
+    CHECK("depth: compile at the hard limit", mn_expr_compile(e, vars, 1, NULL, NULL, 0, &prog) == MN_OK);
+    if (prog) {
+        double in[4] = {0.5, -0.5, 1, 2}, out[4] = {0};
+        const double *inputs[1] = {in};
+        mn_expr_program_run(prog, inputs, out, 4);
+        CHECK_NEAR("depth: the program agrees with eval", out[0], v, 1e-12);
+        mn_expr_program_free(prog);
+    }
+    mn_expr_unref(e);
+}
+
 int main(void)
 {
     test_precedence();
@@ -673,5 +781,6 @@ int main(void)
     test_program();
     test_check_names();
     test_to_c();
+    test_depth_limits();
     return CHECK_DONE();
 }
