@@ -27,6 +27,7 @@ typedef struct grad_ctx {
     mn_tensor k, v, q;                 /* as the call gave them ([T,d] .. [B,H,T,d]) */
     mn_segment_inputs in;              /* 4-d views and the resolved gates */
     mn_tensor init[MN_MAX_PARAMS], momenta[MN_MAX_PARAMS];
+    mn_tensor outer[MN_OUTER_COUNT];   /* ln_g, ln_b as given (empty: defaults) */
     mn_run_checkpoints ck;             /* the forward's, when it ran on the cpu */
     bool ready;
 } grad_ctx;
@@ -39,6 +40,7 @@ static void ctx_release(grad_ctx *c)
         mn_tensor_release(&c->init[p]);
         mn_tensor_release(&c->momenta[p]);
     }
+    for (int j = 0; j < MN_OUTER_COUNT; j++) mn_tensor_release(&c->outer[j]);
     if (c->ready) mn_rule_free(&c->rule);
     mn_run_checkpoints_free(&c->ck);
     c->ready = false;
@@ -76,7 +78,8 @@ mn_status l_grad_forward(lua_State *L, int ctx_idx, mn_memory_state *st, const m
 }
 
 void l_grad_attach(lua_State *L, int ctx_idx, const mn_rule *rule, int opts, const mn_dims *d,
-                   const mn_segment_inputs *in, const mn_tensor *params, const mn_tensor *momenta)
+                   const mn_segment_inputs *in, const mn_tensor *params, const mn_tensor *momenta,
+                   const mn_tensor *outer)
 {
     int res = lua_gettop(L);
     lua_createtable(L, 0, 2); /* this result's metatable */
@@ -105,6 +108,7 @@ void l_grad_attach(lua_State *L, int ctx_idx, const mn_rule *rule, int opts, con
             share_if(&c->init[p], &params[p]);
             share_if(&c->momenta[p], &momenta[p]);
         }
+        for (int j = 0; j < MN_OUTER_COUNT; j++) share_if(&c->outer[j], &outer[j]);
         lua_pushvalue(L, ctx_idx);
         lua_setfield(L, -2, "__mnemo_grad");
     }
@@ -170,7 +174,7 @@ static int l_result_backward(lua_State *L)
     mn_run_grads g;
     /* the forward's checkpoints serve when no other block size is asked for */
     const mn_run_checkpoints *ck = c->ck.data && (block == 0 || block == c->ck.K) ? &c->ck : NULL;
-    mn_status st = mn_run_backward(&c->rule, &c->dims, c->init, c->momenta, &c->in, up, block, ck, &g);
+    mn_status st = mn_run_backward(&c->rule, &c->dims, c->init, c->momenta, c->outer, &c->in, up, block, ck, &g);
     mn_upstream_free(up);
     if (st != MN_OK) {
         mn_fail_context(st, "backward: ");
@@ -204,6 +208,11 @@ static int l_result_backward(lua_State *L)
         push_reduced(L, &g.momenta[p], &c->momenta[p]);
         lua_setfield(L, -2, sname);
     }
+    for (int j = 0; j < MN_OUTER_COUNT; j++)
+        if (g.outer[j].storage) {
+            push_reduced(L, &g.outer[j], &c->outer[j]);
+            lua_setfield(L, -2, mn_outer_name(j));
+        }
     lua_setfield(L, out, "init");
     lua_createtable(L, 0, 3);
     lua_pushinteger(L, g.block);

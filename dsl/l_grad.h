@@ -19,6 +19,7 @@ mn_status l_grad_forward(lua_State *L, int ctx_idx, mn_memory_state *st, const m
  * (from the table at opts), the resolved inputs and gates in, and the
  * initial state (shared, not copied). */
 void l_grad_attach(lua_State *L, int ctx_idx, const mn_rule *rule, int opts, const mn_dims *d,
-                   const mn_segment_inputs *in, const mn_tensor *params, const mn_tensor *momenta);
+                   const mn_segment_inputs *in, const mn_tensor *params, const mn_tensor *momenta,
+                   const mn_tensor *outer);
 
 #endif

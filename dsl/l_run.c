@@ -102,7 +102,7 @@ static void push_gate_env(lua_State *L, int k_idx, int v_idx, int q_idx, const m
  * HDF5 path (its /init, or /final of a result). Tensors are pushed and kept
  * on the stack; params[] point into them (empty where absent). */
 static void resolve_init(lua_State *L, int opts, const mn_rule *r, const mn_dims *d, mn_tensor *params,
-                         mn_tensor *momenta)
+                         mn_tensor *momenta, mn_tensor *outer)
 {
     int np = mn_rule_param_count(r);
     lua_getfield(L, opts, "init");
@@ -150,6 +150,14 @@ static void resolve_init(lua_State *L, int opts, const mn_rule *r, const mn_dims
         lua_getfield(L, -1, sname);
         t = l_test_tensor(L, -1);
         if (t) mn_tensor_share(&momenta[i], t);
+        lua_pop(L, 1);
+    }
+    /* out_norm's ln_g, ln_b (absent: 1 and 0; given without out_norm: the
+     * engine's error names them) */
+    for (int j = 0; j < MN_OUTER_COUNT; j++) {
+        lua_getfield(L, -1, mn_outer_name(j));
+        mn_tensor *t = l_test_tensor(L, -1);
+        if (t) mn_tensor_share(&outer[j], t);
         lua_pop(L, 1);
     }
 }
@@ -223,6 +231,7 @@ static const char *const memory_options[] = {"B", "H", "dk", "dv", "init", "seed
 /* Owned C-side resources of a run, freed by __gc/__close if Lua raises. */
 typedef struct run_guard {
     mn_tensor params[MN_MAX_PARAMS], momenta[MN_MAX_PARAMS];
+    mn_tensor outer[MN_OUTER_COUNT];
     mn_memory_state state;
     mn_segment_outputs out;
     mn_node *tree;
@@ -234,6 +243,7 @@ static void guard_release(run_guard *g)
         mn_tensor_release(&g->params[i]);
         mn_tensor_release(&g->momenta[i]);
     }
+    for (int j = 0; j < MN_OUTER_COUNT; j++) mn_tensor_release(&g->outer[j]);
     mn_memory_free(&g->state);
     mn_segment_outputs_free(&g->out);
     mn_node_free(g->tree);
@@ -305,7 +315,7 @@ static run_guard *prepare_call(lua_State *L, const l_rule *lr, mn_dims *d, mn_se
         w1 = l_test_tensor(L, -1);
     }
     dims_from(L, &lr->rule, k, v, w1, d);
-    resolve_init(L, 2, &lr->rule, d, g->params, g->momenta);
+    resolve_init(L, 2, &lr->rule, d, g->params, g->momenta, g->outer);
     segment_inputs(L, 1, 2, d, lr->rule.step, in);
     return g;
 }
@@ -318,7 +328,9 @@ int l_rule_run(lua_State *L)
     run_guard *g = prepare_call(L, lr, &d, &in);
     mn_device dev = resolve_device(L, 2);
     mn_precision prec = resolve_precision(L, 2);
-    if (mn_memory_create(&g->state, &lr->rule, &d, g->params, g->momenta, dev) != MN_OK) l_raise(L);
+    if (mn_memory_create(&g->state, &lr->rule, &d, g->params, g->momenta, dev) != MN_OK ||
+        mn_memory_set_outer(&g->state, g->outer) != MN_OK)
+        l_raise(L);
     g->state.precision = prec;
     int grad_ctx = l_grad_begin(L, 2); /* grad = true: what res:backward needs (l_grad.c) */
     if (l_grad_forward(L, grad_ctx, &g->state, &in, &g->out) != MN_OK) l_raise(L);
@@ -326,7 +338,7 @@ int l_rule_run(lua_State *L)
                        &g->tree) != MN_OK)
         l_raise(L);
     l_push_tree(L, g->tree);
-    l_grad_attach(L, grad_ctx, &lr->rule, 2, &d, &in, g->params, g->momenta);
+    l_grad_attach(L, grad_ctx, &lr->rule, 2, &d, &in, g->params, g->momenta, g->outer);
     guard_release(g); /* the result table holds its own tensor references now */
     return 1;
 }
@@ -373,6 +385,12 @@ int l_rule_experiment(lua_State *L)
             lua_setfield(L, -2, sname);
         }
     }
+    for (int j = 0; j < MN_OUTER_COUNT; j++)
+        if (g->outer[j].storage) {
+            mn_tensor *t = l_push_empty_tensor(L);
+            mn_tensor_share(t, &g->outer[j]);
+            lua_setfield(L, -2, mn_outer_name(j));
+        }
     lua_setfield(L, -2, "init");
     return 1;
 }
@@ -404,11 +422,13 @@ int l_rule_memory(lua_State *L)
     if (d.B < 1 || d.H < 1 || d.dk < 1 || d.dv < 1) luaL_error(L, "memory: B, H, dk and dv must be >= 1 (dk is required)");
     if (lr->rule.layers >= 2 && d.dh < 1) luaL_error(L, "memory: the rule has %d layers but no hidden size", lr->rule.layers);
     mn_device dev = resolve_device(L, 2);
-    resolve_init(L, 2, &lr->rule, &d, g->params, g->momenta);
+    resolve_init(L, 2, &lr->rule, &d, g->params, g->momenta, g->outer);
     l_memory *m = lua_newuserdatauv(L, sizeof *m, 1);
     memset(m, 0, sizeof *m);
     luaL_setmetatable(L, MEMORY_MT);
-    if (mn_memory_create(&m->state, &lr->rule, &d, g->params, g->momenta, dev) != MN_OK) l_raise(L);
+    if (mn_memory_create(&m->state, &lr->rule, &d, g->params, g->momenta, dev) != MN_OK ||
+        mn_memory_set_outer(&m->state, g->outer) != MN_OK)
+        l_raise(L);
     m->state.precision = resolve_precision(L, 2);
     m->ready = true;
     for (int i = 0; i < m->state.nparams; i++)

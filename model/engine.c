@@ -4,6 +4,7 @@
 #include "engine.h"
 #include "ops.h"
 #include "random.h"
+#include "rownorm.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -79,6 +80,18 @@ static mn_status input_view(mn_tensor *out, const mn_tensor *src, int ndim, cons
     return MN_OK;
 }
 
+/* A key or query input: as input_view, but with qk_norm (a cpu-only row,
+ * rule.def) a normalised copy, so the backends see the keys the rule uses. */
+static mn_status key_view(mn_tensor *out, const mn_tensor *src, const int64_t *shape, mn_device dev, const mn_rule *r)
+{
+    mn_rownorm nm = mn_rule_qk_norm(r);
+    if (!nm.on) return input_view(out, src, 4, shape, dev);
+    if (dev != MN_CPU) return mn_rule_device_check(r, dev);
+    MN_TRY(materialize(out, src, 4, shape, dev));
+    mn_rownorm_rows_inplace(nm, mn_tensor_data(out), shape[0] * shape[1] * shape[2], shape[3]);
+    return MN_OK;
+}
+
 /* Initial parameter or momentum i: [...], [H,...] or [B,H,...]. */
 static mn_status broadcast_param(mn_tensor *out, const mn_tensor *given, const char *name,
                                  const mn_dims *d, int pdim, const int64_t *pshape, mn_device dev)
@@ -111,6 +124,7 @@ mn_status mn_memory_create(mn_memory_state *st, const mn_rule *rule, const mn_di
 {
     memset(st, 0, sizeof *st);
     MN_TRY(mn_rule_validate(rule));
+    MN_TRY(mn_rule_device_check(rule, dev));
     if (rule->residual && dims->dk != dims->dv)
         return mn_fail(MN_ERR_ARG, "residual needs dk = dv, got dk=%lld, dv=%lld",
                        (long long)dims->dk, (long long)dims->dv);
@@ -139,8 +153,49 @@ mn_status mn_memory_create(mn_memory_state *st, const mn_rule *rule, const mn_di
         else s = mn_tensor_zeros(&st->momenta[i], MN_F32, pdim + 2, full, dev);
         if (s == MN_OK) s = mn_tensor_clone(&st->anchor[i], &st->params[i]);
     }
+    if (s == MN_OK) s = mn_memory_set_outer(st, NULL);
     if (s != MN_OK) mn_memory_free(st);
     return s;
+}
+
+mn_status mn_rule_device_check(const mn_rule *rule, mn_device dev)
+{
+    if (dev == MN_CPU) return MN_OK;
+    for (int f = 0; f < mn_rule_field_count; f++) {
+        const mn_field *fd = &mn_rule_fields[f];
+        if (fd->type != MN_FIELD_CHOICE) continue;
+        const mn_part *part = mn_rule_part(rule, fd->set, (int)mn_rule_field_get(rule, f));
+        if (part && (part->flags & MN_PART_CPU_ONLY))
+            return mn_fail(MN_ERR_UNSUPPORTED, "%s '%s' is run by the cpu engine only in this version: use device cpu",
+                           fd->name, part->name);
+    }
+    return MN_OK;
+}
+
+mn_status mn_memory_set_outer(mn_memory_state *st, const mn_tensor *outer)
+{
+    const mn_dims *d = &st->dims;
+    int count = mn_rule_outer_count(&st->rule);
+    for (int j = 0; j < MN_OUTER_COUNT; j++) {
+        const mn_tensor *given = outer && outer[j].storage ? &outer[j] : NULL;
+        if (j >= count) {
+            if (given)
+                return mn_fail(MN_ERR_ARG, "initial %s is given but the rule has out_norm none", mn_outer_name(j));
+            continue;
+        }
+        mn_tensor t = {0};
+        int64_t full[3] = {d->B, d->H, d->dv};
+        mn_status s;
+        if (given) s = broadcast_param(&t, given, mn_outer_name(j), d, 1, &d->dv, st->device);
+        else {
+            s = mn_tensor_empty(&t, MN_F32, 3, full, st->device);
+            if (s == MN_OK) s = mn_tensor_fill(&t, mn_outer_default(j));
+        }
+        if (s != MN_OK) return s;
+        mn_tensor_release(&st->outer[j]);
+        st->outer[j] = t;
+    }
+    return MN_OK;
 }
 
 void mn_memory_free(mn_memory_state *st)
@@ -150,6 +205,7 @@ void mn_memory_free(mn_memory_state *st)
         mn_tensor_release(&st->momenta[i]);
         mn_tensor_release(&st->anchor[i]);
     }
+    for (int j = 0; j < MN_OUTER_COUNT; j++) mn_tensor_release(&st->outer[j]);
     mn_rule_free(&st->rule);
     memset(st, 0, sizeof *st);
 }
@@ -240,9 +296,9 @@ mn_status mn_segment_run(mn_memory_state *st, const mn_segment_inputs *in, mn_se
     mat.want_y = in->want_y;
     int64_t kshape[4] = {d->B, d->H, n, d->dk}, vshape[4] = {d->B, d->H, n, d->dv};
     int64_t tshape[3] = {d->B, d->H, n}, sshape[3] = {d->B, d->H, S};
-    mn_status s = input_view(&mat.k, &in->k, 4, kshape, dev);
+    mn_status s = key_view(&mat.k, &in->k, kshape, dev, &st->rule);
     if (s == MN_OK) s = input_view(&mat.v, &in->v, 4, vshape, dev);
-    if (s == MN_OK && in->q.storage) s = input_view(&mat.q, &in->q, 4, kshape, dev);
+    if (s == MN_OK && in->q.storage) s = key_view(&mat.q, &in->q, kshape, dev, &st->rule);
     if (s == MN_OK) s = input_view(&mat.theta, &in->theta, 3, tshape, dev);
     if (s == MN_OK) {
         if (in->eta.storage) s = input_view(&mat.eta, &in->eta, 3, sshape, dev);
@@ -284,7 +340,7 @@ mn_status mn_memory_read(const mn_memory_state *st, const mn_tensor *q, mn_tenso
     if (!eng) return MN_ERR_DEVICE;
     mn_tensor mat = {0};
     int64_t qshape[4] = {d->B, d->H, q->shape[2], d->dk};
-    MN_TRY(input_view(&mat, q, 4, qshape, st->device));
+    MN_TRY(key_view(&mat, q, qshape, st->device, &st->rule));
     int64_t yshape[4] = {d->B, d->H, q->shape[2], d->dv};
     mn_status s = mn_tensor_empty(y, MN_F32, 4, yshape, st->device);
     if (s == MN_OK) s = eng->read(st, &mat, y);

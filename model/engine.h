@@ -24,6 +24,7 @@ typedef struct mn_memory_state {
     mn_tensor params[MN_MAX_PARAMS];   /* W^(s) */
     mn_tensor momenta[MN_MAX_PARAMS];  /* S^(s) */
     mn_tensor anchor[MN_MAX_PARAMS];   /* the gradient point Wbar of the current refresh block */
+    mn_tensor outer[MN_OUTER_COUNT];   /* out_norm's ln_g, ln_b [B,H,dv] (rule.h); empty without out_norm */
     int64_t steps_done;           /* s: steps taken since the initial state */
     mn_device device;
     mn_precision precision;       /* set after mn_memory_create; fp32 by default */
@@ -77,6 +78,15 @@ mn_status mn_memory_create(mn_memory_state *st, const mn_rule *rule, const mn_di
                            const mn_tensor *init_params, const mn_tensor *init_momenta,
                            mn_device dev);
 void mn_memory_free(mn_memory_state *st);
+/* The outer parameters (ln_g, ln_b: rule.h) of a state made with an
+ * out_norm, given [dv], [H,dv] or [B,H,dv]; NULL or empty entries keep their
+ * defaults (1 and 0), which mn_memory_create sets. A rule without out_norm
+ * takes none: a given one is an error naming it. */
+mn_status mn_memory_set_outer(mn_memory_state *st, const mn_tensor *outer);
+/* Whether the device's engine runs every part of the rule: the CUDA engine
+ * does not run the rows flagged MN_PART_CPU_ONLY (rule.def); the error names
+ * the field and says to use the cpu. */
+mn_status mn_rule_device_check(const mn_rule *rule, mn_device dev);
 
 /* Check a segment's inputs against the state: shapes of k, v, q, gates.
  * Fills n (tokens) and the number of steps. */

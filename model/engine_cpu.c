@@ -214,6 +214,10 @@ static mn_status run_memory(mn_memory_state *st, const mn_segment_inputs *in, mn
     float *sl_out = (float *)mn_tensor_data(&out->step_loss) + m * nsteps;
     float *wn_out = (float *)mn_tensor_data(&out->weight_norm) + m * nsteps;
     float *weight = tw->weight;
+    if (s->out_norm.on) {
+        tw->mlp.ln_g = (const float *)mn_tensor_data(&st->outer[0]) + m * dv;
+        tw->mlp.ln_b = (const float *)mn_tensor_data(&st->outer[1]) + m * dv;
+    }
 
     for (int64_t sl = 0; sl < nsteps; sl++) {
         if (check_interrupt && mn_check_interrupt() != MN_OK) return MN_ERR_INTERRUPTED;
@@ -362,6 +366,10 @@ static mn_status cpu_read(const mn_memory_state *st, const mn_tensor *q, mn_tens
     float *W[MN_MAX_PARAMS];
     for (int64_t m = 0; m < memories && rows > 0; m++) {
         memory_params(st->params, &s, m, W);
+        if (s.out_norm.on) {
+            w.ln_g = (const float *)mn_tensor_data(&st->outer[0]) + m * st->dims.dv;
+            w.ln_b = (const float *)mn_tensor_data(&st->outer[1]) + m * st->dims.dv;
+        }
         mn_mlp_forward(&s, &w, W, (const float *)mn_tensor_data(q) + m * rows * st->dims.dk, rows,
                        (float *)mn_tensor_data(y) + m * rows * st->dims.dv);
     }

@@ -85,6 +85,12 @@ static mn_status experiment_from_tree(const mn_node *root, const char *file, mn_
         snprintf(path, sizeof path, "init/S_%s", name);
         MN_TRY(take_tensor(root, file, path, false, &e->init_momenta[i]));
     }
+    int nouter = mn_rule_outer_count(&e->rule);
+    for (int j = 0; j < nouter; j++) {
+        char path[40];
+        snprintf(path, sizeof path, "init/%s", mn_outer_name(j));
+        MN_TRY(take_tensor(root, file, path, false, &e->init_outer[j]));
+    }
     /* A dataset in /init that no parameter reads (W2 for a one-layer rule, a
      * misspelt name) means the file and the rule disagree: say so rather
      * than run with part of the file ignored. */
@@ -99,6 +105,7 @@ static mn_status experiment_from_tree(const mn_node *root, const char *file, mn_
             snprintf(momentum, sizeof momentum, "S_%s", name);
             known = strcmp(n->name, name) == 0 || strcmp(n->name, momentum) == 0;
         }
+        for (int j = 0; j < nouter && !known; j++) known = strcmp(n->name, mn_outer_name(j)) == 0;
         if (!known) {
             char names[200] = "";
             for (int i = 0; i < np; i++) {
@@ -107,8 +114,8 @@ static mn_status experiment_from_tree(const mn_node *root, const char *file, mn_
                 size_t used = strlen(names);
                 snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "", name);
             }
-            return mn_fail(MN_ERR_ARG, "%s: dataset /init/%s is not a parameter of this rule (its parameters: %s, and S_ of each)",
-                           file, n->name, names);
+            return mn_fail(MN_ERR_ARG, "%s: dataset /init/%s is not a parameter of this rule (its parameters: %s, and S_ of each%s)",
+                           file, n->name, names, nouter ? "; ln_g, ln_b" : "");
         }
     }
     /* hidden: from the attribute, or read off W1 ([dh, dk] when L >= 2). */
@@ -163,6 +170,9 @@ void mn_experiment_free(mn_experiment *e)
         mn_tensor_release(&e->init[i]);
         mn_tensor_release(&e->init_momenta[i]);
     }
+    for (int j = 0; j < MN_OUTER_COUNT; j++) {
+        mn_tensor_release(&e->init_outer[j]);
+    }
     mn_node_free(e->rule_group);
     mn_node_free(e->upstream);
     memset(e, 0, sizeof *e);
@@ -172,6 +182,11 @@ mn_status mn_experiment_run(const mn_experiment *e, mn_device dev, mn_precision 
                             mn_segment_outputs *out)
 {
     MN_TRY(mn_memory_create(final, &e->rule, &e->dims, e->init, e->init_momenta, dev));
+    mn_status so = mn_memory_set_outer(final, e->init_outer);
+    if (so != MN_OK) {
+        mn_memory_free(final);
+        return so;
+    }
     final->precision = prec; /* read by the engine at run time */
     mn_segment_inputs in = {0};
     in.k = e->k;

@@ -15,6 +15,7 @@ typedef struct mn_experiment {
     mn_tensor theta, eta, alpha;        /* eta, alpha empty when absent (0) */
     mn_tensor init[MN_MAX_PARAMS];      /* W1, b1, ... (empty: missing) */
     mn_tensor init_momenta[MN_MAX_PARAMS];
+    mn_tensor init_outer[MN_OUTER_COUNT]; /* /init/ln_g, ln_b (out_norm; empty: defaults) */
     mn_node *rule_group;                /* /rule as read, copied into results */
     mn_node *upstream;                  /* /upstream's datasets (shared), NULL when absent:
                                          * the run's backward is wanted (grad_files.h) */

@@ -28,6 +28,7 @@ typedef struct mn_run_grads {
     mn_tensor k, v, q, theta, eta, alpha;
     mn_tensor params[MN_MAX_PARAMS], momenta[MN_MAX_PARAMS];
     int nparams;
+    mn_tensor outer[MN_OUTER_COUNT]; /* ln_g, ln_b [B,H,dv] with out_norm, else empty */
     /* Memory: block = K (steps between checkpoints); backward_bytes = the
      * checkpoints (the forward's, when given), block states and scratch of
      * every worker at their peak;
@@ -55,12 +56,13 @@ mn_status mn_run_forward_checkpointed(mn_memory_state *st, const mn_segment_inpu
 void mn_run_checkpoints_free(mn_run_checkpoints *ck);
 
 /* The backward of one run from the initial state (init_params / init_momenta
- * as for mn_memory_create; in as for mn_segment_run, any dtype and shape that
+ * as for mn_memory_create, init_outer (NULL: defaults) as for
+ * mn_memory_set_outer; in as for mn_segment_run, any dtype and shape that
  * broadcasts). block_steps: K, or 0 to choose about sqrt(S). ck: the
  * forward's checkpoints (its K wins), or NULL to recompute them. Errors name
  * the upstream tensor whose shape does not fit. */
 mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_tensor *init_params,
-                          const mn_tensor *init_momenta, const mn_segment_inputs *in,
+                          const mn_tensor *init_momenta, const mn_tensor *init_outer, const mn_segment_inputs *in,
                           const mn_run_upstream *up, int64_t block_steps, const mn_run_checkpoints *ck,
                           mn_run_grads *out);
 void mn_run_grads_free(mn_run_grads *g);
@@ -94,6 +96,10 @@ typedef struct mn_mlp_grad_work {
     mn_shared_program dphi, ddphi;                     /* phi', phi'' (repeated calls once) */
     double *shared_scratch[MN_SHARED_MAX];
     mn_loss_programs loss;
+    /* out_norm: the tangents of o and of nhat (rows x dv), and where
+     * the gradients of ln_g, ln_b accumulate (the caller's, per memory) */
+    float *od, *nd;
+    float *gln_g, *gln_b;
 } mn_mlp_grad_work;
 
 mn_status mn_mlp_grad_work_init(mn_mlp_grad_work *w, const mn_mlp_shape *s, const mn_rule *rule,

@@ -19,8 +19,13 @@
  *        refresh                at the first step of a refresh block the
  *                               anchor is W^(s): dW += dA, dA = 0.
  * A skipped step (non-finite G) is the identity: no update adjoint, no dG.
+ * qk_norm: the passes run on the normalised keys and queries, whose
+ * gradients go back through the normalisation at the end; out_norm is part
+ * of the memory model (mlp_grad_cpu.c), its ln_g, ln_b gradients summed over
+ * every pass of a memory.
  * Memory per worker: (S/K) checkpoints plus K steps of state, K ~ sqrt(S). */
 #include "grad.h"
+#include "rownorm.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -44,6 +49,7 @@ typedef struct run_ctx {
     int64_t P;                       /* floats per memory */
     const mn_tensor *W0, *S0;        /* initial [B,H,...] */
     const float *k, *v, *q, *theta, *eta, *alpha;
+    const float *ln_g, *ln_b;        /* out_norm's [B,H,dv], or NULL */
     const float *dy, *dloss;
     const float *dWf[MN_MAX_PARAMS], *dSf[MN_MAX_PARAMS];
     /* clip: the scale expression in n and its derivative (norm, softnorm,
@@ -267,6 +273,12 @@ static mn_status run_memory(const run_ctx *x, worker *w, int64_t m, bool poll)
         memcpy(w->S + x->off[p], (const float *)mn_tensor_data(&x->S0[p]) + m * ne, sizeof(float) * ne);
     }
     memcpy(w->A, w->W, sizeof(float) * P);
+    if (x->ln_g) {
+        w->gw.fwd.ln_g = x->ln_g + m * x->dv;
+        w->gw.fwd.ln_b = x->ln_b + m * x->dv;
+        w->gw.gln_g = (float *)mn_tensor_data(&o->outer[0]) + m * x->dv;
+        w->gw.gln_b = (float *)mn_tensor_data(&o->outer[1]) + m * x->dv;
+    }
     /* 1. checkpoints at the first step of every block (unless the forward
      * kept them); the last block is recomputed in 2 anyway, so this forward
      * stops at its start. */
@@ -406,7 +418,7 @@ static int worker_count(int64_t memories)
 
 void mn_run_grads_free(mn_run_grads *g)
 {
-    mn_tensor *ts[] = {&g->k, &g->v, &g->q, &g->theta, &g->eta, &g->alpha};
+    mn_tensor *ts[] = {&g->k, &g->v, &g->q, &g->theta, &g->eta, &g->alpha, &g->outer[0], &g->outer[1]};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) mn_tensor_release(ts[i]);
     for (int p = 0; p < MN_MAX_PARAMS; p++) {
         mn_tensor_release(&g->params[p]);
@@ -438,7 +450,7 @@ static mn_status clip_forms(run_ctx *x)
 }
 
 mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_tensor *init_params,
-                          const mn_tensor *init_momenta, const mn_segment_inputs *in,
+                          const mn_tensor *init_momenta, const mn_tensor *init_outer, const mn_segment_inputs *in,
                           const mn_run_upstream *up, int64_t block_steps, const mn_run_checkpoints *ck,
                           mn_run_grads *out)
 {
@@ -446,7 +458,8 @@ mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_ten
     mn_memory_state st;
     MN_TRY(mn_memory_create(&st, rule, dims, init_params, init_momenta, MN_CPU));
     int64_t n = 0, S = 0;
-    mn_status s = mn_segment_check(&st, in, &n, &S);
+    mn_status s = mn_memory_set_outer(&st, init_outer);
+    if (s == MN_OK) s = mn_segment_check(&st, in, &n, &S);
     run_ctx x;
     memset(&x, 0, sizeof x);
     x.rule = &st.rule;
@@ -479,6 +492,19 @@ mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_ten
     if (s == MN_OK) s = materialize(&mk, &in->k, 4, kshape);
     if (s == MN_OK) s = materialize(&mv, &in->v, 4, vshape);
     if (s == MN_OK && in->q.storage) s = materialize(&mq, &in->q, 4, kshape);
+    /* qk_norm: the keys and queries the rule uses, and their scales for the
+     * chain at the end */
+    mn_rownorm qk = mn_rule_qk_norm(&st.rule);
+    int64_t krows = d->B * d->H * n;
+    float *kscale = NULL, *qscale = NULL;
+    if (s == MN_OK && qk.on) {
+        kscale = mn_malloc(sizeof(float) * (size_t)(krows > 0 ? krows : 1), "qk_norm's scales");
+        qscale = mq.storage ? mn_malloc(sizeof(float) * (size_t)(krows > 0 ? krows : 1), "qk_norm's scales") : NULL;
+        if (!kscale || (mq.storage && !qscale)) s = MN_ERR_OOM;
+        if (s == MN_OK) mn_rownorm_forward(qk, mn_tensor_data(&mk), krows, d->dk, mn_tensor_data(&mk), kscale);
+        if (s == MN_OK && mq.storage)
+            mn_rownorm_forward(qk, mn_tensor_data(&mq), krows, d->dk, mn_tensor_data(&mq), qscale);
+    }
     if (s == MN_OK) s = materialize(&mtheta, &in->theta, 3, tshape);
     if (s == MN_OK)
         s = in->eta.storage ? materialize(&meta, &in->eta, 3, sshape) : mn_tensor_zeros(&meta, MN_F32, 3, sshape, MN_CPU);
@@ -511,6 +537,13 @@ mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_ten
     for (int p = 0; p < x.shape.nparams && s == MN_OK; p++) {
         s = mn_tensor_zeros(&out->params[p], MN_F32, st.params[p].ndim, st.params[p].shape, MN_CPU);
         if (s == MN_OK) s = mn_tensor_zeros(&out->momenta[p], MN_F32, st.params[p].ndim, st.params[p].shape, MN_CPU);
+    }
+    int64_t oshape[3] = {d->B, d->H, d->dv};
+    for (int j = 0; j < mn_rule_outer_count(&st.rule) && s == MN_OK; j++)
+        s = mn_tensor_zeros(&out->outer[j], MN_F32, 3, oshape, MN_CPU);
+    if (s == MN_OK && st.outer[0].storage) {
+        x.ln_g = mn_tensor_data(&st.outer[0]);
+        x.ln_b = mn_tensor_data(&st.outer[1]);
     }
     if (s == MN_OK) {
         x.k = mn_tensor_data(&mk);
@@ -552,6 +585,16 @@ mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_ten
     }
     for (int i = 0; ws && i < workers; i++) worker_free(&ws[i]);
     free(ws);
+    if (s == MN_OK && qk.on) {
+        /* back through the normalisation: its output is the stored key */
+        mn_rownorm_vjp(qk, mn_tensor_data(&mk), kscale, mn_tensor_data(&out->k), krows, d->dk, mn_tensor_data(&out->k),
+                       false);
+        if (out->q.storage)
+            mn_rownorm_vjp(qk, mn_tensor_data(&mq), qscale, mn_tensor_data(&out->q), krows, d->dk,
+                           mn_tensor_data(&out->q), false);
+    }
+    free(kscale);
+    free(qscale);
     mn_tensor *tmp[] = {&mk, &mv, &mq, &mtheta, &meta, &malpha, &mdy, &mdloss};
     for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) mn_tensor_release(tmp[i]);
     for (int p = 0; p < MN_MAX_PARAMS; p++) {

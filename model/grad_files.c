@@ -78,6 +78,11 @@ mn_status mn_experiment_run_checkpointed(const mn_experiment *e, mn_memory_state
                                          mn_run_checkpoints *ck)
 {
     MN_TRY(mn_memory_create(final, &e->rule, &e->dims, e->init, e->init_momenta, MN_CPU));
+    mn_status so = mn_memory_set_outer(final, e->init_outer);
+    if (so != MN_OK) {
+        mn_memory_free(final);
+        return so;
+    }
     mn_segment_inputs in;
     experiment_inputs(e, &in);
     in.want_y = true;
@@ -103,7 +108,7 @@ mn_status mn_experiment_backward(const mn_experiment *e, const char *file, const
     mn_segment_inputs in;
     experiment_inputs(e, &in);
     if (s == MN_OK) {
-        s = mn_run_backward(&e->rule, &e->dims, e->init, e->init_momenta, &in, &up, 0, ck, g);
+        s = mn_run_backward(&e->rule, &e->dims, e->init, e->init_momenta, e->init_outer, &in, &up, 0, ck, g);
         if (s != MN_OK) mn_fail_context(s, "%s: backward: ", file);
     }
     mn_upstream_free(&up);
@@ -122,5 +127,7 @@ mn_status mn_grads_to_tree(const mn_rule *rule, const mn_run_grads *g, mn_node *
         snprintf(sn, sizeof sn, "S_%s", pn);
         ok = mn_node_add_tensor(gr, pn, &g->params[p]) && mn_node_add_tensor(gr, sn, &g->momenta[p]);
     }
+    for (int j = 0; ok && j < MN_OUTER_COUNT; j++)
+        if (g->outer[j].storage) ok = mn_node_add_tensor(gr, mn_outer_name(j), &g->outer[j]) != NULL;
     return ok ? MN_OK : mn_fail(MN_ERR_OOM, "out of memory building /grads");
 }

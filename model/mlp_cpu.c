@@ -15,6 +15,7 @@ void mn_mlp_shape_init(mn_mlp_shape *s, const mn_rule *rule, const mn_dims *d)
     s->bias = rule->bias;
     s->residual = rule->residual;
     s->activation = rule->activation;
+    s->out_norm = mn_rule_out_norm(rule);
     for (int i = 0; i < rule->layers; i++) {
         s->in[i] = mn_layer_in(i, d->dk, d->dh);
         s->out[i] = mn_layer_out(i, rule->layers, d->dv, d->dh);
@@ -50,6 +51,10 @@ mn_status mn_mlp_work_init(mn_mlp_work *w, const mn_mlp_shape *s, const mn_rule 
     w->dz = malloc(sizeof(float) * max_rows * wide);
     w->dh = malloc(sizeof(float) * max_rows * wide);
     ok = ok && w->dz && w->dh;
+    if (ok && s->out_norm.on) {
+        int64_t dv = s->out[s->layers - 1];
+        ok = (w->nhat = malloc(sizeof(float) * max_rows * dv)) && (w->ns = malloc(sizeof(float) * max_rows));
+    }
     if (ok && rule->activation == MN_ACT_CUSTOM && s->layers > 1) {
         w->dbuf_in = malloc(sizeof(double) * max_rows * wide);
         w->dbuf_out = malloc(sizeof(double) * max_rows * wide);
@@ -90,6 +95,8 @@ void mn_mlp_work_free(mn_mlp_work *w)
     free(w->dh);
     free(w->dbuf_in);
     free(w->dbuf_out);
+    free(w->nhat);
+    free(w->ns);
     mn_expr_program_free(w->act);
     mn_expr_program_free(w->act_grad);
     memset(w, 0, sizeof *w);
@@ -195,6 +202,13 @@ void mn_mlp_forward(const mn_mlp_shape *s, mn_mlp_work *w, float *const *params,
             in = w->h[i];
         }
     }
+    if (s->out_norm.on) {
+        /* y = g nhat(o) + beta, o the last layer's output */
+        int64_t dv = s->out[s->layers - 1];
+        mn_rownorm_forward(s->out_norm, y, rows, dv, w->nhat, w->ns);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t j = 0; j < dv; j++) y[r * dv + j] = w->ln_g[j] * w->nhat[r * dv + j] + w->ln_b[j];
+    }
     if (s->residual)
         for (int64_t e = 0; e < rows * s->out[s->layers - 1]; e++) y[e] += x[e];
 }
@@ -204,6 +218,13 @@ void mn_mlp_backward(const mn_mlp_shape *s, mn_mlp_work *w, float *const *params
 {
     float *dz = dy; /* gradient at the current layer's pre-activation */
     int per = s->bias ? 2 : 1;
+    if (s->out_norm.on) {
+        /* through N: do = J_nhat^T (g dy) */
+        int64_t dv = s->out[s->layers - 1];
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t j = 0; j < dv; j++) dy[r * dv + j] *= w->ln_g[j];
+        mn_rownorm_vjp(s->out_norm, w->nhat, w->ns, dy, rows, dv, dy, false);
+    }
     for (int i = s->layers - 1; i >= 0; i--) {
         const float *W, *b;
         layer_params(s, params, i, &W, &b);

@@ -5,12 +5,14 @@
 #define MN_MLP_CPU_H
 
 #include "expr.h"
+#include "rownorm.h"
 #include "rule.h"
 
 typedef struct mn_mlp_shape {
     int layers;
     bool bias, residual;
     mn_activation activation;
+    mn_rownorm out_norm;                          /* the last layer's output normalised (v2) */
     int64_t in[MN_MAX_LAYERS], out[MN_MAX_LAYERS]; /* W_i is out[i] x in[i] */
     int nparams;
     int64_t numel[MN_MAX_PARAMS];                 /* per parameter, one memory */
@@ -29,6 +31,11 @@ typedef struct mn_mlp_work {
     float *dz, *dh;            /* backward scratch, max_rows x max width */
     double *dbuf_in, *dbuf_out;/* custom activation evaluation */
     mn_expr_program *act, *act_grad;
+    /* out_norm: the memory's g and beta ([dv], set by the caller before a
+     * forward), and what the forward keeps: nhat (max_rows x dv) and the
+     * rows' scales s */
+    const float *ln_g, *ln_b;
+    float *nhat, *ns;
 } mn_mlp_work;
 
 void mn_mlp_shape_init(mn_mlp_shape *s, const mn_rule *rule, const mn_dims *d);
@@ -36,7 +43,8 @@ mn_status mn_mlp_work_init(mn_mlp_work *w, const mn_mlp_shape *s, const mn_rule 
 void mn_mlp_work_free(mn_mlp_work *w);
 
 /* y[rows x dv] = M(x[rows x dk]; params); params[i] points at one memory's
- * parameter i. Keeps z and h in w for mn_mlp_backward. */
+ * parameter i. Keeps z and h (and out_norm's nhat, s) in w for
+ * mn_mlp_backward. With out_norm, w->ln_g and w->ln_b must be set. */
 void mn_mlp_forward(const mn_mlp_shape *s, mn_mlp_work *w, float *const *params, const float *x,
                     int64_t rows, float *y);
 /* grads[i] = dL/dparam_i given dy = dL/dy (rows x dv), after a forward on x.

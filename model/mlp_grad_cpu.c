@@ -13,7 +13,11 @@
  *            hbar_{i-1} = W_i^T zbar_i + dW_i^T zdbar_i,     hdbar_{i-1} = W_i^T zdbar_i
  *            zbar_{i-1} = phi'(z) hbar + phi''(z) zd hdbar,  zdbar_{i-1} = phi'(z) hdbar
  * seeded with zdbar_L = dyhat and zbar_L = ybar = weight R f''(y, v) u (+ the
- * loss output's dloss R f'). Row-major, x is rows x in, W is out x in. */
+ * loss output's dloss R f'). With out_norm, y = g nhat(o) + beta (+ x): the
+ * tangent of o goes through the norm's tangent (u = g J od), and the seeds
+ * come back through it: zdbar_L = J^T (g ubar), zbar_L = J^T (g ybar) plus
+ * the second-order term d/do <g ubar, J(o) od> (rownorm.h); g and beta get
+ * ybar nhat + ubar J od and ybar. Row-major, x is rows x in, W is out x in. */
 #include "grad.h"
 
 #include <cblas.h>
@@ -107,6 +111,7 @@ int64_t mn_mlp_grad_work_bytes(const mn_mlp_shape *s, int64_t max_rows)
     int64_t floats = max_rows * (3 * hidden + 2 * wide) + max_rows * 2 * hidden + 4 * max_rows * wide +
                      4 * max_rows * dv;
     floats += max_rows * s->in[0]; /* xclean */
+    if (s->out_norm.on) floats += 2 * max_rows * dv;
     int64_t doubles = (5 + MN_SHARED_MAX) * max_rows * wide + max_rows * hidden;
     return floats * 4 + doubles * 8 + 2 * max_rows;
 }
@@ -132,6 +137,8 @@ mn_status mn_mlp_grad_work_init(mn_mlp_grad_work *w, const mn_mlp_shape *s, cons
     for (size_t i = 0; i < 5 && ok; i++) ok = (*db[i] = malloc(sizeof(double) * max_rows * wide)) != NULL;
     ok = ok && (w->xclean = malloc(sizeof(float) * max_rows * s->in[0])) && (w->xbad = malloc((size_t)max_rows)) &&
          (w->cut = malloc((size_t)max_rows));
+    if (ok && s->out_norm.on)
+        ok = (w->od = malloc(sizeof(float) * max_rows * dv)) && (w->nd = malloc(sizeof(float) * max_rows * dv));
     if (!ok) {
         mn_mlp_grad_work_free(w);
         return mn_fail(MN_ERR_OOM, "out of memory for the backward's scratch (%lld rows)", (long long)max_rows);
@@ -166,7 +173,7 @@ void mn_mlp_grad_work_free(mn_mlp_grad_work *w)
     }
     void *bufs[] = {w->zbar, w->zdotbar, w->hbar, w->hdotbar, w->y,      w->u,
                     w->ybar, w->ubar,    w->din,  w->dout,    w->dout2, w->dv_in, w->dr_in,
-                    w->xclean, w->xbad, w->cut};
+                    w->xclean, w->xbad, w->cut, w->od, w->nd};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     mn_shared_program_free(&w->dphi);
     mn_shared_program_free(&w->ddphi);
@@ -219,6 +226,7 @@ static void layer(const mn_mlp_shape *s, float *const *P, int i, float **W, floa
 int64_t mn_mlp_kept_floats(const mn_mlp_shape *s, int64_t rows)
 {
     int64_t f = rows * s->out[s->layers - 1];
+    if (s->out_norm.on) f += rows * s->out[s->layers - 1] + rows; /* nhat, s */
     for (int i = 0; i + 1 < s->layers; i++) f += 2 * rows * s->out[i];
     return f;
 }
@@ -232,6 +240,11 @@ void mn_mlp_keep_forward(const mn_mlp_shape *s, const mn_mlp_grad_work *w, int64
         kept += rows * s->out[i];
     }
     memcpy(kept, w->y, sizeof(float) * rows * s->out[s->layers - 1]);
+    if (s->out_norm.on) {
+        kept += rows * s->out[s->layers - 1];
+        memcpy(kept, w->fwd.nhat, sizeof(float) * rows * s->out[s->layers - 1]);
+        memcpy(kept + rows * s->out[s->layers - 1], w->fwd.ns, sizeof(float) * rows);
+    }
 }
 
 /* The inverse of mn_mlp_keep_forward. */
@@ -244,6 +257,34 @@ static void restore_forward(const mn_mlp_shape *s, mn_mlp_grad_work *w, int64_t 
         kept += rows * s->out[i];
     }
     memcpy(w->y, kept, sizeof(float) * rows * s->out[s->layers - 1]);
+    if (s->out_norm.on) {
+        kept += rows * s->out[s->layers - 1];
+        memcpy(w->fwd.nhat, kept, sizeof(float) * rows * s->out[s->layers - 1]);
+        memcpy(w->fwd.ns, kept + rows * s->out[s->layers - 1], sizeof(float) * rows);
+    }
+}
+
+/* out_norm's part of the reverse: from the adjoints ybar (of y) and ubar (of
+ * the tangent u, NULL without one) to those of o and od, in place (ybar
+ * becomes obar, ubar odbar), with g's and beta's gradients accumulated.
+ * Reads the forward's nhat, s and the tangents od, nd. */
+static void norm_reverse(const mn_mlp_shape *s, mn_mlp_grad_work *w, int64_t rows, float *ybar, float *ubar)
+{
+    int64_t dv = s->out[s->layers - 1];
+    const float *g = w->fwd.ln_g, *nhat = w->fwd.nhat, *ns = w->fwd.ns;
+    for (int64_t t = 0; t < rows; t++)
+        for (int64_t j = 0; j < dv; j++) {
+            int64_t e = t * dv + j;
+            if (w->gln_g) w->gln_g[j] += ybar[e] * nhat[e] + (ubar ? ubar[e] * w->nd[e] : 0.0f);
+            if (w->gln_b) w->gln_b[j] += ybar[e];
+            ybar[e] *= g[j];
+            if (ubar) ubar[e] *= g[j];
+        }
+    mn_rownorm_vjp(s->out_norm, nhat, ns, ybar, rows, dv, ybar, false);
+    if (ubar) {
+        mn_rownorm_hvp_acc(s->out_norm, nhat, ns, w->od, ubar, rows, dv, ybar);
+        mn_rownorm_vjp(s->out_norm, nhat, ns, ubar, rows, dv, ubar, false);
+    }
 }
 
 static bool row_finite(const float *a, int64_t n)
@@ -293,7 +334,7 @@ void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *cons
             layer(s, P, i, &W, &b);
             layer(s, dG, i, &dW, &db);
             const float *in = i == 0 ? x : w->fwd.h[i - 1];
-            float *zd = i == L - 1 ? w->u : w->zdot[i];
+            float *zd = i == L - 1 ? (s->out_norm.on ? w->od : w->u) : w->zdot[i];
             int64_t out = s->out[i], inn = s->in[i];
             if (db)
                 for (int64_t r = 0; r < rows; r++) memcpy(zd + r * out, db, sizeof(float) * out);
@@ -303,6 +344,12 @@ void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *cons
                 run_in_z(w, &w->dphi, w->fwd.z[i], rows * out, w->dphi_at[i]);
                 for (int64_t e = 0; e < rows * out; e++) w->hdot[i][e] = (float)(w->dphi_at[i][e] * zd[e]);
             }
+        }
+        if (s->out_norm.on) {
+            /* u = g J(o) od */
+            mn_rownorm_jvp(s->out_norm, w->fwd.nhat, w->fwd.ns, w->od, rows, dv, w->nd);
+            for (int64_t t = 0; t < rows; t++)
+                for (int64_t j = 0; j < dv; j++) w->u[t * dv + j] = w->fwd.ln_g[j] * w->nd[t * dv + j];
         }
     } else {
         memset(w->u, 0, sizeof(float) * n);
@@ -358,10 +405,11 @@ void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *cons
             for (int64_t j = 0; j < dv && !w->xbad[t]; j++) w->ybar[t * dv + j] += dyret[t * dv + j];
 
     /* Reverse of forward + tangent. */
-    memcpy(w->zbar, w->ybar, sizeof(float) * n);
-    if (dG) memcpy(w->zdotbar, w->ubar, sizeof(float) * n);
     if (s->residual)
         for (int64_t e = 0; e < n; e++) gx[e] += w->ybar[e];
+    if (s->out_norm.on) norm_reverse(s, w, rows, w->ybar, dG ? w->ubar : NULL);
+    memcpy(w->zbar, w->ybar, sizeof(float) * n);
+    if (dG) memcpy(w->zdotbar, w->ubar, sizeof(float) * n);
     for (int i = L - 1; i >= 0; i--) {
         float *W, *b, *dW = NULL, *db = NULL, *gW, *gb;
         layer(s, P, i, &W, &b);
@@ -411,6 +459,7 @@ void mn_mlp_vjp(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *const *P, con
         if (w->xbad[t]) memset(w->zbar + t * dv, 0, sizeof(float) * dv);
     if (s->residual)
         for (int64_t e = 0; e < n; e++) gx[e] += w->zbar[e];
+    if (s->out_norm.on) norm_reverse(s, w, rows, w->zbar, NULL);
     for (int i = L - 1; i >= 0; i--) {
         float *W, *b, *gW, *gb;
         layer(s, P, i, &W, &b);

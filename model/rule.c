@@ -317,6 +317,17 @@ int mn_rule_param_shape(const mn_rule *r, const mn_dims *d, int i, int64_t *shap
     return 2;
 }
 
+/* Outer parameters: rows of MN_OUTER_PARAMS, present with an out_norm. */
+#define OUTER_NAME(name, dflt) #name,
+#define OUTER_DFLT(name, dflt) dflt,
+static const char *const outer_names[MN_OUTER_COUNT] = {MN_OUTER_PARAMS(OUTER_NAME)};
+static const double outer_defaults[MN_OUTER_COUNT] = {MN_OUTER_PARAMS(OUTER_DFLT)};
+#undef OUTER_NAME
+#undef OUTER_DFLT
+int mn_rule_outer_count(const mn_rule *r) { return r->out_norm != MN_NORM_NONE ? MN_OUTER_COUNT : 0; }
+const char *mn_outer_name(int j) { return j >= 0 && j < MN_OUTER_COUNT ? outer_names[j] : NULL; }
+double mn_outer_default(int j) { return j >= 0 && j < MN_OUTER_COUNT ? outer_defaults[j] : 0.0; }
+
 /* ---- expression forms ---- */
 
 /* The selected part's expression: the rule's own for a custom part, else the

@@ -157,6 +157,16 @@ const char *mn_rule_param_name(const mn_rule *r, int i, char *buf, size_t len);
 void mn_rule_param_role(const mn_rule *r, int i, int *layer, bool *is_bias);
 int mn_rule_param_shape(const mn_rule *r, const mn_dims *d, int i, int64_t *shape);
 
+/* Outer-loop parameters (SPEC.md section 1, v2): tensors the model reads and
+ * the update never changes, each [dv] per memory (given [dv], [H,dv] or
+ * [B,H,dv]): out_norm's gain g and shift beta. X(name, default). They exist
+ * only while out_norm is not none; their index j is the order here. */
+#define MN_OUTER_PARAMS(X) X(ln_g, 1.0) X(ln_b, 0.0)
+#define MN_OUTER_COUNT 2
+int mn_rule_outer_count(const mn_rule *r);
+const char *mn_outer_name(int j);
+double mn_outer_default(int j);
+
 /* Expression forms (new references). Built-in parts are expressed in the
  * same IR, so code generators treat every rule alike:
  *   loss f(y, v, r) and df/dy (r = y - v counted through dr/dy = 1);

@@ -303,7 +303,7 @@ int mnt_backward(const mn_rule *r, const int64_t *dims6, const mnt_arg *inputs, 
         if (s == MN_OK) s = wrap(&up.dmomenta[p], &upstream[2 + c.np + p], "dmomenta");
     }
     if (s == MN_OK) {
-        s = mn_run_backward(&c.rule, &c.dims, c.params, c.momenta, &c.in, &up, 0, NULL, &g);
+        s = mn_run_backward(&c.rule, &c.dims, c.params, c.momenta, NULL, &c.in, &up, 0, NULL, &g);
         have_grads = s == MN_OK;
         if (s != MN_OK) mn_fail_context(s, "backward: ");
     }

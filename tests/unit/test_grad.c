@@ -2,7 +2,7 @@
  * finite differences of the forward, on a table of small cases that spans
  * every axis of the rule (loss, activation incl. custom, clip and scope,
  * refresh, retrieve, reductions, residual, bias, depth, skipped steps, q
- * given or not, checkpoint block K), plus tokens with a non-finite key,
+ * given or not, checkpoint block K, out_norm with its ln_g and ln_b, qk_norm), plus tokens with a non-finite key,
  * value or query (the gradients at that token are left out; every other
  * entry must be finite and match).
  *
@@ -55,6 +55,8 @@ typedef struct gcase {
     float bad_value;
     int block;      /* K; 0 = auto */
     double eps;     /* finite-difference step; 0 = 1e-2 */
+    mn_norm out_norm;
+    mn_qknorm qk_norm;
 } gcase;
 
 #define BASE .layers = 1, .act = MN_ACT_SILU, .loss = MN_LOSS_MSE, .loss_delta = 1, .loss_p = 1.5, \
@@ -129,6 +131,25 @@ static const gcase cases[] = {
     {"inf_q_retrieval", BASE, .step = 2, .layers = 2, .dh = 4, .use_q = true, .retrieve = MN_RETRIEVE_BEFORE,
      .bad_token = 3, .bad_input = 'q', .bad_value = INFINITY},
     {"depth1_bias_mean_B2", BASE, .bias = 1, .B = 2, .H = 1, .step = 4, .T = 10, .token_reduce = MN_REDUCE_MEAN},
+    /* v2 normalisations: TTT's LN-l2 memory (residual + layernorm), rmsnorm
+     * on a linear memory, normalised keys and queries, and both at once */
+    {"ln_l2_ttt_residual_layernorm", BASE, .layers = 2, .dh = 5, .residual = true, .dv = 4, .step = 2,
+     .out_norm = MN_NORM_LAYERNORM},
+    {"rmsnorm_linear_before_q", BASE, .out_norm = MN_NORM_RMSNORM, .step = 3, .use_q = true,
+     .retrieve = MN_RETRIEVE_BEFORE},
+    /* eps 3e-3: L is strongly curved in W2 here (refresh 0: every step reads W^(0)); 1e-2 is 3% off */
+    {"layernorm_refresh0_q_custom_act", BASE, .out_norm = MN_NORM_LAYERNORM, .layers = 2, .dh = 4, .refresh = 0,
+     .step = 2, .T = 9, .use_q = true, .act = MN_ACT_CUSTOM, .act_expr = "z * sigmoid(a * z) + 0.1 * z^2", .eps = 3e-3},
+    {"layernorm_huber_sum_mean_clip", BASE, .out_norm = MN_NORM_LAYERNORM, .layers = 2, .dh = 4, .step = 3,
+     .loss = MN_LOSS_HUBER, .loss_delta = 8, .feature_reduce = MN_REDUCE_SUM, .token_reduce = MN_REDUCE_MEAN,
+     .clip = MN_CLIP_SOFTNORM, .clip_max = 0.1},
+    {"qk_l2_linear", BASE, .qk_norm = MN_QKNORM_L2, .step = 2},
+    {"qk_rms_mlp_q_refresh", BASE, .qk_norm = MN_QKNORM_RMS, .layers = 2, .dh = 4, .step = 2, .refresh = 4, .T = 9,
+     .use_q = true},
+    {"qk_l2_layernorm_residual_clip", BASE, .qk_norm = MN_QKNORM_L2, .out_norm = MN_NORM_LAYERNORM, .layers = 3,
+     .dh = 4, .residual = true, .dv = 4, .step = 2, .clip = MN_CLIP_NORM, .clip_max = 0.05},
+    {"rmsnorm_nan_v_skipped", BASE, .out_norm = MN_NORM_RMSNORM, .step = 2, .layers = 2, .dh = 4, .bad_token = 3,
+     .bad_input = 'v', .bad_value = NAN},
 };
 
 typedef struct problem {
@@ -136,6 +157,7 @@ typedef struct problem {
     mn_dims dims;
     int np;
     mn_tensor init[MN_MAX_PARAMS], mom[MN_MAX_PARAMS];
+    mn_tensor outer[MN_OUTER_COUNT]; /* ln_g, ln_b [B,H,dv] with out_norm */
     mn_tensor k, v, q, theta, eta, alpha;
     mn_run_upstream up;
 } problem;
@@ -173,6 +195,8 @@ static mn_status setup(problem *pb, const gcase *c, uint64_t seed)
     r->retrieve = c->retrieve;
     r->token_reduce = c->token_reduce;
     r->feature_reduce = c->feature_reduce;
+    r->out_norm = c->out_norm;
+    r->qk_norm = c->qk_norm;
     MN_TRY(mn_rule_set_const(r, "a", 1.7));
     if (c->act_expr) MN_TRY(mn_expr_parse(c->act_expr, &r->activation_expr));
     if (c->loss_expr) MN_TRY(mn_expr_parse(c->loss_expr, &r->loss_expr));
@@ -198,6 +222,9 @@ static mn_status setup(problem *pb, const gcase *c, uint64_t seed)
         MN_TRY(make_tensor(&pb->up.dparams[p], pd + 2, full, &rng, 1, 0));
         MN_TRY(make_tensor(&pb->up.dmomenta[p], pd + 2, full, &rng, 1, 0));
     }
+    int64_t os[3] = {d->B, d->H, d->dv};
+    for (int j = 0; j < mn_rule_outer_count(r); j++)
+        MN_TRY(make_tensor(&pb->outer[j], 3, os, &rng, 0.3, mn_outer_default(j)));
     int64_t ks[4] = {d->B, d->H, d->T, d->dk}, vs[4] = {d->B, d->H, d->T, d->dv};
     int64_t ts[3] = {d->B, d->H, d->T}, ss[3] = {d->B, d->H, d->S};
     MN_TRY(make_tensor(&pb->k, 4, ks, &rng, 1, 0));
@@ -232,7 +259,8 @@ static void problem_free(problem *pb)
         mn_tensor_release(&pb->up.dparams[p]);
         mn_tensor_release(&pb->up.dmomenta[p]);
     }
-    mn_tensor *ts[] = {&pb->k, &pb->v, &pb->q, &pb->theta, &pb->eta, &pb->alpha, &pb->up.dy, &pb->up.dloss};
+    mn_tensor *ts[] = {&pb->k,     &pb->v,     &pb->q,        &pb->theta,       &pb->eta,
+                       &pb->alpha, &pb->up.dy, &pb->up.dloss, &pb->outer[0], &pb->outer[1]};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) mn_tensor_release(ts[i]);
 }
 
@@ -250,6 +278,11 @@ static mn_status objective(problem *pb, double *L)
 {
     mn_memory_state st;
     MN_TRY(mn_memory_create(&st, &pb->rule, &pb->dims, pb->init, pb->mom, MN_CPU));
+    mn_status so = mn_memory_set_outer(&st, pb->outer);
+    if (so != MN_OK) {
+        mn_memory_free(&st);
+        return so;
+    }
     mn_segment_inputs in = {.k = pb->k, .v = pb->v, .q = pb->q, .theta = pb->theta, .eta = pb->eta,
                             .alpha = pb->alpha, .want_y = true};
     mn_segment_outputs out;
@@ -363,6 +396,7 @@ static void check_checkpointed(const gcase *c, problem *pb, const mn_run_grads *
     mn_run_checkpoints ck;
     bool ok = mn_memory_create(&one, &pb->rule, &pb->dims, pb->init, pb->mom, MN_CPU) == MN_OK &&
               mn_memory_create(&seg, &pb->rule, &pb->dims, pb->init, pb->mom, MN_CPU) == MN_OK &&
+              mn_memory_set_outer(&one, pb->outer) == MN_OK && mn_memory_set_outer(&seg, pb->outer) == MN_OK &&
               mn_segment_run(&one, &in, &o1) == MN_OK &&
               mn_run_forward_checkpointed(&seg, &in, c->block > 0 ? c->block : 2, &o2, &ck) == MN_OK;
     snprintf(name, sizeof name, "%s/checkpointed_forward_runs", c->name);
@@ -382,8 +416,8 @@ static void check_checkpointed(const gcase *c, problem *pb, const mn_run_grads *
     bin.want_y = false;
     /* the reference backward at the same K */
     mn_run_grads g1;
-    ok = mn_run_backward(&pb->rule, &pb->dims, pb->init, pb->mom, &bin, &pb->up, ck.K, NULL, &g1) == MN_OK &&
-         mn_run_backward(&pb->rule, &pb->dims, pb->init, pb->mom, &bin, &pb->up, 0, &ck, &g2) == MN_OK;
+    ok = mn_run_backward(&pb->rule, &pb->dims, pb->init, pb->mom, pb->outer, &bin, &pb->up, ck.K, NULL, &g1) == MN_OK &&
+         mn_run_backward(&pb->rule, &pb->dims, pb->init, pb->mom, pb->outer, &bin, &pb->up, 0, &ck, &g2) == MN_OK;
     snprintf(name, sizeof name, "%s/backward_from_forward_checkpoints", c->name);
     if (ok) {
         double worst = fmax(rel_l2(&g2.k, &g1.k), rel_l2(&g2.theta, &g1.theta));
@@ -416,7 +450,7 @@ static void run_case(const gcase *c, uint64_t seed)
     }
     mn_segment_inputs in = {.k = pb.k, .v = pb.v, .q = pb.q, .theta = pb.theta, .eta = pb.eta, .alpha = pb.alpha};
     mn_run_grads g;
-    if (mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &pb.up, c->block, NULL, &g) != MN_OK) {
+    if (mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, pb.outer, &in, &pb.up, c->block, NULL, &g) != MN_OK) {
         printf("FAIL %s/backward: %s\n", c->name, mn_last_error());
         check_failures_++;
         problem_free(&pb);
@@ -442,6 +476,10 @@ static void run_case(const gcase *c, uint64_t seed)
         check_input(c->name, pn, &pb, &pb.init[p], &g.params[p], &rng, eps);
         check_input(c->name, sn, &pb, &pb.mom[p], &g.momenta[p], &rng, eps);
     }
+    for (int j = 0; j < mn_rule_outer_count(&pb.rule); j++)
+        check_input(c->name, mn_outer_name(j), &pb, &pb.outer[j], &g.outer[j], &rng, eps);
+    snprintf(name, sizeof name, "%s/outer_grads_iff_out_norm", c->name);
+    CHECK(name, (g.outer[0].storage != NULL) == (c->out_norm != MN_NORM_NONE));
     if (c->skip_token >= 0) {
         /* the skipped step's gates get nothing through the update */
         int64_t s = c->skip_token / c->step;
@@ -478,7 +516,7 @@ static void test_inf_value_keeps_loss_gradient(void)
         mn_segment_inputs in = {.k = pb.k, .v = pb.v, .theta = pb.theta, .eta = pb.eta, .alpha = pb.alpha};
         mn_run_grads ginf, gbig;
         v[at] = sign * INFINITY;
-        bool ok = mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &pb.up, 0, NULL, &ginf) == MN_OK;
+        bool ok = mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, pb.outer, &in, &pb.up, 0, NULL, &ginf) == MN_OK;
         /* the forward skips no step */
         mn_memory_state st;
         mn_segment_outputs out;
@@ -495,7 +533,7 @@ static void test_inf_value_keeps_loss_gradient(void)
         snprintf(name, sizeof name, "%s/no_step_skipped", c->name);
         CHECK(name, fwd);
         v[at] = sign * 1e6f;
-        ok = ok && mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &pb.up, 0, NULL, &gbig) == MN_OK;
+        ok = ok && mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, pb.outer, &in, &pb.up, 0, NULL, &gbig) == MN_OK;
         snprintf(name, sizeof name, "%s/backward", c->name);
         CHECK(name, ok);
         if (ok) {
@@ -540,9 +578,9 @@ static void test_block_invariance(void)
     }
     mn_segment_inputs in = {.k = pb.k, .v = pb.v, .theta = pb.theta, .eta = pb.eta, .alpha = pb.alpha};
     mn_run_grads g1, g13, ga;
-    bool ok = mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &pb.up, 1, NULL, &g1) == MN_OK &&
-              mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &pb.up, 13, NULL, &g13) == MN_OK &&
-              mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &pb.up, 0, NULL, &ga) == MN_OK;
+    bool ok = mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, pb.outer, &in, &pb.up, 1, NULL, &g1) == MN_OK &&
+              mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, pb.outer, &in, &pb.up, 13, NULL, &g13) == MN_OK &&
+              mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, pb.outer, &in, &pb.up, 0, NULL, &ga) == MN_OK;
     CHECK("blocks/run", ok);
     if (ok) {
         double d1 = 0, d13 = 0;
@@ -573,11 +611,11 @@ static void test_errors_and_reduce(void)
     int64_t bad[4] = {1, 2, 7, 5};
     mn_tensor_zeros(&up.dy, MN_F32, 4, bad, MN_CPU);
     mn_run_grads g;
-    CHECK("errors/bad_dy_shape", mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &up, 0, NULL, &g) == MN_ERR_ARG);
+    CHECK("errors/bad_dy_shape", mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, pb.outer, &in, &up, 0, NULL, &g) == MN_ERR_ARG);
     CHECK_STR_CONTAINS("errors/bad_dy_names_it", mn_last_error(), "upstream dy has shape 1x2x7x5");
     mn_tensor_release(&up.dy);
     /* no upstream at all: every gradient is zero */
-    bool ok = mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, &in, &up, 0, NULL, &g) == MN_OK;
+    bool ok = mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, pb.outer, &in, &up, 0, NULL, &g) == MN_OK;
     CHECK("errors/empty_upstream_runs", ok);
     if (ok) {
         CHECK("errors/empty_upstream_zero", dotf(&g.k, &g.k) == 0 && dotf(&g.params[0], &g.params[0]) == 0);

@@ -1,0 +1,121 @@
+/* rownorm.c: the row normalisations of out_norm and qk_norm (rownorm.h).
+ * With c = x - mean x (layernorm) or x, s = (|c|^2/D + eps)^(-1/2), nhat = c s:
+ *   tangent   nd = s (cd - nhat m),           m = <nhat, cd> / D
+ *   adjoint   cbar = s (a - nhat <a, nhat> / D)
+ *   second    d/dc <a, nd> = -s nhat F / D - s <a, nhat> nd / D - s^2 m a + s^2 m nhat <a, nhat> / D,
+ *             F = <a, nd>
+ * and centering, being linear and its own adjoint, is applied to cd on the way
+ * in and to the result on the way out (checked against autograd by
+ * tests/reference/test_reference_grads.py and the finite differences of
+ * tests/unit/test_grad.c). */
+#include "rownorm.h"
+
+#include <math.h>
+#include <string.h>
+
+mn_rownorm mn_rownorm_of(const mn_part *row)
+{
+    mn_rownorm nm = {false, false, false};
+    if (!row || !(row->flags & (MN_PART_CENTER | MN_PART_SUMSQ | MN_PART_NORM))) return nm;
+    nm.on = true;
+    nm.center = (row->flags & MN_PART_CENTER) != 0;
+    nm.sum = (row->flags & MN_PART_SUMSQ) != 0;
+    return nm;
+}
+
+mn_rownorm mn_rule_out_norm(const mn_rule *r) { return mn_rownorm_of(mn_rule_part(r, &mn_norm_set, r->out_norm)); }
+mn_rownorm mn_rule_qk_norm(const mn_rule *r) { return mn_rownorm_of(mn_rule_part(r, &mn_qknorm_set, r->qk_norm)); }
+
+static double divisor(mn_rownorm nm, int64_t n) { return nm.sum ? 1.0 : (double)n; }
+
+static double row_mean(const float *x, int64_t n)
+{
+    double acc = 0;
+    for (int64_t j = 0; j < n; j++) acc += x[j];
+    return acc / (double)n;
+}
+
+void mn_rownorm_forward(mn_rownorm nm, const float *x, int64_t rows, int64_t n, float *nhat, float *s)
+{
+    double D = divisor(nm, n);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *o = nhat + r * n;
+        double mu = nm.center ? row_mean(xr, n) : 0.0, sq = 0;
+        for (int64_t j = 0; j < n; j++) {
+            double c = (double)xr[j] - mu;
+            sq += c * c;
+        }
+        double sc = 1.0 / sqrt(sq / D + MN_ROWNORM_EPS);
+        for (int64_t j = 0; j < n; j++) o[j] = (float)(((double)xr[j] - mu) * sc);
+        if (s) s[r] = (float)sc;
+    }
+}
+
+void mn_rownorm_rows_inplace(mn_rownorm nm, float *x, int64_t rows, int64_t n)
+{
+    if (nm.on) mn_rownorm_forward(nm, x, rows, n, x, NULL);
+}
+
+void mn_rownorm_jvp(mn_rownorm nm, const float *nhat, const float *s, const float *xd, int64_t rows, int64_t n,
+                    float *nd)
+{
+    double D = divisor(nm, n);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *h = nhat + r * n, *d = xd + r * n;
+        float *o = nd + r * n;
+        double mu = nm.center ? row_mean(d, n) : 0.0, m = 0;
+        for (int64_t j = 0; j < n; j++) m += (double)h[j] * ((double)d[j] - mu);
+        m /= D;
+        for (int64_t j = 0; j < n; j++) o[j] = (float)(s[r] * (((double)d[j] - mu) - h[j] * m));
+    }
+}
+
+void mn_rownorm_vjp(mn_rownorm nm, const float *nhat, const float *s, const float *a, int64_t rows, int64_t n,
+                    float *xbar, bool accumulate)
+{
+    double D = divisor(nm, n);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *h = nhat + r * n, *ar = a + r * n;
+        float *o = xbar + r * n;
+        double B = 0, sc = s[r];
+        for (int64_t j = 0; j < n; j++) B += (double)ar[j] * h[j];
+        double mean = 0;
+        if (nm.center) {
+            for (int64_t j = 0; j < n; j++) mean += sc * ((double)ar[j] - h[j] * B / D);
+            mean /= (double)n;
+        }
+        for (int64_t j = 0; j < n; j++) {
+            float v = (float)(sc * ((double)ar[j] - h[j] * B / D) - mean);
+            o[j] = accumulate ? o[j] + v : v;
+        }
+    }
+}
+
+void mn_rownorm_hvp_acc(mn_rownorm nm, const float *nhat, const float *s, const float *xd, const float *a,
+                        int64_t rows, int64_t n, float *xbar)
+{
+    double D = divisor(nm, n);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *h = nhat + r * n, *d = xd + r * n, *ar = a + r * n;
+        float *o = xbar + r * n;
+        double sc = s[r], mu = nm.center ? row_mean(d, n) : 0.0, m = 0, B = 0, F = 0;
+        for (int64_t j = 0; j < n; j++) {
+            m += (double)h[j] * ((double)d[j] - mu);
+            B += (double)ar[j] * h[j];
+        }
+        m /= D;
+        for (int64_t j = 0; j < n; j++) F += (double)ar[j] * sc * (((double)d[j] - mu) - h[j] * m);
+        double mean = 0;
+        for (int pass = 0; pass < 2; pass++) {
+            for (int64_t j = 0; j < n; j++) {
+                double nd = sc * (((double)d[j] - mu) - h[j] * m);
+                double g = -sc * h[j] * F / D - sc * B * nd / D - sc * sc * m * ar[j] + sc * sc * m * h[j] * B / D;
+                if (pass == 0) mean += g;
+                else o[j] += (float)(g - mean);
+            }
+            if (!nm.center) mean = 0;
+            else if (pass == 0) mean /= (double)n;
+        }
+    }
+}
