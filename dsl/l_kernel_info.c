@@ -218,6 +218,14 @@ int l_rule_plan(lua_State *L, const mn_rule *r, int opts)
     mn_precision prec;
     int arch;
     kernel_opts(L, r, opts, "plan", &d, &prec, &arch);
+    if (mn_rule_device_check(r, MN_CUDA) != MN_OK) {
+        /* a row of the rule table the CUDA engine does not run (rule.def) */
+        lua_createtable(L, 0, 2);
+        set_str(L, "path", "cpu");
+        set_str(L, "why", mn_last_error());
+        luaL_setmetatable(L, PLAN_MT);
+        return 1;
+    }
     mn_cuda_plan pl;
     int dev_arch = mn_cuda_arch();
     if (arch == 0) arch = dev_arch;

@@ -560,8 +560,8 @@ static void push_part_flags(lua_State *L, unsigned flags)
 {
     static const struct { unsigned flag; const char *name; } names[] = {
         {MN_PART_CUSTOM, "custom"}, {MN_PART_KINK, "kink"}, {MN_PART_SCALE, "scale"},
-        {MN_PART_ELEM, "elementwise"}, {MN_PART_PLANNED, "planned"}};
-    lua_createtable(L, 0, 5);
+        {MN_PART_ELEM, "elementwise"}, {MN_PART_PLANNED, "planned"}, {MN_PART_CPU_ONLY, "cpu_only"}};
+    lua_createtable(L, 0, 6);
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         lua_pushboolean(L, (flags & names[i].flag) != 0);
         lua_setfield(L, -2, names[i].name);

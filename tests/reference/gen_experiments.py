@@ -327,11 +327,57 @@ def make_config(seed, i, max_T=64, min_width=1):
                 theta_kind, gate_kinds["eta"], gate_kinds["alpha"], ax["init_layout"],
                 "yes" if ax["momentum_init"] else "no", "yes" if ax["q"] else "no",
                 ",".join(bad) if bad else "none", ax["strings"]))
+    norms = make_norms(seed, i, B, H, dk, dv, dh if L >= 2 else dk, rule, gates, init)
+    if norms:
+        desc += " " + norms
     upstream = make_upstream(seed, i, B, H, T, dv, names)
     if upstream:
         desc += " upstream=" + ",".join(upstream)
     return {"rule": rule, "constants": constants, "inputs": inputs, "gates": gates,
             "init": init, "upstream": upstream, "desc": desc, "strings": ax["strings"], "seed": seed, "index": i}
+
+
+# SPEC v2's normalisations, stratified like the axes (axis numbers of their
+# own, so the axes above are as they were): a third of the files normalise
+# the output, two fifths the keys and queries.
+OUT_NORMS = ["none", "none", "none", "none", "layernorm", "rmsnorm"]
+QK_NORMS = ["none", "none", "none", "l2", "rms"]
+
+
+def make_norms(seed, i, B, H, dk, dv, last_in, rule, gates, init):
+    """out_norm and qk_norm of file i (rule attrs, /init/ln_g, ln_b), drawn
+    from a stream of their own so that the rest of the file is as it was
+    before files had them. rms keys have norm sqrt(dk), not about 1: theta
+    is scaled down by dk to keep a step a small fraction of the curvature.
+    A single key feature is left alone: normalised, it is +-1, and the
+    derivative, eps / (x^2 + eps)^(3/2), is all cancellation in fp32; so is
+    an output of fewer than 3 features (layernorm of 2 is +-1 too, and with
+    kinked losses seed 77's files 93 and 98 lost 5e-4 of the gradient to it)
+    or one that is a product through fewer than 3 inputs (last_in, the last
+    layer's input width): the normalised output then hardly depends on the
+    input's scale, and seed 1's file 75 (dh = 1) had nothing but rounding
+    left in W1's gradient.
+    Returns the config's words, or ''."""
+    out_norm = _axis_value(seed, 200, OUT_NORMS, i) if min(dv, last_in) >= 3 else "none"
+    qk_norm = _axis_value(seed, 201, QK_NORMS, i) if dk >= 2 else "none"
+    words = []
+    rng = np.random.default_rng([seed, i, 200])
+    if qk_norm != "none":
+        rule["qk_norm"] = qk_norm
+        if qk_norm == "rms":
+            gates["theta"] = (gates["theta"] / dk).astype(np.float32)
+        words.append("qk_norm=" + qk_norm)
+    if out_norm != "none":
+        rule["out_norm"] = out_norm
+        given = []
+        for name, center, spread in (("ln_g", 1.0, 0.5), ("ln_b", 0.0, 0.3)):
+            if rng.random() < 0.25:
+                continue          # missing: its default (1 or 0)
+            lead = [(), (H,), (B, H)][rng.integers(3)]
+            init[name] = (center + spread * rng.uniform(-1, 1, size=lead + (dv,))).astype(np.float32)
+            given.append(name)
+        words.append("out_norm=%s(%s)" % (out_norm, ",".join(given) if given else "defaults"))
+    return " ".join(words)
 
 
 # The share of files with /upstream (SPEC.md section 7 gradients), stratified

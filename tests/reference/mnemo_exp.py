@@ -42,6 +42,8 @@ RULE_ATTRS = {
     "clip": ("str", "none"),
     "clip_max": ("float", 1.0),
     "clip_scope": ("str", "global"),
+    "out_norm": ("str", "none"),      # v2: the last layer's output normalised
+    "qk_norm": ("str", "none"),       # v2: keys and queries normalised
     "loss_expr": ("str", None),
     "activation_expr": ("str", None),
     "clip_expr": ("str", None),
@@ -55,7 +57,13 @@ CHOICES = {
     "retrieve": ("after", "before"),
     "clip": ("none", "norm", "softnorm", "value", "softvalue", "scale", "elementwise"),
     "clip_scope": ("global", "tensor"),
+    "out_norm": ("none", "layernorm", "rmsnorm"),
+    "qk_norm": ("none", "l2", "rms"),
 }
+
+# out_norm's outer parameters (SPEC.md section 1): name -> default; [dv] per
+# memory, never updated by the rule.
+OUTER = {"ln_g": 1.0, "ln_b": 0.0}
 
 
 def _attr_value(where, name, raw, kind):
@@ -259,7 +267,7 @@ class Experiment:
         else:
             self.dh = None
         names = self.param_names()
-        allowed = set(names) | {"S_" + n for n in names}
+        allowed = set(names) | {"S_" + n for n in names} | set(self.outer_names())
         for key in g:
             if key not in allowed:
                 raise InputError("%s: unexpected dataset /init/%s (expected %s)"
@@ -276,6 +284,14 @@ class Experiment:
                 else:
                     self.given.add(key)
                 store[n] = self._broadcast_param(fn, "/init/" + key, arr, shape)
+        self.outer = {}
+        for n in self.outer_names():
+            arr = _read_array(f, "init/" + n, fn)
+            if arr is None:
+                arr = np.full((self.dv,), OUTER[n])
+            else:
+                self.given.add(n)
+            self.outer[n] = self._broadcast_param(fn, "/init/" + n, arr, (self.dv,))
 
     def _broadcast_param(self, fn, path, arr, shape):
         nd = len(shape)
@@ -315,6 +331,10 @@ class Experiment:
                                  % (fn, name, _shape_str(arr.shape),
                                     "[B,H,T]" if name == "theta" else "[B,H,S]", _shape_str(full)))
             setattr(self, name, out)
+
+    def outer_names(self):
+        """out_norm's ln_g, ln_b, or nothing."""
+        return list(OUTER) if self.rule["out_norm"] != "none" else []
 
     def final_names(self):
         """Final tensors of a run: W1, b1, ..., then S_W1, S_b1, ..."""

@@ -69,6 +69,8 @@ class Memory:
             "identity": lambda z: z,
             "custom": (lambda z: exp.act_expr(z=z)) if exp.act_expr is not None else None,
         }[act]
+        self.out_norm = exp.rule.get("out_norm", "none")
+        self.outer = None   # ln_g, ln_b [B,H,dv] with out_norm: set by run()
 
     @staticmethod
     def linear(x, W, b):
@@ -81,9 +83,23 @@ class Memory:
         for i in range(1, self.L + 1):
             z = self.linear(h, params["W%d" % i], params.get("b%d" % i) if self.bias else None)
             h = self.phi(z) if i < self.L else z
+        if self.out_norm != "none":
+            # SPEC.md section 1: o -> g N(o) + beta before the residual
+            c = h - h.mean(-1, keepdim=True) if self.out_norm == "layernorm" else h
+            h = c / torch.sqrt((c * c).mean(-1, keepdim=True) + 1e-6)
+            h = h * self.outer["ln_g"].unsqueeze(-2) + self.outer["ln_b"].unsqueeze(-2)
         return h + x if self.residual else h
 
     __call__ = forward
+
+
+def qk_normalise(exp, x):
+    """qk_norm (SPEC.md section 1): l2 x / sqrt(sum x^2 + 1e-6), rms x / sqrt(mean x^2 + 1e-6)."""
+    kind = exp.rule.get("qk_norm", "none")
+    if kind == "none":
+        return x
+    sq = (x * x).sum(-1, keepdim=True) if kind == "l2" else (x * x).mean(-1, keepdim=True)
+    return x / torch.sqrt(sq + 1e-6)
 
 
 def make_token_loss(exp):
@@ -244,6 +260,10 @@ def run(exp, dtype=torch.float64, trace=False, grads=True):
     W = {n: leaf(n, exp.params[n]) for n in names}
     Sm = {n: leaf("S_" + n, exp.momenta[n]) for n in names}
     model = Memory(exp)
+    model.outer = {n: leaf(n, exp.outer[n]) for n in exp.outer_names()}
+    # the keys and queries the rule uses (the leaves stay the given ones)
+    k = qk_normalise(exp, k)
+    q = qk_normalise(exp, q) if exp.has_q else k
     token_loss = make_token_loss(exp)
     if diff:
         # Tokens with a non-finite key or value (query for retrieval): SPEC.md
@@ -297,8 +317,11 @@ def run(exp, dtype=torch.float64, trace=False, grads=True):
             # skipped memories' step reaches their weights, tokens or theta.
             skip = ~finite
             Wh = {n: _hold(Wbar[n], _per_memory(skip, Wbar[n])) for n in names}
+            outer = model.outer   # out_norm's ln_g, ln_b: held the same way
+            model.outer = {n: _hold(x, skip[:, :, None]) for n, x in outer.items()}
             G, _, _ = step_gradient(Wh, _hold(ks, skip[:, :, None, None]), _hold(vs, skip[:, :, None, None]),
                                     _hold(ths, skip[:, :, None]), hi - lo)
+            model.outer = outer
         if diff:
             bad = bad_kv[:, :, lo:hi]
             if bool(bad.any()):
@@ -393,7 +416,7 @@ OUTPUT_NAMES = ("y", "loss", "grad_norm", "clip_scale", "skipped")
 def grad_names(exp):
     """The datasets of /grads (SPEC.md section 5), in the order written."""
     return (["k", "v"] + (["q"] if exp.has_q else []) + ["theta", "eta", "alpha"]
-            + exp.final_names())
+            + exp.final_names() + exp.outer_names())
 
 
 def grad_compare_mask(exp, name):
@@ -409,6 +432,8 @@ def grad_compare_mask(exp, name):
         return np.broadcast_to(rows[..., None], getattr(exp, name).shape)
     if name in ("theta", "eta", "alpha"):
         return np.isfinite(getattr(exp, name))
+    if name in exp.outer:
+        return np.isfinite(exp.outer[name])
     x = exp.momenta[name[2:]] if name.startswith("S_") else exp.params[name]
     return np.isfinite(x)
 

@@ -5,10 +5,11 @@ own float64 forward, on small cases covering every axis: each loss,
 activation (custom too), clip and scope, gate layouts, refresh 0 / = c /
 multiple of c, retrieve modes, token and feature reduce, residual, bias,
 depth 1..3, skipped steps, T not a multiple of c, odd widths, q given or
-not, momenta given or not, and upstream subsets.
+not, momenta given or not, upstream subsets, and SPEC v2's out_norm (with
+its ln_g, ln_b) and qk_norm.
 
 Each case checks, for every tensor X the gradients are taken with respect to
-(k, v, q, theta, eta, alpha, W1.., S_W1..), that <dL/dX, u> matches
+(k, v, q, theta, eta, alpha, W1.., S_W1.., ln_g, ln_b), that <dL/dX, u> matches
 (L(X + e u) - L(X - e u)) / 2e along two random directions u; a few tiny
 cases compare every entry. L is SPEC.md's <dy, y> + <dloss, loss> +
 sum_P <dP, P^(S)>, with the terms at non-finite outputs left out (their
@@ -61,7 +62,7 @@ def make_case(seed, B=1, H=2, T=7, dk=3, dv=3, L=2, dh=5, c=2, refresh=None, los
               feature_reduce="mean", token_reduce="sum", retrieve="after", q=False,
               momentum=True, theta_shape="full", eta_shape="full", alpha_shape="full",
               upstream=("dy", "dloss", "final"), theta_scale=0.15, loss_delta=0.5, loss_p=1.5,
-              nan_at=None):
+              nan_at=None, out_norm=None, qk_norm=None):
     """A small experiment as gen_experiments.write_config takes it. upstream
     lists the upstream gradients given: dy, dloss, final (all final tensors)
     or single names such as dW1 / dS_W1. nan_at = (tensor, b, h, t, value)
@@ -87,6 +88,8 @@ def make_case(seed, B=1, H=2, T=7, dk=3, dv=3, L=2, dh=5, c=2, refresh=None, los
         rule["loss_expr"] = loss_expr
     if clip_expr:
         rule["clip_expr"] = clip_expr
+    if qk_norm:
+        rule["qk_norm"] = qk_norm
     k = rng.standard_normal((B, H, T, dk)) / np.sqrt(dk)
     v = rng.standard_normal((B, H, T, dv)) * 0.8
     inputs = {"k": f32(k), "v": f32(v)}
@@ -113,6 +116,10 @@ def make_case(seed, B=1, H=2, T=7, dk=3, dv=3, L=2, dh=5, c=2, refresh=None, los
     if momentum:
         for n in list(init):
             init["S_" + n] = f32(rng.standard_normal(init[n].shape) * 0.02)
+    if out_norm:
+        rule["out_norm"] = out_norm
+        init["ln_g"] = f32(1 + 0.4 * rng.uniform(-1, 1, (H, dv)))
+        init["ln_b"] = f32(0.3 * rng.uniform(-1, 1, (B, H, dv)))
     if nan_at is not None:
         name, b, h, t, val = nan_at
         arr = inputs[name] if name in inputs else gates[name]
@@ -161,6 +168,8 @@ def tensor_of(exp, name):
         return getattr(exp, name)
     if name.startswith("S_"):
         return exp.momenta[name[2:]]
+    if name in exp.outer:
+        return exp.outer[name]
     return exp.params[name]
 
 
@@ -175,6 +184,9 @@ def with_tensor(exp, name, value):
     elif name.startswith("S_"):
         e.momenta = dict(exp.momenta)
         e.momenta[name[2:]] = value
+    elif name in exp.outer:
+        e.outer = dict(exp.outer)
+        e.outer[name] = value
     else:
         e.params = dict(exp.params)
         e.params[name] = value
@@ -319,6 +331,14 @@ CASES = [
     ("skipped_step_inf_theta", dict(nan_at=("theta", 0, 0, 2, np.inf), c=3, T=8, clip="norm",
                                     clip_max=0.02)),
     ("skipped_step_nan_k_no_q", dict(nan_at=("k", 0, 1, 4, np.nan), L=1, c=2, T=7)),
+    # SPEC v2: TTT's LN-l2 memory (residual + layernorm), rmsnorm, qk_norm
+    ("ttt_ln_l2_residual_layernorm", dict(L=2, residual=1, dk=4, dv=4, dh=5, out_norm="layernorm")),
+    ("rmsnorm_linear_q_before", dict(L=1, out_norm="rmsnorm", q=True, retrieve="before", c=3, T=8)),
+    ("qk_l2_mlp_refresh", dict(qk_norm="l2", refresh=4, c=2, T=9)),
+    ("qk_rms_q_layernorm_norm_clip", dict(qk_norm="rms", q=True, out_norm="layernorm", clip="norm",
+                                          clip_max=0.02, theta_scale=0.05)),
+    ("qk_l2_skipped_nan_v_rmsnorm", dict(qk_norm="l2", out_norm="rmsnorm", nan_at=("v", 0, 1, 3, np.nan),
+                                         c=2, T=8)),
 ]
 
 FULL_CASES = [   # tiny, every entry compared
@@ -327,6 +347,7 @@ FULL_CASES = [   # tiny, every entry compared
                                       clip_max=0.02, refresh=4)),
     ("full_mlp3_skipped", dict(B=1, H=2, T=5, dk=2, dv=2, L=3, dh=2, c=2,
                                nan_at=("theta", 0, 1, 1, np.nan))),
+    ("full_layernorm_qk_l2", dict(B=1, H=1, T=4, dk=2, dv=3, L=1, c=2, out_norm="layernorm", qk_norm="l2")),
 ]
 
 
@@ -510,10 +531,11 @@ def _generator_upstream():
 def _generator_grads_fp32():
     """The generator's files are conditioned so that fp32 gradients can meet
     1e-4: torch's float32 run of the reference stands in for an fp32 engine
-    on 100 files of seed 77. Tensors whose float64 norm is below 1e-10 cancel
-    to rounding noise (e.g. theta's gradient under an active norm clip with
-    one token per step, where the update does not depend on theta's scale);
-    they are counted, not held."""
+    on 100 files of seed 77. Tensors whose float64 norm is below 1e-10, or
+    below 1e-9 of the file's largest gradient, cancel to rounding noise (e.g.
+    theta's gradient under an active norm clip with one token per step, where
+    the update does not depend on theta's scale: 1.1e-10 beside 78 in seed
+    77's file 16); they are counted, not held."""
     worst, where, cancel, n = 0.0, "", 0, 0
     for i in range(100):
         cfg = gen.make_config(77, i, 64)
@@ -523,13 +545,14 @@ def _generator_grads_fp32():
         exp = load(cfg, "gen77_%d" % i)
         r64 = mnemo_ref.run(exp)["grads"]
         r32 = mnemo_ref.run(exp, dtype=torch.float32)["grads"]
+        largest = max(np.linalg.norm(g[np.isfinite(g)]) for g in r64.values())
         for name, b in r64.items():
             m = mnemo_ref.grad_compare_mask(exp, name)
             a, bb = r32[name][m], b[m]
             expect(np.array_equal(np.isfinite(a), np.isfinite(bb)),
                    "config %d %s: non-finite places differ (%s)" % (i, name, cfg["desc"]))
             nb = np.linalg.norm(bb[np.isfinite(bb)])
-            if nb < 1e-10:
+            if nb < max(1e-10, 1e-9 * largest):
                 cancel += 1
                 continue
             e = np.linalg.norm((a - bb)[np.isfinite(bb)]) / nb
