@@ -173,7 +173,7 @@ mnemo.vocabulary() -> {fields = {...}, parts = {loss = {...}, clip = {...}, ...}
   alias, min/max, v2) and every part list (activation, loss, clip,
   clip_scope, reduction, retrieve, out_norm, qk_norm, precondition), each
   part with its name, built-in expression, variables, doc and flags
-  (custom, kink, scale, elementwise, planned). help(mnemo.rule) is made
+  (custom, kink, scale, elementwise, planned, cpu_only). help(mnemo.rule) is made
   from it; so are the tests that run every part.]],
   ["mnemo.rule"] = [[
 mnemo.rule{...} -> a Rule
@@ -189,12 +189,14 @@ mnemo.rule{...} -> a Rule
 rule:run{k =, v = [, q =] [, theta =, eta =, alpha =] [, init =] [, seed =] [, device =] [, precision =]} -> result
   One run over k [B,H,T,dk] and v [B,H,T,dv] ([T,d] or [H,T,d] also do)
   from the initial state: init is "xavier" (default), "normal", "zeros", a
-  table {W1 =, b1 =, ..., S_W1 =, ...} or an .h5 path (its /init or /final);
+  table {W1 =, b1 =, ..., S_W1 =, ...} (with an out_norm also ln_g =,
+  ln_b =: [dv], [H,dv] or [B,H,dv], default 1 and 0) or an .h5 path;
   seed fixes the initialiser. Gates given here override the rule's. The
   result is a table in the result schema of docs/files.md: outputs (y,
   loss, grad_norm, clip_scale, skipped), final (W1, ..., S_W1, ...), trace
   (step_loss, weight_norm per step), rule; mnemo.save writes it.
-  device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there.
+  device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there
+  (not a rule with out_norm or qk_norm: the cpu runs those).
   grad = true keeps what res:backward{...} needs (help("Result:backward")).]],
   ["Result:backward"] = [[
 res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block =]} -> gradients
@@ -205,7 +207,8 @@ res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block 
   y> + <dloss, loss> + sum <dP, P_final> with respect to the inputs:
   g.k, g.v, g.q (only when the run had q; without it k's gradient holds
   both uses), g.theta, g.eta, g.alpha, and g.init.W1, ..., g.init.S_W1,
-  ... (initial weights and momenta). Each is summed back to the shape
+  ... (initial weights and momenta), and with an out_norm g.init.ln_g,
+  g.init.ln_b (its gain and shift). Each is summed back to the shape
   the call gave: a scalar gate gets a scalar, [H,T] gets [H,T], W1 given
   as [dh,dk] gets [dh,dk]; what the call did not give comes at full
   shape [B,H,...]. The backward runs on the cpu and recomputes the
