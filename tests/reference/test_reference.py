@@ -208,7 +208,8 @@ def _():
 
 def per_memory_nn(exp):
     """One memory at a time: nn.Linear layers, loss.backward(), norm clip by
-    hand. Built-in activations, losses and clips none/norm(global) only."""
+    hand. Built-in activations, losses and clips none/norm(global) only;
+    out_norm through F.layer_norm (rmsnorm by hand) and qk_norm by hand."""
     nn, F = torch.nn, torch.nn.functional
     rule = exp.rule
     L, c, r, T, S = rule["layers"], rule["step"], rule["refresh"], exp.T, exp.S
@@ -225,13 +226,29 @@ def per_memory_nn(exp):
             net = nn.ModuleList([nn.Linear(dims[i], dims[i + 1], bias=bool(rule["bias"])).double()
                                  for i in range(L)])
 
+            on = rule.get("out_norm", "none")
+            if on != "none":
+                g_ln = torch.tensor(exp.outer["ln_g"][b, h])
+                b_ln = torch.tensor(exp.outer["ln_b"][b, h])
+
             def forward(x):
                 z = x
                 for i, lin in enumerate(net):
                     z = lin(z)
                     if i < L - 1:
                         z = act(z)
+                if on == "layernorm":
+                    z = F.layer_norm(z, (exp.dv,), g_ln, b_ln, eps=1e-6)
+                elif on == "rmsnorm":
+                    z = z * torch.rsqrt((z * z).mean() + 1e-6) * g_ln + b_ln
                 return z + x if rule["residual"] else z
+
+            def qk(x):
+                kind = rule.get("qk_norm", "none")
+                if kind == "none":
+                    return x
+                sq = (x * x).sum(-1, keepdim=True) if kind == "l2" else (x * x).mean(-1, keepdim=True)
+                return x * torch.rsqrt(sq + 1e-6)
 
             plist = []
             for i, lin in enumerate(net):
@@ -240,7 +257,7 @@ def per_memory_nn(exp):
                     plist.append(("b%d" % (i + 1), lin.bias))
             hist = [{n: torch.tensor(exp.params[n][b, h]) for n, _ in plist}]
             mom = {n: torch.tensor(exp.momenta[n][b, h]) for n, _ in plist}
-            k = torch.tensor(exp.k[b, h])
+            k = qk(torch.tensor(exp.k[b, h]))
             v = torch.tensor(exp.v[b, h])
             for s in range(S):
                 j = 0 if r == 0 else (s * c // r) * (r // c)
@@ -292,7 +309,7 @@ def per_memory_nn(exp):
                 for t in range(T):
                     for n, p in plist:
                         p.copy_(hist[a_of_t[t]][n])
-                    y_out[b, h, t] = forward(torch.tensor(exp.q[b, h, t])).numpy()
+                    y_out[b, h, t] = forward(qk(torch.tensor(exp.q[b, h, t]))).numpy()
     return out, outS, y_out
 
 
@@ -771,6 +788,12 @@ def classify(path):
         got.add("strings=%s" % ("vlen" if s == "str" else "fixed"))
     if cfg is not None and has_seed:
         got.add("has_config_and_seed")
+    got.add("out_norm=%s" % rule["out_norm"])
+    got.add("qk_norm=%s" % rule["qk_norm"])
+    if "ln_g" in exp.given or "ln_b" in exp.given:
+        got.add("ln_init_given")
+    elif rule["out_norm"] != "none":
+        got.add("ln_init_default")
     return got
 
 
@@ -790,7 +813,9 @@ REQUIRED = (["layers=%d" % i for i in (1, 2, 3)]
                for s in ("missing", "scalar", "[N]", "[H,1]", "[H,N]", "[B,H,N]")]
             + ["init=[...]", "init=[H,...]", "init=[B,H,...]", "momentum_init=yes", "momentum_init=no",
                "q=yes", "q=no", "nonfinite=none", "nonfinite=k", "nonfinite=v", "nonfinite=theta",
-               "strings=vlen", "strings=fixed", "has_config_and_seed"])
+               "strings=vlen", "strings=fixed", "has_config_and_seed"]
+            + ["out_norm=none", "out_norm=layernorm", "out_norm=rmsnorm", "ln_init_given", "ln_init_default",
+               "qk_norm=none", "qk_norm=l2", "qk_norm=rms"])
 
 
 @check("generator_covers_every_axis_in_300_configs")

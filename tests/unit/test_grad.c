@@ -689,6 +689,49 @@ static void test_shared_program(void)
     }
 }
 
+/* The rows that only the CPU engine runs (MN_PART_CPU_ONLY): a CUDA memory
+ * is refused by name before anything runs; the outer parameters take their
+ * shapes as initial tensors do and are refused without an out_norm. */
+static void test_norm_rows_and_outer(void)
+{
+    gcase c = {"outer", BASE, .out_norm = MN_NORM_LAYERNORM, .qk_norm = MN_QKNORM_L2};
+    problem pb;
+    if (setup(&pb, &c, 5) != MN_OK) {
+        CHECK("norm/setup", false);
+        problem_free(&pb);
+        return;
+    }
+    mn_memory_state st;
+    mn_status s = mn_memory_create(&st, &pb.rule, &pb.dims, pb.init, pb.mom, MN_CUDA);
+    CHECK("norm/cuda_refused", s == MN_ERR_UNSUPPORTED && strstr(mn_last_error(), "out_norm 'layernorm'") &&
+                                   strstr(mn_last_error(), "use device cpu"));
+    if (s == MN_OK) mn_memory_free(&st);
+    pb.rule.out_norm = MN_NORM_NONE;
+    s = mn_memory_create(&st, &pb.rule, &pb.dims, pb.init, pb.mom, MN_CUDA);
+    CHECK("norm/cuda_refused_qk", s == MN_ERR_UNSUPPORTED && strstr(mn_last_error(), "qk_norm 'l2'"));
+    if (s == MN_OK) mn_memory_free(&st);
+    /* ln_g given without out_norm, and of a wrong shape */
+    bool made = mn_memory_create(&st, &pb.rule, &pb.dims, pb.init, pb.mom, MN_CPU) == MN_OK;
+    CHECK("norm/ln_g_without_out_norm", made && mn_memory_set_outer(&st, pb.outer) == MN_ERR_ARG &&
+                                            strstr(mn_last_error(), "ln_g"));
+    if (made) mn_memory_free(&st);
+    pb.rule.out_norm = MN_NORM_RMSNORM;
+    mn_tensor bad[MN_OUTER_COUNT] = {{0}};
+    int64_t shape[1] = {pb.dims.dv + 1};
+    made = mn_memory_create(&st, &pb.rule, &pb.dims, pb.init, pb.mom, MN_CPU) == MN_OK &&
+           mn_tensor_zeros(&bad[1], MN_F32, 1, shape, MN_CPU) == MN_OK;
+    CHECK("norm/ln_b_bad_shape_named", made && mn_memory_set_outer(&st, bad) == MN_ERR_ARG &&
+                                           strstr(mn_last_error(), "initial ln_b"));
+    /* defaults: g = 1, beta = 0 */
+    made = made && mn_memory_set_outer(&st, NULL) == MN_OK;
+    CHECK("norm/defaults", made && ((float *)mn_tensor_data(&st.outer[0]))[0] == 1.0f &&
+                               ((float *)mn_tensor_data(&st.outer[1]))[0] == 0.0f &&
+                               mn_tensor_numel(&st.outer[0]) == pb.dims.B * pb.dims.H * pb.dims.dv);
+    mn_memory_free(&st);
+    mn_tensor_release(&bad[1]);
+    problem_free(&pb);
+}
+
 int main(int argc, char **argv)
 {
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -699,6 +742,7 @@ int main(int argc, char **argv)
         test_inf_value_keeps_loss_gradient();
         test_errors_and_reduce();
         test_shared_program();
+        test_norm_rows_and_outer();
     }
     return CHECK_DONE();
 }
