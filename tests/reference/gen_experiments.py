@@ -2,7 +2,7 @@
 """gen_experiments: random experiment files (SPEC.md section 5) covering every
 axis of the spec, for conformance runs of the engines against mnemo_ref.py.
 
-    gen_experiments.py --seed S --count N --out DIR [--max-T 64] [--min-width W] [--describe]
+    gen_experiments.py --seed S --count N --out DIR [--max-T 64] [--min-width W] [--no-norms] [--describe]
 
 writes DIR/exp_00000.h5 ... . File i depends only on (seed, i), so --count 10
 gives the first ten files of --count 300, and the same seed gives the same
@@ -137,10 +137,12 @@ def _gate_array(rng, shape_kind, B, H, N, lo, hi):
     return rng.uniform(lo, hi, size=shape).astype(np.float32)
 
 
-def make_config(seed, i, max_T=64, min_width=1):
+def make_config(seed, i, max_T=64, min_width=1, norms=True):
     """Everything about file i as plain Python/numpy data (no I/O). With
     min_width = w > 1, dk, dv and the hidden width are drawn from [w, 2w]
-    instead (the same draws otherwise: file i is file i with wider tensors)."""
+    instead (the same draws otherwise: file i is file i with wider tensors).
+    norms = False leaves out out_norm and qk_norm (the rest of the file is
+    the same), for engines that do not run them yet (the CUDA engine)."""
     ax = {name: _axis_value(seed, n, vals, i) for n, (name, vals) in enumerate(AXES)}
     rng = np.random.default_rng([seed, i])
 
@@ -327,7 +329,7 @@ def make_config(seed, i, max_T=64, min_width=1):
                 theta_kind, gate_kinds["eta"], gate_kinds["alpha"], ax["init_layout"],
                 "yes" if ax["momentum_init"] else "no", "yes" if ax["q"] else "no",
                 ",".join(bad) if bad else "none", ax["strings"]))
-    norms = make_norms(seed, i, B, H, dk, dv, dh if L >= 2 else dk, rule, gates, init)
+    norms = make_norms(seed, i, B, H, dk, dv, dh if L >= 2 else dk, rule, gates, init) if norms else ""
     if norms:
         desc += " " + norms
     upstream = make_upstream(seed, i, B, H, T, dv, names)
@@ -447,6 +449,8 @@ def main(argv=None):
     ap.add_argument("--min-width", type=int, default=1, dest="min_width",
                     help="draw dk, dv and hidden from [W, 2W] (default: the usual 1..8, 1..16)")
     ap.add_argument("--describe", action="store_true", help="print one line per config")
+    ap.add_argument("--no-norms", action="store_true", dest="no_norms",
+                    help="no out_norm or qk_norm (cpu-only rows of the rule table)")
     args = ap.parse_args(argv)
     if not args.out and not args.describe:
         ap.error("give --out DIR and/or --describe")
@@ -455,7 +459,7 @@ def main(argv=None):
     if args.out:
         os.makedirs(args.out, exist_ok=True)
     for i in range(args.count):
-        cfg = make_config(args.seed, i, args.max_T, args.min_width)
+        cfg = make_config(args.seed, i, args.max_T, args.min_width, norms=not args.no_norms)
         name = "exp_%05d.h5" % i
         if args.out:
             write_config(os.path.join(args.out, name), cfg)
