@@ -18,7 +18,11 @@
  *        retrieval at W^(s)     -> dW, dq
  *        refresh                at the first step of a refresh block the
  *                               anchor is W^(s): dW += dA, dA = 0.
- * A skipped step (non-finite G) is the identity: no update adjoint, no dG.
+ * A skipped step (non-finite G) is the identity: no update adjoint, no dG;
+ * its tokens' loss outputs still pass dloss to the gradient point, except
+ * tokens with non-finite inputs, which mlp_grad_cpu.c cuts as the reference
+ * does (grad.h), so that nothing non-finite reaches dA and from there every
+ * earlier step.
  * Memory per worker: (S/K) checkpoints plus K steps of state, K ~ sqrt(S). */
 #include "grad.h"
 
