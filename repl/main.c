@@ -130,7 +130,8 @@ static void laction(int sig)
 
 /* libhdf5 1.10 (Debian 12) itself crashes on some damaged files (a global
  * heap whose lengths are garbage: h5dump and h5py die on them too). A crash
- * while a file is being loaded becomes a one-line error naming the file and
+ * (a fault, or glibc aborting on the heap it damaged) while a file is being
+ * loaded becomes a one-line error naming the file and
  * what was being read, and exit status 2; the process cannot go on, since
  * the library's memory may be damaged. Any other crash keeps its default. */
 static void say(const char *s) { if (s && write(2, s, strlen(s)) < 0) return; }
@@ -530,6 +531,7 @@ int main(int argc, char **argv)
     int status, script = argc, args;
     setsignal(SIGSEGV, on_crash);
     setsignal(SIGBUS, on_crash);
+    setsignal(SIGABRT, on_crash); /* glibc's heap checks, after libhdf5 wrote past a block */
     if (argc >= 2 && strcmp(argv[1], "run") == 0) return mn_cli_run(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "compare") == 0) return mn_cli_compare(argc - 1, argv + 1);
     args = collectargs(argv, &script);

@@ -358,13 +358,17 @@ def main():
         # mnemo names it and exits 2. Under AddressSanitizer the overlapping
         # memcpy inside the library is reported before it can crash, so the
         # sanitizer stage leaves this one case to the plain build.
-        upstream = os.path.join(HERE, "..", "fuzz", "upstream", "hdf5_crash_global_heap.h5")
-        name = "file: damaged global heap (libhdf5 1.10 crashes reading it)"
-        if "ASAN_OPTIONS" in os.environ:
-            print("SKIP badinput: %s: AddressSanitizer reports the library's own memcpy first" % name)
-        else:
-            run_case(binary, name, ["run", upstream, "-o", out], 2,
-                     "attribute 'loss' of group '/rule': the HDF5 library crashed reading it (a damaged file)")
+        upstream = os.path.join(HERE, "..", "fuzz", "upstream")
+        for fname, what, needle in (
+                ("hdf5_crash_global_heap.h5", "libhdf5 1.10 segfaults reading it",
+                 "attribute 'loss' of group '/rule': the HDF5 library crashed reading it (a damaged file)"),
+                ("hdf5_abort_global_heap.h5", "libhdf5 1.10 damages the heap, glibc aborts",
+                 "the HDF5 library crashed reading it (a damaged file)")):
+            name = "file: damaged global heap (%s)" % what
+            if "ASAN_OPTIONS" in os.environ:
+                print("SKIP badinput: %s: AddressSanitizer reports the library's own memcpy first" % name)
+                continue
+            run_case(binary, name, ["run", os.path.join(upstream, fname), "-o", out], 2, needle)
             ncases += 1
         report("the experiment file is intact after every case", open(base, "rb").read() == before)
         print("# %d cases, %d failed" % (ncases, failures))

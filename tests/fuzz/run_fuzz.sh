@@ -50,7 +50,7 @@ for bin in "$FUZZ_BUILD"/fuzz_*; do
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
     # The innermost frame of ours or a library's (not libFuzzer's, the
     # sanitizers' or libc's) in the report.
-    inner=$(grep -E '^ +#[0-9]+ ' "$log" | grep -vE 'fuzzer::|__sanitizer|libc\.so|in (abort|raise|__GI_)' | head -1)
+    inner=$(grep -E '^ +#[0-9]+ ' "$log" | grep -vE 'fuzzer::|__sanitizer|__interceptor_|__asan_|libc\.so|in (abort|raise|__GI_)' | head -1)
     if [ "$rc" -eq 0 ]; then
         echo "PASS fuzz $short: ${runs:-?} executions in ${FUZZ_SECONDS} s, no crash"
     elif grep -q 'libFuzzer: timeout' "$log" && echo "$inner" | grep -q libhdf5; then
