@@ -91,6 +91,7 @@ typedef struct mn_mlp_grad_work {
     float *y, *u, *ybar, *ubar;                        /* rows x dv */
     double *din, *dout, *dout2, *dv_in, *dr_in;        /* program scratch */
     double *dphi_at[MN_MAX_LAYERS];                    /* phi'(z) of the tangent pass, kept for the reverse */
+    double *ddphi_at[MN_MAX_LAYERS];                   /* phi''(z), the same */
     float *xclean;                                     /* rows x in: x with non-finite rows zeroed */
     unsigned char *xbad, *cut;                         /* per row: x non-finite; loss terms cut */
     mn_shared_program dphi, ddphi;                     /* phi', phi'' (repeated calls once) */

@@ -18,7 +18,11 @@
  *        retrieval at W^(s)     -> dW, dq
  *        refresh                at the first step of a refresh block the
  *                               anchor is W^(s): dW += dA, dA = 0.
- * A skipped step (non-finite G) is the identity: no update adjoint, no dG.
+ * A skipped step (non-finite G) is the identity: no update adjoint, no dG;
+ * its tokens' loss outputs still pass dloss to the gradient point, except
+ * tokens with non-finite inputs, which mlp_grad_cpu.c cuts as the reference
+ * does (grad.h), so that nothing non-finite reaches dA and from there every
+ * earlier step.
  * qk_norm: the passes run on the normalised keys and queries, whose
  * gradients go back through the normalisation at the end; out_norm is part
  * of the memory model (mlp_grad_cpu.c), its ln_g, ln_b gradients summed over
@@ -93,12 +97,26 @@ static double eval_n(const run_ctx *x, const mn_expr *e, double n)
     return mn_expr_eval(e, nv, &n, 1, (const char *const *)r->const_names, r->const_values, r->nconsts);
 }
 
+/* <a, b> in double with eight partial sums: a single running sum is one
+ * add's latency per element, and these reductions over all parameters run
+ * several times a step. */
+static double dot_d(const float *a, const float *b, int64_t n)
+{
+    double acc[8] = {0}, sum = 0;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += (double)a[i + j] * b[i + j];
+    for (; i < n; i++) sum += (double)a[i] * b[i];
+    for (int j = 0; j < 8; j++) sum += acc[j];
+    return sum;
+}
+
 /* Norm of the group of parameters [p0, p1) of G. */
 static double group_norm(const run_ctx *x, const float *G, int p0, int p1)
 {
-    double acc = 0;
-    for (int64_t e = x->off[p0]; e < x->off[p1]; e++) acc += (double)G[e] * G[e];
-    return sqrt(acc);
+    const float *g = G + x->off[p0];
+    int64_t n = x->off[p1] - x->off[p0];
+    return sqrt(dot_d(g, g, n));
 }
 
 /* The groups a norm-type clip scales together: all parameters (global) or each one. */
@@ -143,8 +161,8 @@ static void clip_adjoint(const run_ctx *x, worker *w, const float *G, const floa
         for (int g = 0; g < clip_groups(x); g++) {
             int p0, p1;
             group_range(x, g, &p0, &p1);
-            double nrm = group_norm(x, G, p0, p1), sc = eval_n(x, x->scale, nrm), dot = 0;
-            for (int64_t e = x->off[p0]; e < x->off[p1]; e++) dot += (double)dGt[e] * G[e];
+            double nrm = group_norm(x, G, p0, p1), sc = eval_n(x, x->scale, nrm);
+            double dot = dot_d(dGt + x->off[p0], G + x->off[p0], x->off[p1] - x->off[p0]);
             double through = nrm > 0 ? eval_n(x, x->dscale, nrm) * dot / nrm : 0.0;
             for (int64_t e = x->off[p0]; e < x->off[p1]; e++) dG[e] = (float)(sc * dGt[e] + through * G[e]);
         }
@@ -179,9 +197,7 @@ static bool step_forward(const run_ctx *x, worker *w, int64_t m, int64_t s, floa
     if (kept) mn_mlp_keep_forward(&x->shape, &w->gw, rows, kept);
     mn_loss_dyhat(&w->gw, w->gw.y, v + t0 * x->dv, w->weight, rows, x->dv, w->dyhat);
     mn_mlp_backward(&x->shape, &w->gw.fwd, A, k + t0 * x->dk, rows, w->dyhat, Gp);
-    double total = 0;
-    for (int64_t e = 0; e < x->P; e++) total += (double)G[e] * G[e];
-    if (!isfinite(total)) return true;
+    if (!isfinite(dot_d(G, G, x->P))) return true;
     clip_forward(x, w, G, w->tmp);
     float e_s = x->eta[m * x->nsteps + s], keep = 1.0f - x->alpha[m * x->nsteps + s];
     for (int64_t e = 0; e < x->P; e++) {
@@ -224,11 +240,10 @@ static void step_reverse(const run_ctx *x, worker *w, int64_t m, int64_t s, int6
     bool skipped = w->skipped[i];
     if (!skipped) {
         float e_s = x->eta[m * x->nsteps + s], keep = 1.0f - x->alpha[m * x->nsteps + s];
-        double deta = 0, dalpha = 0;
+        /* the adjoint of S^(s+1) is dS + dW (both uses) */
+        double deta = dot_d(w->dS, Snow, P) + dot_d(w->dW, Snow, P), dalpha = -dot_d(w->dW, Wnow, P);
         for (int64_t e = 0; e < P; e++) {
-            float dSt = w->dS[e] + w->dW[e]; /* adjoint of S^(s+1), both uses */
-            deta += (double)dSt * Snow[e];
-            dalpha -= (double)w->dW[e] * Wnow[e];
+            float dSt = w->dS[e] + w->dW[e];
             w->dGt[e] = -dSt;
             w->dW[e] *= keep;
             w->dS[e] = e_s * dSt;

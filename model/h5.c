@@ -52,6 +52,14 @@ typedef struct {
     mn_status cb_status;           /* failure recorded inside an iteration callback */
 } h5_ctx;
 
+/* The load in progress, for mn_h5_loading (a crash inside libhdf5 can then
+ * be named by the process's signal handler). One at a time: HDF5 1.10 is
+ * not thread-safe in Debian's build anyway. */
+static const h5_ctx *volatile loading_now;
+
+const char *mn_h5_loading_file(void) { const h5_ctx *cx = loading_now; return cx ? cx->file : NULL; }
+const char *mn_h5_loading_where(void) { const h5_ctx *cx = loading_now; return cx ? cx->where : NULL; }
+
 /* ---- errors ---- */
 
 static herr_t innermost_cb(unsigned n, const H5E_error2_t *e, void *data)
@@ -778,6 +786,7 @@ mn_status mn_h5_load(const char *path, mn_node **out)
     if (!is_h5) return mn_fail(MN_ERR_IO, "loading '%s': not an HDF5 file", path);
 
     WHERE("opening the file");
+    loading_now = cx;
     H5C(fapl = H5Pcreate(H5P_FILE_ACCESS));
     H5C(H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG));
     H5C(file = H5Fopen(path, H5F_ACC_RDONLY, fapl));
@@ -800,5 +809,6 @@ done:
     CLOSE(H5Fclose, file);
     CLOSE(H5Pclose, fapl);
     H5Eclear2(H5E_DEFAULT);
+    loading_now = NULL;
     return st;
 }

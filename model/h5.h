@@ -13,6 +13,13 @@
 #include "tree.h"
 
 mn_status mn_h5_save(const char *path, const mn_node *root);
+
+/* While mn_h5_load runs: the file as the caller named it, and what it is
+ * reading ("attribute 'loss' of group '/rule'"); NULL otherwise. For a
+ * process's SIGSEGV handler: libhdf5 1.10 itself crashes on some damaged
+ * files (h5dump too), and the handler can then name the file. */
+const char *mn_h5_loading_file(void);
+const char *mn_h5_loading_where(void);
 /* Reads the whole file. Datasets of other numeric types are converted: floats
  * to f32 (f64 stays f64), integers to i64. Scalar datasets become 0-d
  * tensors. Attributes: integers -> MN_NODE_INTEGER, floats -> MN_NODE_NUMBER,

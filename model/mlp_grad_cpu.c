@@ -19,6 +19,7 @@
  * the second-order term d/do <g ubar, J(o) od> (rownorm.h); g and beta get
  * ybar nhat + ubar J od and ybar. Row-major, x is rows x in, W is out x in. */
 #include "grad.h"
+#include "scalar_math.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -112,7 +113,7 @@ int64_t mn_mlp_grad_work_bytes(const mn_mlp_shape *s, int64_t max_rows)
                      4 * max_rows * dv;
     floats += max_rows * s->in[0]; /* xclean */
     if (s->out_norm.on) floats += 2 * max_rows * dv;
-    int64_t doubles = (5 + MN_SHARED_MAX) * max_rows * wide + max_rows * hidden;
+    int64_t doubles = (5 + MN_SHARED_MAX) * max_rows * wide + 2 * max_rows * hidden;
     return floats * 4 + doubles * 8 + 2 * max_rows;
 }
 
@@ -128,6 +129,7 @@ mn_status mn_mlp_grad_work_init(mn_mlp_grad_work *w, const mn_mlp_shape *s, cons
         ok = ok && (w->zdot[i] = malloc(sizeof(float) * max_rows * s->out[i]));
         ok = ok && (w->hdot[i] = malloc(sizeof(float) * max_rows * s->out[i]));
         ok = ok && (w->dphi_at[i] = malloc(sizeof(double) * max_rows * s->out[i]));
+        ok = ok && (w->ddphi_at[i] = malloc(sizeof(double) * max_rows * s->out[i]));
     }
     float **fl[] = {&w->zbar, &w->zdotbar, &w->hbar, &w->hdotbar};
     for (size_t i = 0; i < 4 && ok; i++) ok = (*fl[i] = malloc(sizeof(float) * max_rows * wide)) != NULL;
@@ -170,6 +172,7 @@ void mn_mlp_grad_work_free(mn_mlp_grad_work *w)
         free(w->zdot[i]);
         free(w->hdot[i]);
         free(w->dphi_at[i]);
+        free(w->ddphi_at[i]);
     }
     void *bufs[] = {w->zbar, w->zdotbar, w->hbar, w->hdotbar, w->y,      w->u,
                     w->ybar, w->ubar,    w->din,  w->dout,    w->dout2, w->dv_in, w->dr_in,
@@ -188,6 +191,62 @@ static void run_in_z(mn_mlp_grad_work *w, const mn_shared_program *prog, const f
 {
     for (int64_t i = 0; i < n; i++) w->din[i] = z[i];
     mn_shared_program_run(prog, w->din, w->shared_scratch, out, n);
+}
+
+/* The shared scalar functions (scalar_math.h) in double, the precision of
+ * the expression programs they stand in for. */
+#define MN_SM_DOUBLE_NAME(name) mn_smd_##name
+MN_SCALAR_MATH(static inline, double, MN_SM_DOUBLE, MN_SM_DOUBLE_NAME)
+
+/* phi'(z) into d1 and, when d2 is not NULL, phi''(z) into d2, over n
+ * elements: closed forms for the built-in activations (one exp or erfc per
+ * element for both, where the programs of phi' and phi'' cost an
+ * interpreter pass and an exp each), the compiled programs for a custom
+ * one. relu' is 0 at 0 (SPEC.md section 7). */
+static void act_derivs(const mn_mlp_shape *s, mn_mlp_grad_work *w, const float *z, int64_t n, double *d1,
+                       double *d2)
+{
+    switch (s->activation) {
+    case MN_ACT_SILU:
+        /* silu' = sg (1 + z (1 - sg)), silu'' = sg (1 - sg) (2 + z (1 - 2 sg)) */
+        for (int64_t i = 0; i < n; i++) {
+            double x = z[i], sg = mn_smd_sigmoid(x);
+            d1[i] = sg * (1.0 + x * (1.0 - sg));
+            if (d2) d2[i] = sg * (1.0 - sg) * (2.0 + x * (1.0 - 2.0 * sg));
+        }
+        return;
+    case MN_ACT_GELU:
+        /* gelu' = Phi + z pdf, gelu'' = pdf (2 - z^2) */
+        for (int64_t i = 0; i < n; i++) {
+            double x = z[i], pdf = mn_smd_normpdf(x);
+            d1[i] = mn_smd_normcdf(x) + x * pdf;
+            if (d2) d2[i] = pdf * (2.0 - x * x);
+        }
+        return;
+    case MN_ACT_TANH:
+        for (int64_t i = 0; i < n; i++) {
+            double t = mn_smd_tanh(z[i]);
+            d1[i] = 1.0 - t * t;
+            if (d2) d2[i] = -2.0 * t * d1[i];
+        }
+        return;
+    case MN_ACT_RELU:
+        for (int64_t i = 0; i < n; i++) {
+            d1[i] = z[i] > 0 ? 1.0 : 0.0;
+            if (d2) d2[i] = 0.0;
+        }
+        return;
+    case MN_ACT_IDENTITY:
+        for (int64_t i = 0; i < n; i++) {
+            d1[i] = 1.0;
+            if (d2) d2[i] = 0.0;
+        }
+        return;
+    case MN_ACT_CUSTOM:
+    case MN_ACT_COUNT: break;
+    }
+    run_in_z(w, &w->dphi, z, n, d1);
+    if (d2) run_in_z(w, &w->ddphi, z, n, d2);
 }
 
 /* The loss programs' inputs y, v, r = y - v for rows x dv elements. */
@@ -341,7 +400,7 @@ void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *cons
             mm_nt(rows, out, inn, in, dW, db ? 1.0f : 0.0f, zd);
             if (i > 0) mm_nt(rows, out, inn, w->hdot[i - 1], W, 1.0f, zd);
             if (i < L - 1) {
-                run_in_z(w, &w->dphi, w->fwd.z[i], rows * out, w->dphi_at[i]);
+                act_derivs(s, w, w->fwd.z[i], rows * out, w->dphi_at[i], w->ddphi_at[i]);
                 for (int64_t e = 0; e < rows * out; e++) w->hdot[i][e] = (float)(w->dphi_at[i][e] * zd[e]);
             }
         }
@@ -434,14 +493,13 @@ void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *cons
         }
         int64_t m = rows * inn;
         if (dG) {
-            const double *d1 = w->dphi_at[i - 1];
-            run_in_z(w, &w->ddphi, w->fwd.z[i - 1], m, w->dout2);
+            const double *d1 = w->dphi_at[i - 1], *d2 = w->ddphi_at[i - 1];
             for (int64_t e = 0; e < m; e++) {
-                w->zbar[e] = (float)(d1[e] * w->hbar[e] + w->dout2[e] * w->zdot[i - 1][e] * w->hdotbar[e]);
+                w->zbar[e] = (float)(d1[e] * w->hbar[e] + d2[e] * w->zdot[i - 1][e] * w->hdotbar[e]);
                 w->zdotbar[e] = (float)(d1[e] * w->hdotbar[e]);
             }
         } else {
-            run_in_z(w, &w->dphi, w->fwd.z[i - 1], m, w->dout);
+            act_derivs(s, w, w->fwd.z[i - 1], m, w->dout, NULL);
             for (int64_t e = 0; e < m; e++) w->zbar[e] = (float)(w->dout[e] * w->hbar[e]);
         }
     }
@@ -474,7 +532,7 @@ void mn_mlp_vjp(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *const *P, con
             break;
         }
         int64_t m = rows * inn;
-        run_in_z(w, &w->dphi, w->fwd.z[i - 1], m, w->dout);
+        act_derivs(s, w, w->fwd.z[i - 1], m, w->dout, NULL);
         for (int64_t e = 0; e < m; e++) w->zbar[e] = (float)(w->dout[e] * w->hbar[e]);
     }
 }

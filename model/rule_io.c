@@ -46,10 +46,14 @@ static mn_status read_field(const mn_node *n, const mn_field *fd, const char *wh
     double x = 0;
     switch (fd->type) {
     case MN_FIELD_INT:
-    case MN_FIELD_BOOL:
         if (!node_number(n, &x)) return mn_fail(MN_ERR_ARG, "%s: %s '%s' must be an integer, got %s", where, noun, fd->name, kind_name(n));
         if (x != floor(x) || fabs(x) > 2e9)
             return mn_fail(MN_ERR_ARG, "%s: %s '%s' must be an integer, got %g", where, noun, fd->name, x);
+        break;
+    case MN_FIELD_BOOL:
+        if (!node_number(n, &x)) return mn_fail(MN_ERR_ARG, "%s: %s '%s' must be 0 or 1, got %s", where, noun, fd->name, kind_name(n));
+        if (x != 0 && x != 1) /* a 2 is more likely a slip than a yes */
+            return mn_fail(MN_ERR_ARG, "%s: %s '%s' must be 0 or 1 (false or true), got %g", where, noun, fd->name, x);
         break;
     case MN_FIELD_NUM:
         if (!node_number(n, &x)) return mn_fail(MN_ERR_ARG, "%s: %s '%s' must be a number, got %s", where, noun, fd->name, kind_name(n));

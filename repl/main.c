@@ -17,6 +17,7 @@
 #include <lualib.h>
 
 #include "../dsl/dsl.h"
+#include "../model/h5.h"
 #include "../model/mn.h"
 #include "cli.h"
 #include "lineedit.h"
@@ -125,6 +126,28 @@ static void laction(int sig)
     setsignal(sig, SIG_DFL);
     mn_interrupt_requested = 1;
     lua_sethook(globalL, lstop, flag, 1);
+}
+
+/* libhdf5 1.10 (Debian 12) itself crashes on some damaged files (a global
+ * heap whose lengths are garbage: h5dump and h5py die on them too). A crash
+ * (a fault, or glibc aborting on the heap it damaged) while a file is being
+ * loaded becomes a one-line error naming the file and
+ * what was being read, and exit status 2; the process cannot go on, since
+ * the library's memory may be damaged. Any other crash keeps its default. */
+static void say(const char *s) { if (s && write(2, s, strlen(s)) < 0) return; }
+static void on_crash(int sig)
+{
+    const char *file = mn_h5_loading_file();
+    if (!file) {
+        setsignal(sig, SIG_DFL); /* returning re-runs the fault: the default action */
+        return;
+    }
+    say("mnemo: loading '");
+    say(file);
+    say("': ");
+    say(mn_h5_loading_where());
+    say(": the HDF5 library crashed reading it (a damaged file)\n");
+    _exit(2);
 }
 
 /* The traceback, less the frame of the C call that started the chunk. */
@@ -506,6 +529,9 @@ int main(int argc, char **argv)
 {
     lua_State *L;
     int status, script = argc, args;
+    setsignal(SIGSEGV, on_crash);
+    setsignal(SIGBUS, on_crash);
+    setsignal(SIGABRT, on_crash); /* glibc's heap checks, after libhdf5 wrote past a block */
     if (argc >= 2 && strcmp(argv[1], "run") == 0) return mn_cli_run(argc - 1, argv + 1);
     if (argc >= 2 && strcmp(argv[1], "compare") == 0) return mn_cli_compare(argc - 1, argv + 1);
     args = collectargs(argv, &script);

@@ -12,6 +12,18 @@ SAN_SUPP="$PWD/tests/sanitize"
 export LSAN_OPTIONS="suppressions=$SAN_SUPP/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 found=0
+
+# h5dump_fails_too LOG: the input of LOG's crash, as fuzz_experiment writes
+# it to a file (its first byte even: the rest is the file), makes h5dump
+# crash or hang as well. Sets $art.
+h5dump_fails_too() {
+    art=$(sed -n 's/.*Test unit written to //p' "$1" | tail -1)
+    [ -f "$art" ] && command -v h5dump > /dev/null || return 1
+    [ $(( $(od -An -tu1 -N1 "$art") % 2 )) -eq 0 ] || return 1
+    tail -c +2 "$art" > "$art.h5"
+    timeout 20 h5dump -A "$art.h5" > /dev/null 2>&1
+    [ $? -ge 124 ]
+}
 for bin in "$FUZZ_BUILD"/fuzz_*; do
     [ -x "$bin" ] || continue
     name=$(basename "$bin")           # fuzz_expr
@@ -38,7 +50,7 @@ for bin in "$FUZZ_BUILD"/fuzz_*; do
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
     # The innermost frame of ours or a library's (not libFuzzer's, the
     # sanitizers' or libc's) in the report.
-    inner=$(grep -E '^ +#[0-9]+ ' "$log" | grep -vE 'fuzzer::|__sanitizer|libc\.so|in (abort|raise|__GI_)' | head -1)
+    inner=$(grep -E '^ +#[0-9]+ ' "$log" | grep -vE 'fuzzer::|__sanitizer|__interceptor_|__asan_|libc\.so|in (abort|raise|__GI_)' | head -1)
     if [ "$rc" -eq 0 ]; then
         echo "PASS fuzz $short: ${runs:-?} executions in ${FUZZ_SECONDS} s, no crash"
     elif grep -q 'libFuzzer: timeout' "$log" && echo "$inner" | grep -q libhdf5; then
@@ -47,6 +59,12 @@ for bin in "$FUZZ_BUILD"/fuzz_*; do
         # of its own HDF5 reader. Reported, neither passed nor failed.
         art=$(sed -n 's/.*Test unit written to //p' "$log" | tail -1)
         echo "SKIP fuzz $short: libhdf5 hung inside its own code after ${runs:-?} executions (an upstream bug; input kept in ${art:-$arts})"
+    elif echo "$inner" | grep -q libhdf5 && h5dump_fails_too "$log"; then
+        # a crash inside libhdf5 that the library's own h5dump has on the
+        # same file: Debian's 1.10.8 reading a damaged global heap (mnemo
+        # itself exits 2 naming the file: repl/main.c). Reported, neither
+        # passed nor failed; see tests/fuzz/upstream/.
+        echo "SKIP fuzz $short: libhdf5 crashed inside its own code after ${runs:-?} executions, and h5dump crashes on the same file (an upstream bug; input kept in $art)"
     else
         art=$(sed -n 's/.*Test unit written to //p' "$log" | tail -1)
         grep -E 'ERROR|SUMMARY|runtime error|Base64' "$log" | head -5

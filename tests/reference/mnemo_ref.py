@@ -102,6 +102,58 @@ def qk_normalise(exp, x):
     return x / torch.sqrt(sq + 1e-6)
 
 
+class rounded_products:
+    """Within `with rounded_products("bf16"):` (or "tf32") every product of
+    the memory (forward, and both products of its backward) rounds its
+    operands to that format and accumulates in the run's dtype, as a tensor
+    core does. Used by conformance to tell a tensor that reduced precision
+    itself moves (the same algorithm, rounded the same way, is off too) from
+    an engine that is wrong. "fp32" leaves the products alone."""
+
+    def __init__(self, precision):
+        self.round = {"fp32": None, "tf32": _round_tf32, "bf16": _round_bf16}[precision]
+
+    def __enter__(self):
+        self.saved = Memory.__dict__["linear"]  # the staticmethod itself
+        if self.round is not None:
+            Memory.linear = staticmethod(_rounded_linear(self.round))
+        return self
+
+    def __exit__(self, *exc):
+        Memory.linear = self.saved
+        return False
+
+
+def _round_bf16(t):
+    return t.to(torch.bfloat16).to(t.dtype)
+
+
+def _round_tf32(t):
+    # nearest of the 10-bit mantissa (ties away), through float32's bits
+    i = t.to(torch.float32).view(torch.int32)
+    i = (i + 0x1000) & ~0x1FFF
+    return i.view(torch.float32).to(t.dtype)
+
+
+def _rounded_linear(rnd):
+    class RoundedMatmul(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, wt):
+            ctx.save_for_backward(x, wt)
+            return torch.matmul(rnd(x), rnd(wt))
+
+        @staticmethod
+        def backward(ctx, g):
+            x, wt = ctx.saved_tensors
+            return (torch.matmul(rnd(g), rnd(wt).transpose(-1, -2)),
+                    torch.matmul(rnd(x).transpose(-1, -2), rnd(g)))
+
+    def linear(x, W, b):
+        y = RoundedMatmul.apply(x, W.transpose(-1, -2))
+        return y if b is None else y + b.unsqueeze(-2)
+    return linear
+
+
 def make_token_loss(exp):
     """Per-token loss l_t = R_j f(y_tj, v_tj) -> [B,H,N] (before theta)."""
     rule = exp.rule

@@ -104,7 +104,59 @@ def main():
     finally:
         if os.path.exists(path):
             os.unlink(path)
+    failed += precision_probe()
     return 1 if failed else 0
+
+
+def precision_probe():
+    """The bf16 probe of sensitive_forward on the case the H100 met (seed 1,
+    wide16/exp_00005: a 3-layer memory with a max() activation whose first
+    layer's momenta bf16 products move by 5e-2 and 8e-2). A result equal to
+    the float64 reference with bf16 products (what a correct engine gives)
+    passes with a note; the same with S_W1 moved by a further twice the
+    bound (a wrong engine) fails."""
+    import numpy as np
+    import h5py
+    import shutil
+    import tempfile
+    import torch
+    binary = os.environ.get("MNEMO", os.path.join(os.getcwd(), "mnemo"))
+    if not os.path.exists(binary):
+        print("SKIP kinked_rule/precision_probe: no mnemo binary at %s" % binary)
+        return 0
+    d = tempfile.mkdtemp(prefix="mnemo_probe_")
+    try:
+        exp_path = os.path.join(d, "exp.h5")
+        gen_experiments.write_config(exp_path, gen_experiments.make_config(1, 5, 64, min_width=16,
+                                                                              norms=False))  # as the H100 met it
+        exp = mnemo_ref.load_experiment(exp_path)
+        ref_path = os.path.join(d, "exp.ref.h5")
+        mnemo_ref.write_result(ref_path, exp, mnemo_ref.run(exp, grads=False), np.float64)
+        with mnemo_ref.rounded_products("bf16"):
+            bf = mnemo_ref.run(exp, dtype=torch.float64, grads=False)
+        good, bad = os.path.join(d, "good.h5"), os.path.join(d, "bad.h5")
+        mnemo_ref.write_result(good, exp, bf, np.float32)
+        shutil.copy(good, bad)
+        with h5py.File(bad, "r+") as f:
+            ref = mnemo_ref.run(exp, grads=False)["S_W1"]
+            noise = np.random.default_rng(0).standard_normal(ref.shape)
+            shift = 2 * conf.RTOL["bf16"] * np.linalg.norm(ref) / np.linalg.norm(noise)
+            f["final/S_W1"][...] = f["final/S_W1"][()] + shift * noise
+        rows = {}
+        for name, path in (("good", good), ("bad", bad)):
+            failing = ["%s x" % k for k, e in conf.compare_rows(binary, path, ref_path, conf.RTOL["bf16"]).items()
+                       if e > conf.RTOL["bf16"]]
+            rows[name] = (failing, conf.sensitive_forward(exp, ref_path, path, failing, conf.RTOL["bf16"], "bf16"))
+        good_fail, (good_still, good_notes) = rows["good"]
+        bad_fail, (bad_still, _) = rows["bad"]
+        ok = ("/final/S_W1 x" in good_fail and not good_still and any("bf16 products" in n for n in good_notes)
+              and "/final/S_W1 x" in bad_still)
+        print("%s kinked_rule/precision_probe: over the bound %s; held by the bf16 probe: %s; "
+              "moved further still fails: %s" % ("PASS" if ok else "FAIL", [r.split()[0] for r in good_fail],
+                                                     "; ".join(good_notes), [r.split()[0] for r in bad_still]))
+        return 0 if ok else 1
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 if __name__ == "__main__":

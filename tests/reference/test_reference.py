@@ -1045,6 +1045,25 @@ def _():
     expect_close(res_sum["W1"], res_m["W1"], 1e-6, "feature sum with theta/dv")  # theta rounded to f32
 
 
+@check("rounded_products")
+def _():
+    # conformance's precision probe: bf16 products move a linear memory's
+    # retrieval by about bf16's rounding (8 bits), tf32's by about 2^-11,
+    # fp32 not at all, and leaving the block restores exact products
+    rng = np.random.default_rng(17)
+    k, v, W, theta = linear_setup(rng, B=1, H=1, T=16, dk=16, dv=16)
+    exp = mnemo_ref.load_experiment(write_exp({"layers": 1, "step": 4}, {"k": k, "v": v}, {"theta": theta}, {"W1": W}))
+    exact = mnemo_ref.run(exp, grads=False)["y"]
+    moved = {}
+    for p in ("fp32", "tf32", "bf16"):
+        with mnemo_ref.rounded_products(p):
+            moved[p] = relerr(mnemo_ref.run(exp, grads=False)["y"], exact)
+    expect(moved["fp32"] == 0, "fp32 products changed y by %g" % moved["fp32"])
+    expect(2 ** -14 < moved["tf32"] < 2 ** -8, "tf32 products moved y by %g" % moved["tf32"])
+    expect(2 ** -11 < moved["bf16"] < 2 ** -5, "bf16 products moved y by %g" % moved["bf16"])
+    expect(relerr(mnemo_ref.run(exp, grads=False)["y"], exact) == 0, "rounding outlived its block")
+
+
 if __name__ == "__main__":
     # (guarded: batch mode's worker processes re-import this module)
     import shutil
