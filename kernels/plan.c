@@ -96,6 +96,10 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
 {
     (void)p;
     memset(out, 0, sizeof *out);
+    /* SPEC v2's preconditioner runs on the cpu engine only (model/precond.c). */
+    if (r->precondition != MN_PRECOND_NONE)
+        return mn_fail(MN_ERR_UNSUPPORTED, "precondition %s: no cuda path runs it yet (device = 'cpu' does)",
+                       mn_part_name(&mn_precond_set, r->precondition));
     if (arch <= 0) arch = 90;
     if (smem_limit <= 0) smem_limit = smem_of_arch(arch);
     out->threads = FUSED_THREADS;
