@@ -66,6 +66,8 @@ AXES = [
     ("q", [0, 1]),
     ("nonfinite", ["none", "none", "none", "none", "none", "k", "v", "theta"]),
     ("strings", ["vlen", "fixed"]),
+    ("precondition", ["none", "none", "none", "newton_schulz"]),   # SPEC v2
+    ("ragged", [0, 0, 0, 1]),                                      # SPEC v2: /inputs/lengths
 ]
 
 # Custom expressions: (text, constants). All smooth where it matters (see the
@@ -327,11 +329,34 @@ def make_config(seed, i, max_T=64, min_width=1):
                 theta_kind, gate_kinds["eta"], gate_kinds["alpha"], ax["init_layout"],
                 "yes" if ax["momentum_init"] else "no", "yes" if ax["q"] else "no",
                 ",".join(bad) if bad else "none", ax["strings"]))
+    desc += v2_options(seed, i, ax, rule, inputs, B, T)
     upstream = make_upstream(seed, i, B, H, T, dv, names)
     if upstream:
         desc += " upstream=" + ",".join(upstream)
     return {"rule": rule, "constants": constants, "inputs": inputs, "gates": gates,
             "init": init, "upstream": upstream, "desc": desc, "strings": ax["strings"], "seed": seed, "index": i}
+
+
+def v2_options(seed, i, ax, rule, inputs, B, T):
+    """SPEC v2's precondition and lengths for file i, drawn from a stream of
+    their own (the rest of the file is what it was before they existed).
+    Returns the text added to the config line."""
+    rng = np.random.default_rng([seed, i, 200])
+    desc = ""
+    if ax["precondition"] == "newton_schulz":
+        rule["precondition"] = "newton_schulz"
+        steps = int(rng.choice([1, 2, 3, 5, 5]))
+        if steps != 5 or rng.random() < 0.5:
+            rule["ns_steps"] = steps
+        desc += " precond=ns%d" % steps
+    if ax["ragged"]:
+        # any length 0..T; a full sequence and an empty one now and then
+        lengths = rng.integers(0, T + 1, size=B)
+        if B > 1 and rng.random() < 0.5:
+            lengths[rng.integers(B)] = T
+        inputs["lengths"] = lengths.astype(np.int64)
+        desc += " lengths=%s" % ",".join(str(int(x)) for x in lengths)
+    return desc
 
 
 # The share of files with /upstream (SPEC.md section 7 gradients), stratified
@@ -389,7 +414,8 @@ def write_config(path, cfg):
                 continue
             g = f.create_group(group)
             for key, arr in cfg[group].items():
-                g.create_dataset(key, data=np.asarray(arr, dtype="<f4"))
+                integer = group == "inputs" and key == "lengths"
+                g.create_dataset(key, data=np.asarray(arr, dtype="<i8" if integer else "<f4"))
 
 
 def main(argv=None):

@@ -293,10 +293,17 @@ def run(exp, dtype=torch.float64, trace=False, grads=True):
         pos_t = torch.arange(T)[None, None, :]
         pad = (pos_t >= torch.as_tensor(exp.lengths)[:, None, None]).expand(B, H, T)
 
-    def step_gradient(Wbar, ks, vs, ths, n_tok):
+    def step_gradient(Wbar, ks, vs, ths, n_tok, pad_s=None):
         """G_s at Wbar (SPEC.md section 2) and the step's per-token losses.
-        n_tok: the tokens that count for mean (a number, or [B,H])."""
+        n_tok: the tokens that count for mean (a number, or [B,H]). pad_s:
+        the step's padding tokens (their theta is 0 already): they see the
+        fixed pair y = 1, v = 0, so that every loss and its first and second
+        derivatives are finite there (lp's f'' is infinite at r = 0, and
+        0 * inf in the second-order backward would be NaN)."""
         y = model(Wbar, ks)
+        if pad_s is not None:
+            y = torch.where(pad_s[..., None], torch.ones_like(y), y)
+            vs = torch.where(pad_s[..., None], torch.zeros_like(vs), vs)
         l_t = token_loss(y, vs)                                # [B,H,n], before theta
         if rule["token_reduce"] == "mean":
             objective = ((ths * l_t).sum(-1) / n_tok).sum()
@@ -329,13 +336,14 @@ def run(exp, dtype=torch.float64, trace=False, grads=True):
         ks, vs, ths = k[:, :, lo:hi], v[:, :, lo:hi], theta[:, :, lo:hi]
         n_tok = hi - lo
         active = torch.ones(B, H, dtype=torch.bool)
+        pad_s = None
         if pad is not None:
             pad_s = pad[:, :, lo:hi]
             ks, vs = _zero_rows(ks, pad_s), _zero_rows(vs, pad_s)
             ths = torch.where(pad_s, torch.zeros_like(ths), ths)
             n_tok = (~pad_s).sum(-1).clamp(min=1).to(dtype)
             active = ~pad_s[:, :, 0]
-        G, l_t, y = step_gradient(Wbar, ks, vs, ths, n_tok)
+        G, l_t, y = step_gradient(Wbar, ks, vs, ths, n_tok, pad_s)
 
         sq = sum(_sqnorm(G[n].detach()) for n in names)
         finite = torch.stack([torch.isfinite(G[n].detach()).flatten(2).all(-1) if G[n].dim() > 2
@@ -349,7 +357,7 @@ def run(exp, dtype=torch.float64, trace=False, grads=True):
             skip = ~finite
             Wh = {n: _hold(Wbar[n], _per_memory(skip, Wbar[n])) for n in names}
             G, _, _ = step_gradient(Wh, _hold(ks, skip[:, :, None, None]), _hold(vs, skip[:, :, None, None]),
-                                    _hold(ths, skip[:, :, None]), n_tok)
+                                    _hold(ths, skip[:, :, None]), n_tok, pad_s)
         if diff:
             bad = bad_kv[:, :, lo:hi]
             if pad is not None:
