@@ -186,7 +186,7 @@ mnemo.rule{...} -> a Rule
   rule:run{k=, v=, ...}, rule:memory{...}, rule:experiment{...},
   rule:attrs(), rule:save(path), rule:expressions(), rule:with{...}. See help("rules").]],
   ["Rule:run"] = [[
-rule:run{k =, v = [, q =] [, theta =, eta =, alpha =] [, init =] [, seed =] [, device =] [, precision =]} -> result
+rule:run{k =, v = [, q =] [, lengths =] [, theta =, eta =, alpha =] [, init =] [, seed =] [, device =] [, precision =]} -> result
   One run over k [B,H,T,dk] and v [B,H,T,dv] ([T,d] or [H,T,d] also do)
   from the initial state: init is "xavier" (default), "normal", "zeros", a
   table {W1 =, b1 =, ..., S_W1 =, ...} or an .h5 path (its /init or /final);
@@ -194,7 +194,11 @@ rule:run{k =, v = [, q =] [, theta =, eta =, alpha =] [, init =] [, seed =] [, d
   result is a table in the result schema of docs/files.md: outputs (y,
   loss, grad_norm, clip_scale, skipped), final (W1, ..., S_W1, ...), trace
   (step_loss, weight_norm per step), rule; mnemo.save writes it.
-  device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there.
+  lengths = {l_1, ..., l_B} (or a [B] tensor, integers 0..T): ragged
+  batches; tokens at and after l_b of sequence b are padding (no gradient,
+  not counted, y = 0, loss = 0; a step that starts there changes nothing).
+  device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there (not
+  yet with lengths or precondition = "newton_schulz": refused by name).
   grad = true keeps what res:backward{...} needs (help("Result:backward")).]],
   ["Result:backward"] = [[
 res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block =]} -> gradients
