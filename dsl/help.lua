@@ -291,7 +291,8 @@ rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =
 mem:write(k, v [, gates]) or mem:write{k =, v =, theta =, ...} -> per-step table
   Feeds a block of tokens: one step per `step` tokens (a shorter block ends
   with a short step). Returns loss [B,H,n] and, per step, grad_norm,
-  clip_scale, skipped, step_loss, weight_norm.]],
+  clip_scale, skipped, step_loss, weight_norm. lengths = {...} counts the
+  real tokens of each sequence from this block's first token.]],
   ["Memory:run"] = [[
 mem:run(k, v [, q] [, gates]) -> per-step table with y
   As mem:write, and also retrieves y for each token (q defaults to k) with

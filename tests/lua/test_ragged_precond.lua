@@ -87,6 +87,14 @@ T.eq("lengths/backward: v of sequence 3 (all padding)", g.v[{ 3 }]:abs():max(), 
 T.eq("lengths/backward: theta of the padding", g.theta[{ 1 }]:narrow(2, 6, 3):abs():max(), 0)
 T.ok("lengths/backward: real tokens get a gradient", g.k[{ 1 }]:narrow(2, 1, 5):abs():max() > 0)
 
+-- a memory fed in two blocks, lengths counted from each block's start,
+-- ends where the ragged run ends (block 1: 4 tokens, 2 steps)
+local mem = rule:memory { B = B, H = H, dk = dk, dv = dv, seed = 1 }
+mem:write { k = k:narrow(3, 1, 4), v = v:narrow(3, 1, 4), lengths = { 4, 4, 0 } }
+mem:write { k = k:narrow(3, 5, 4), v = v:narrow(3, 5, 4), lengths = { 1, 4, 0 } }
+T.ok("lengths: a memory written in blocks ends as the ragged run",
+  rel(mem:state().W1, a.final.W1) < 1e-6)
+
 -- rule:experiment writes them into /inputs
 local e = rule:experiment { k = k, v = v, lengths = lengths }
 T.eq("lengths: rule:experiment puts them in inputs", e.inputs.lengths and e.inputs.lengths:sum(), 13)
