@@ -154,8 +154,12 @@ def random_rules(workdir, count):
         cfg = gen_experiments.make_config(7, i, max_T=24)
         if not all_finite(cfg):
             continue  # non-finite inputs: the conformance suite's business
-        n_done += 1
         label = "bridge/random/%03d" % i
+        if "lengths" in cfg["inputs"]:
+            # SPEC v2's ragged batches: mt.run has no lengths argument yet
+            print("SKIP %s: the bridge does not take lengths (ragged batches) yet" % label)
+            continue
+        n_done += 1
         path = os.path.join(workdir, "exp_%03d.h5" % i)
         gen_experiments.write_config(path, cfg)
         try:
