@@ -157,7 +157,7 @@ static mn_status thread_work_init(thread_work *tw, const mn_rule *r, const mn_ml
     memset(tw, 0, sizeof *tw);
     mn_status st = mn_mlp_work_init(&tw->mlp, s, r, max_rows);
     if (st == MN_OK) st = loss_init(&tw->loss, r, d->dv, max_rows);
-    if (st == MN_OK) st = mn_precond_work_init(&tw->precond, r, s);
+    if (st == MN_OK) st = mn_precond_work_init(&tw->precond, r, s, false);
     if (st != MN_OK) {
         thread_work_free(tw);
         return st;

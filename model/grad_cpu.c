@@ -373,7 +373,7 @@ static int64_t worker_bytes(const run_ctx *x)
                      x->max_rows * x->dv + K * x->kept_floats;
     int64_t extra = mn_rule_clip_elementwise(x->rule) ? 2 * P * 8 : 0;
     return floats * 4 + K + extra + mn_mlp_grad_work_bytes(&x->shape, x->max_rows) +
-           mn_precond_work_bytes(x->rule, &x->shape);
+           mn_precond_work_bytes(x->rule, &x->shape, true);
 }
 
 static void worker_free(worker *w)
@@ -390,7 +390,7 @@ static mn_status worker_init(worker *w, const run_ctx *x)
 {
     memset(w, 0, sizeof *w);
     MN_TRY(mn_mlp_grad_work_init(&w->gw, &x->shape, x->rule, x->max_rows));
-    mn_status pst = mn_precond_work_init(&w->pw, x->rule, &x->shape);
+    mn_status pst = mn_precond_work_init(&w->pw, x->rule, &x->shape, true);
     if (pst != MN_OK) {
         mn_mlp_grad_work_free(&w->gw);
         return pst;

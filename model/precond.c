@@ -58,21 +58,24 @@ static void caps(const mn_rule *r, const mn_mlp_shape *s, int64_t *mn, int64_t *
     }
 }
 
-int64_t mn_precond_work_bytes(const mn_rule *r, const mn_mlp_shape *s)
+static int64_t kept_iterates(const mn_rule *r, bool adjoint) { return adjoint ? r->ns_steps + 1 : 2; }
+
+int64_t mn_precond_work_bytes(const mn_rule *r, const mn_mlp_shape *s, bool adjoint)
 {
     int64_t mn, mm;
     caps(r, s, &mn, &mm);
-    return (int64_t)sizeof(double) * ((r->ns_steps + 4) * mn + 4 * mm);
+    return (int64_t)sizeof(double) * ((kept_iterates(r, adjoint) + 3) * mn + 4 * mm);
 }
 
-mn_status mn_precond_work_init(mn_precond_work *w, const mn_rule *r, const mn_mlp_shape *s)
+mn_status mn_precond_work_init(mn_precond_work *w, const mn_rule *r, const mn_mlp_shape *s, bool adjoint)
 {
     memset(w, 0, sizeof *w);
     caps(r, s, &w->cap_mn, &w->cap_mm);
     if (w->cap_mn == 0) return MN_OK;
     w->steps = r->ns_steps;
+    w->adjoint = adjoint;
     size_t mn = sizeof(double) * (size_t)w->cap_mn, mm = sizeof(double) * (size_t)w->cap_mm;
-    bool ok = (w->X = malloc(mn * (size_t)(w->steps + 1))) && (w->A = malloc(mm)) && (w->B = malloc(mm)) &&
+    bool ok = (w->X = malloc(mn * (size_t)kept_iterates(r, adjoint))) && (w->A = malloc(mm)) && (w->B = malloc(mm)) &&
               (w->dB = malloc(mm)) && (w->dA = malloc(mm)) && (w->dX = malloc(mn)) && (w->dXn = malloc(mn)) &&
               (w->G = malloc(mn));
     if (!ok) {
@@ -120,19 +123,24 @@ static void ns_products(mn_precond_work *w, const double *X, int64_t m, int64_t 
                 1.0, w->B, (int)m);
 }
 
-/* The iterates X_0 .. X_k of G (already in w->G, m x n, norm nu > 0) into w->X. */
-static void ns_iterate(mn_precond_work *w, int64_t m, int64_t n, double nu)
+/* Slot of iterate i in w->X: every one kept for the adjoint, else two in turn. */
+static double *iterate(mn_precond_work *w, int i, int64_t mn) { return w->X + (w->adjoint ? i : i % 2) * mn; }
+
+/* The iterates X_0 .. X_k of G (already in w->G, m x n, norm nu > 0) into
+ * w->X; returns X_k. */
+static const double *ns_iterate(mn_precond_work *w, int64_t m, int64_t n, double nu)
 {
     int64_t mn = m * n;
     for (int64_t e = 0; e < mn; e++) w->X[e] = w->G[e] / (nu + NS_EPS);
     for (int i = 0; i < w->steps; i++) {
-        const double *X = w->X + i * mn;
-        double *Xn = w->X + (i + 1) * mn;
+        const double *X = iterate(w, i, mn);
+        double *Xn = iterate(w, i + 1, mn);
         ns_products(w, X, m, n);
         for (int64_t e = 0; e < mn; e++) Xn[e] = NS_A * X[e];
         cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)m, 1.0, w->B, (int)m, X, (int)n,
                     1.0, Xn, (int)n);
     }
+    return iterate(w, w->steps, mn);
 }
 
 static void ns_forward(mn_precond_work *w, float *g, int64_t rows, int64_t cols)
@@ -141,8 +149,7 @@ static void ns_forward(mn_precond_work *w, float *g, int64_t rows, int64_t cols)
     load(g, rows, cols, w->G);
     double nu = sqrt(dot(w->G, w->G, mn));
     if (!(nu > 0)) return; /* Gt = 0 stays 0 */
-    ns_iterate(w, m, n, nu);
-    const double *Y = w->X + w->steps * mn;
+    const double *Y = ns_iterate(w, m, n, nu);
     double rho = sqrt(dot(Y, Y, mn));
     store(Y, rows, cols, rho > 0 ? nu / rho : 0.0, g);
 }
@@ -156,8 +163,7 @@ static void ns_adjoint(mn_precond_work *w, const float *g, float *dg, int64_t ro
         memset(dg, 0, sizeof(float) * (size_t)mn);
         return;
     }
-    ns_iterate(w, m, n, nu);
-    const double *Y = w->X + w->steps * mn;
+    const double *Y = ns_iterate(w, m, n, nu);
     double rho = sqrt(dot(Y, Y, mn));
     if (!(rho > 0)) {
         memset(dg, 0, sizeof(float) * (size_t)mn);
@@ -168,7 +174,7 @@ static void ns_adjoint(mn_precond_work *w, const float *g, float *dg, int64_t ro
     double dnu = dY / rho;
     for (int64_t e = 0; e < mn; e++) w->dXn[e] = (nu / rho) * w->dXn[e] - (nu * dY / (rho * rho * rho)) * Y[e];
     for (int i = w->steps - 1; i >= 0; i--) {
-        const double *X = w->X + i * mn;
+        const double *X = iterate(w, i, mn);
         ns_products(w, X, m, n);
         /* dX = a dX' + B dX' */
         for (int64_t e = 0; e < mn; e++) w->dX[e] = NS_A * w->dXn[e];

@@ -733,7 +733,7 @@ static void test_newton_schulz_forward(void)
     mn_mlp_shape sh;
     mn_mlp_shape_init(&sh, &r, &d); /* W1 [2x3] (wide), b1 [2], W2 [3x2] (tall), b2 [3] */
     mn_precond_work w;
-    CHECK("ns/work", mn_precond_work_init(&w, &r, &sh) == MN_OK);
+    CHECK("ns/work", mn_precond_work_init(&w, &r, &sh, false) == MN_OK);
     double s1 = 0.9, s2 = 0.05, th = 0.3, nu = sqrt(s1 * s1 + s2 * s2);
     double x1 = s1 / (nu + 1e-7), x2 = s2 / (nu + 1e-7);
     for (int i = 0; i < r.ns_steps; i++) {
