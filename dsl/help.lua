@@ -186,7 +186,7 @@ mnemo.rule{...} -> a Rule
   rule:run{k=, v=, ...}, rule:memory{...}, rule:experiment{...},
   rule:attrs(), rule:save(path), rule:expressions(), rule:with{...}. See help("rules").]],
   ["Rule:run"] = [[
-rule:run{k =, v = [, q =] [, theta =, eta =, alpha =] [, init =] [, seed =] [, device =] [, precision =]} -> result
+rule:run{k =, v = [, q =] [, lengths =] [, theta =, eta =, alpha =] [, init =] [, seed =] [, device =] [, precision =]} -> result
   One run over k [B,H,T,dk] and v [B,H,T,dv] ([T,d] or [H,T,d] also do)
   from the initial state: init is "xavier" (default), "normal", "zeros", a
   table {W1 =, b1 =, ..., S_W1 =, ...} (with an out_norm also ln_g =,
@@ -195,8 +195,12 @@ rule:run{k =, v = [, q =] [, theta =, eta =, alpha =] [, init =] [, seed =] [, d
   result is a table in the result schema of docs/files.md: outputs (y,
   loss, grad_norm, clip_scale, skipped), final (W1, ..., S_W1, ...), trace
   (step_loss, weight_norm per step), rule; mnemo.save writes it.
-  device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there
-  (not a rule with out_norm or qk_norm: the cpu runs those).
+  lengths = {l_1, ..., l_B} (or a [B] tensor, integers 0..T): ragged
+  batches; tokens at and after l_b of sequence b are padding (no gradient,
+  not counted, y = 0, loss = 0; a step that starts there changes nothing).
+  device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there (not
+  yet with lengths, out_norm, qk_norm or precondition = "newton_schulz":
+  refused by name; the cpu runs those).
   grad = true keeps what res:backward{...} needs (help("Result:backward")).]],
   ["Result:backward"] = [[
 res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block =]} -> gradients
@@ -290,7 +294,8 @@ rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =
 mem:write(k, v [, gates]) or mem:write{k =, v =, theta =, ...} -> per-step table
   Feeds a block of tokens: one step per `step` tokens (a shorter block ends
   with a short step). Returns loss [B,H,n] and, per step, grad_norm,
-  clip_scale, skipped, step_loss, weight_norm.]],
+  clip_scale, skipped, step_loss, weight_norm. lengths = {...} counts the
+  real tokens of each sequence from this block's first token.]],
   ["Memory:run"] = [[
 mem:run(k, v [, q] [, gates]) -> per-step table with y
   As mem:write, and also retrieves y for each token (q defaults to k) with

@@ -34,7 +34,8 @@ typedef struct grad_ctx {
 
 static void ctx_release(grad_ctx *c)
 {
-    mn_tensor *ts[] = {&c->k, &c->v, &c->q, &c->in.k, &c->in.v, &c->in.q, &c->in.theta, &c->in.eta, &c->in.alpha};
+    mn_tensor *ts[] = {&c->k, &c->v, &c->q, &c->in.k, &c->in.v, &c->in.q, &c->in.theta, &c->in.eta, &c->in.alpha,
+                       &c->in.lengths};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) mn_tensor_release(ts[i]);
     for (int p = 0; p < MN_MAX_PARAMS; p++) {
         mn_tensor_release(&c->init[p]);
@@ -104,6 +105,7 @@ void l_grad_attach(lua_State *L, int ctx_idx, const mn_rule *rule, int opts, con
         share_if(&c->in.theta, &in->theta);
         share_if(&c->in.eta, &in->eta);
         share_if(&c->in.alpha, &in->alpha);
+        share_if(&c->in.lengths, &in->lengths);
         for (int p = 0; p < c->nparams; p++) {
             share_if(&c->init[p], &params[p]);
             share_if(&c->momenta[p], &momenta[p]);

@@ -199,7 +199,7 @@ static void dims_from(lua_State *L, const mn_rule *r, const mn_tensor *k, const 
 }
 
 /* Refuse keys of the call table at opts that are not in allowed (a typo
- * would otherwise be ignored); SPEC v2's lengths gets its own message. */
+ * would otherwise be ignored). */
 static void check_options(lua_State *L, int opts, const char *what, const char *const *allowed)
 {
     lua_pushnil(L);
@@ -210,8 +210,6 @@ static void check_options(lua_State *L, int opts, const char *what, const char *
         bool known = false;
         for (int i = 0; allowed[i] && !known; i++) known = strcmp(key, allowed[i]) == 0;
         if (known) continue;
-        if (strcmp(key, "lengths") == 0)
-            luaL_error(L, "%s: lengths (ragged batches) is specified (SPEC v2) but not run by this version yet", what);
         luaL_Buffer b;
         luaL_buffinit(L, &b);
         for (int i = 0; allowed[i]; i++) {
@@ -224,7 +222,7 @@ static void check_options(lua_State *L, int opts, const char *what, const char *
 }
 
 static const char *const run_options[] = {"k", "v", "q", "theta", "eta", "alpha", "init", "seed", "shared",
-                                          "device", "precision", "grad", NULL};
+                                          "device", "precision", "grad", "lengths", NULL};
 static const char *const memory_options[] = {"B", "H", "dk", "dv", "init", "seed", "shared", "device",
                                              "precision", NULL};
 
@@ -270,6 +268,35 @@ static run_guard *push_guard(lua_State *L)
     return g;
 }
 
+/* lengths (ragged batches, SPEC v2) from the call: a tensor, or a table of
+ * integers made into an i64 tensor [B]. Pushes it (or nothing); the engine
+ * checks its shape and values. */
+static mn_tensor *resolve_lengths(lua_State *L, int opts)
+{
+    lua_getfield(L, opts, "lengths");
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        return NULL;
+    }
+    mn_tensor *t = l_test_tensor(L, -1);
+    if (t) return t;
+    if (!lua_istable(L, -1))
+        luaL_error(L, "run: lengths must be a tensor or a table of integers [B], got %s", luaL_typename(L, -1));
+    int64_t B = (int64_t)luaL_len(L, -1);
+    mn_tensor *out = l_push_empty_tensor(L);
+    L_TRY(L, mn_tensor_zeros(out, MN_I64, 1, &B, MN_CPU));
+    for (int64_t b = 0; b < B; b++) {
+        lua_geti(L, -2, b + 1);
+        int isint = 0;
+        lua_Integer x = lua_tointegerx(L, -1, &isint);
+        if (!isint) luaL_error(L, "run: lengths[%d] must be an integer, got %s", (int)(b + 1), luaL_tolstring(L, -1, NULL));
+        ((int64_t *)mn_tensor_data(out))[b] = (int64_t)x;
+        lua_pop(L, 1);
+    }
+    lua_remove(L, -2);
+    return out;
+}
+
 /* Resolve k, v, q and the gates of a call: opts at index 2. Leaves the
  * tensors on the stack; fills in. */
 static void segment_inputs(lua_State *L, int rule_idx, int opts, const mn_dims *d, int step, mn_segment_inputs *in)
@@ -287,7 +314,9 @@ static void segment_inputs(lua_State *L, int rule_idx, int opts, const mn_dims *
     if (!theta) luaL_error(L, "run: gate theta is missing (set theta in the rule or the call)");
     mn_tensor *eta = resolve_gate(L, rule_idx, opts, "eta", env);
     mn_tensor *alpha = resolve_gate(L, rule_idx, opts, "alpha", env);
+    mn_tensor *lengths = resolve_lengths(L, opts);
     memset(in, 0, sizeof *in);
+    if (lengths) in->lengths = *lengths;
     in->k = *k;
     in->v = *v;
     if (q) in->q = *q;
@@ -356,10 +385,10 @@ int l_rule_experiment(lua_State *L)
     l_push_rule_attrs(L, &lr->rule);
     lua_setfield(L, -2, "rule");
     lua_createtable(L, 0, 3);
-    mn_tensor *slots[] = {&in.k, &in.v, &in.q, &in.theta, &in.eta, &in.alpha};
-    const char *names[] = {"k", "v", "q", "theta", "eta", "alpha"};
-    for (int i = 0; i < 6; i++) {
-        if (i == 3) {
+    mn_tensor *slots[] = {&in.k, &in.v, &in.q, &in.lengths, &in.theta, &in.eta, &in.alpha};
+    const char *names[] = {"k", "v", "q", "lengths", "theta", "eta", "alpha"};
+    for (int i = 0; i < 7; i++) {
+        if (i == 4) {
             lua_setfield(L, -2, "inputs");
             lua_createtable(L, 0, 3);
         }

@@ -66,6 +66,15 @@ static mn_status materialize(mn_tensor *out, const mn_tensor *src, int ndim, con
     return st;
 }
 
+/* src as a new contiguous CPU tensor of dtype dt (lengths: i64). */
+static mn_status materialize_as(mn_tensor *out, const mn_tensor *src, mn_dtype dt, int ndim, const int64_t *shape)
+{
+    MN_TRY(mn_tensor_empty(out, dt, ndim, shape, MN_CPU));
+    mn_status st = mn_tensor_copy_into(out, src);
+    if (st != MN_OK) mn_tensor_release(out);
+    return st;
+}
+
 /* A segment input as the engines read it (they never write their inputs):
  * src itself when it already is a contiguous f32 tensor of the full shape
  * on dev, which for resident k and v saves two passes over them; else a
@@ -224,6 +233,23 @@ static mn_status check_gate(const char *name, const mn_tensor *g, const int64_t 
     return MN_OK;
 }
 
+mn_status mn_lengths_check(const mn_tensor *lengths, int64_t B, int64_t T)
+{
+    char buf[128];
+    if (lengths->storage->device != MN_CPU)
+        return mn_fail(MN_ERR_ARG, "lengths must be a cpu tensor (it is on %s)", mn_device_name(lengths->storage->device));
+    if (lengths->ndim != 1 || lengths->shape[0] != B)
+        return mn_fail(MN_ERR_ARG, "lengths has shape [%s]; expected [B] = [%lld], one length per sequence",
+                       shape_str(lengths, buf), (long long)B);
+    for (int64_t b = 0; b < B; b++) {
+        double x = mn_tensor_get(lengths, &b);
+        if (!(x >= 0 && x <= (double)T && x == floor(x)))
+            return mn_fail(MN_ERR_ARG, "lengths: sequence %lld of %lld has length %g; each must be an integer from 0 to T = %lld",
+                           (long long)b + 1, (long long)B, x, (long long)T);
+    }
+    return MN_OK;
+}
+
 mn_status mn_segment_check(const mn_memory_state *st, const mn_segment_inputs *in, int64_t *ntokens,
                            int64_t *nsteps)
 {
@@ -253,6 +279,7 @@ mn_status mn_segment_check(const mn_memory_state *st, const mn_segment_inputs *i
     MN_TRY(check_gate("theta", &in->theta, tshape, "[B,H,T]"));
     MN_TRY(check_gate("eta", &in->eta, sshape, "[B,H,S]"));
     MN_TRY(check_gate("alpha", &in->alpha, sshape, "[B,H,S]"));
+    if (in->lengths.storage) MN_TRY(mn_lengths_check(&in->lengths, d->B, n));
     *ntokens = n;
     *nsteps = S;
     return MN_OK;
@@ -308,6 +335,12 @@ mn_status mn_segment_run(mn_memory_state *st, const mn_segment_inputs *in, mn_se
         if (in->alpha.storage) s = input_view(&mat.alpha, &in->alpha, 3, sshape, dev);
         else s = mn_tensor_zeros(&mat.alpha, MN_F32, 3, sshape, dev);
     }
+    if (s == MN_OK && in->lengths.storage) {
+        if (dev != MN_CPU)
+            s = mn_fail(MN_ERR_UNSUPPORTED, "lengths (ragged batches) are run by the cpu engine only in this "
+                                            "version: use device cpu");
+        else s = materialize_as(&mat.lengths, &in->lengths, MN_I64, 1, &d->B);
+    }
     /* Every output row at its shape (MN_SEGMENT_OUTPUTS); y only when wanted. */
 #define ALLOC_TOKEN_DV(t) (in->want_y ? mn_tensor_empty((t), MN_F32, 4, vshape, dev) : MN_OK)
 #define ALLOC_TOKEN(t) mn_tensor_empty((t), MN_F32, 3, tshape, dev)
@@ -325,6 +358,7 @@ mn_status mn_segment_run(mn_memory_state *st, const mn_segment_inputs *in, mn_se
     mn_tensor_release(&mat.theta);
     mn_tensor_release(&mat.eta);
     mn_tensor_release(&mat.alpha);
+    mn_tensor_release(&mat.lengths);
     if (s != MN_OK) mn_segment_outputs_free(out);
     return s;
 }

@@ -38,6 +38,9 @@ typedef struct mn_segment_inputs {
     mn_tensor k, v, q;
     mn_tensor theta, eta, alpha;
     bool want_y;                  /* retrieval outputs wanted */
+    mn_tensor lengths;            /* (SPEC v2) ragged batches: [B] integers 0..n counted from the
+                                   * segment's start, or empty (every token real); tokens at and
+                                   * after lengths_b are padding. Backends get it as i64. */
 } mn_segment_inputs;
 
 /* Outputs of one segment, allocated by the engine (f32, on the state's
@@ -92,6 +95,10 @@ mn_status mn_rule_device_check(const mn_rule *rule, mn_device dev);
  * Fills n (tokens) and the number of steps. */
 mn_status mn_segment_check(const mn_memory_state *st, const mn_segment_inputs *in,
                            int64_t *ntokens, int64_t *nsteps);
+
+/* lengths (SPEC v2): a 1-d tensor of B integers from 0 to T, else an error
+ * that names lengths. */
+mn_status mn_lengths_check(const mn_tensor *lengths, int64_t B, int64_t T);
 
 /* Run one segment: the step loop of SPEC.md section 2. Step boundaries are
  * relative to the segment start; a segment whose length is not a multiple of

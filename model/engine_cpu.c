@@ -4,6 +4,7 @@
  * of fewer memories than threads gives BLAS the threads instead. */
 #include "engine.h"
 #include "mlp_cpu.h"
+#include "precond.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -34,6 +35,7 @@ typedef struct thread_work {
     double *gbuf_in, *gbuf_out;    /* elementwise clips */
     mn_expr_program *clip_scale;   /* scale clips: the scale at n = |G| */
     mn_expr_program *clip_elem;    /* elementwise clips: g -> clip(g) */
+    mn_precond_work precond;       /* newton_schulz's scratch */
 } thread_work;
 
 /* The expression e (a new reference, consumed) as a program over vars with
@@ -145,6 +147,7 @@ static void thread_work_free(thread_work *tw)
     free(tw->gbuf_out);
     mn_expr_program_free(tw->clip_scale);
     mn_expr_program_free(tw->clip_elem);
+    mn_precond_work_free(&tw->precond);
     memset(tw, 0, sizeof *tw);
 }
 
@@ -154,6 +157,7 @@ static mn_status thread_work_init(thread_work *tw, const mn_rule *r, const mn_ml
     memset(tw, 0, sizeof *tw);
     mn_status st = mn_mlp_work_init(&tw->mlp, s, r, max_rows);
     if (st == MN_OK) st = loss_init(&tw->loss, r, d->dv, max_rows);
+    if (st == MN_OK) st = mn_precond_work_init(&tw->precond, r, s, false);
     if (st != MN_OK) {
         thread_work_free(tw);
         return st;
@@ -218,6 +222,9 @@ static mn_status run_memory(mn_memory_state *st, const mn_segment_inputs *in, mn
         tw->mlp.ln_g = (const float *)mn_tensor_data(&st->outer[0]) + m * dv;
         tw->mlp.ln_b = (const float *)mn_tensor_data(&st->outer[1]) + m * dv;
     }
+    /* Ragged batches: tokens at and after real are padding (SPEC.md section 2). */
+    int64_t real = n;
+    if (in->lengths.storage) real = ((const int64_t *)mn_tensor_data(&in->lengths))[m / d->H];
 
     for (int64_t sl = 0; sl < nsteps; sl++) {
         if (check_interrupt && mn_check_interrupt() != MN_OK) return MN_ERR_INTERRUPTED;
@@ -237,8 +244,24 @@ static mn_status run_memory(mn_memory_state *st, const mn_segment_inputs *in, mn
             }
             P = A;
         }
-        double tscale = r->token_reduce == MN_REDUCE_MEAN ? 1.0 / (double)rows : 1.0;
-        for (int64_t t = 0; t < rows; t++) weight[t] = (float)(theta[t0 + t] * tscale);
+        /* A step that starts in the padding leaves S and W as they are. */
+        int64_t grows = t0 >= real ? 0 : (t0 + rows <= real ? rows : real - t0);
+        if (grows == 0) {
+            memset(loss_out + t0, 0, sizeof(float) * rows);
+            if (y_out) memset(y_out + t0 * dv, 0, sizeof(float) * rows * dv);
+            gn_out[sl] = 0;
+            cs_out[sl] = 1;
+            sk_out[sl] = 0;
+            sl_out[sl] = 0;
+            double wsq = 0;
+            for (int p = 0; p < s->nparams; p++)
+                for (int64_t e = 0; e < s->numel[p]; e++) wsq += (double)W[p][e] * W[p][e];
+            wn_out[sl] = (float)sqrt(wsq);
+            continue;
+        }
+        /* The step's gradient and loss take its grows real tokens; retrieval all rows. */
+        double tscale = r->token_reduce == MN_REDUCE_MEAN ? 1.0 / (double)grows : 1.0;
+        for (int64_t t = 0; t < grows; t++) weight[t] = (float)(theta[t0 + t] * tscale);
 
         mn_mlp_forward(s, &tw->mlp, P, k + t0 * dk, rows, tw->y);
         /* Retrieval at W^(s) for the rows that see the weights before this
@@ -248,11 +271,12 @@ static mn_status run_memory(mn_memory_state *st, const mn_segment_inputs *in, mn
         if (y_out && before_rows > 0) {
             if (!q && at_current) memcpy(y_out + t0 * dv, tw->y, sizeof(float) * before_rows * dv);
         }
-        loss_rows(&tw->loss, tw->y, v + t0 * dv, weight, rows, dv, loss_out + t0, tw->dy);
+        loss_rows(&tw->loss, tw->y, v + t0 * dv, weight, grows, dv, loss_out + t0, tw->dy);
         double lsum = 0;
-        for (int64_t t = 0; t < rows; t++) lsum += loss_out[t0 + t];
-        sl_out[sl] = (float)(lsum / (double)rows);
-        mn_mlp_backward(s, &tw->mlp, P, k + t0 * dk, rows, tw->dy, tw->grads);
+        for (int64_t t = 0; t < grows; t++) lsum += loss_out[t0 + t];
+        for (int64_t t = grows; t < rows; t++) loss_out[t0 + t] = 0;
+        sl_out[sl] = (float)(lsum / (double)grows);
+        mn_mlp_backward(s, &tw->mlp, P, k + t0 * dk, grows, tw->dy, tw->grads);
 
         double sumsq[MN_MAX_PARAMS], total = 0;
         for (int p = 0; p < s->nparams; p++) {
@@ -272,6 +296,7 @@ static mn_status run_memory(mn_memory_state *st, const mn_segment_inputs *in, mn
         } else {
             sk_out[sl] = 0;
             cs_out[sl] = (float)clip_grads(r, tw, s, sumsq, gnorm);
+            mn_precond_apply(r, s, &tw->precond, tw->grads);
             float e_s = eta[sl], keep = 1.0f - alpha[sl];
             for (int p = 0; p < s->nparams; p++)
                 for (int64_t e = 0; e < s->numel[p]; e++) {
@@ -287,6 +312,7 @@ static mn_status run_memory(mn_memory_state *st, const mn_segment_inputs *in, mn
             int64_t last = t0 + rows - 1;
             mn_mlp_forward(s, &tw->mlp, W, (q ? q : k) + last * dk, 1, y_out + last * dv);
         }
+        if (y_out && grows < rows) memset(y_out + (t0 + grows) * dv, 0, sizeof(float) * (rows - grows) * dv);
     }
     return MN_OK;
 }

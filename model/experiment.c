@@ -59,9 +59,6 @@ static mn_status experiment_from_tree(const mn_node *root, const char *file, mn_
     MN_TRY(take_tensor(root, file, "inputs/k", true, &e->k));
     MN_TRY(take_tensor(root, file, "inputs/v", true, &e->v));
     MN_TRY(take_tensor(root, file, "inputs/q", false, &e->q));
-    if (mn_node_find(root, "inputs/lengths"))
-        return mn_fail(MN_ERR_ARG, "%s: /inputs/lengths: ragged batches are specified (SPEC v2) but not run by this "
-                                   "version yet", file);
     MN_TRY(take_tensor(root, file, "gates/theta", true, &e->theta));
     MN_TRY(take_tensor(root, file, "gates/eta", false, &e->eta));
     MN_TRY(take_tensor(root, file, "gates/alpha", false, &e->alpha));
@@ -75,6 +72,14 @@ static mn_status experiment_from_tree(const mn_node *root, const char *file, mn_
     d->dk = e->k.shape[3];
     d->dv = e->v.shape[3];
     d->S = (d->T + e->rule.step - 1) / e->rule.step;
+    /* /inputs/lengths (SPEC v2): integers or whole floats, [B] from 0 to T. */
+    const mn_node *len = mn_node_find(root, "inputs/lengths");
+    if (len) {
+        if (len->kind != MN_NODE_TENSOR) return mn_fail(MN_ERR_ARG, "%s: /inputs/lengths must be a dataset", file);
+        mn_tensor_share(&e->lengths, &len->tensor);
+        mn_status ls = mn_lengths_check(&e->lengths, d->B, d->T);
+        if (ls != MN_OK) return mn_fail_context(ls, "%s: /inputs/", file);
+    }
 
     int np = mn_rule_param_count(&e->rule);
     for (int i = 0; i < np; i++) {
@@ -164,7 +169,7 @@ mn_status mn_experiment_load(const char *path, mn_experiment *out)
 void mn_experiment_free(mn_experiment *e)
 {
     mn_rule_free(&e->rule);
-    mn_tensor *ts[] = {&e->k, &e->v, &e->q, &e->theta, &e->eta, &e->alpha};
+    mn_tensor *ts[] = {&e->k, &e->v, &e->q, &e->theta, &e->eta, &e->alpha, &e->lengths};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) mn_tensor_release(ts[i]);
     for (int i = 0; i < MN_MAX_PARAMS; i++) {
         mn_tensor_release(&e->init[i]);
@@ -195,6 +200,7 @@ mn_status mn_experiment_run(const mn_experiment *e, mn_device dev, mn_precision 
     in.theta = e->theta;
     in.eta = e->eta;
     in.alpha = e->alpha;
+    in.lengths = e->lengths;
     in.want_y = true;
     mn_status s = mn_segment_run(final, &in, out);
     if (s != MN_OK) mn_memory_free(final);

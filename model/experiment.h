@@ -13,6 +13,7 @@ typedef struct mn_experiment {
     mn_dims dims;
     mn_tensor k, v, q;                  /* q empty when absent */
     mn_tensor theta, eta, alpha;        /* eta, alpha empty when absent (0) */
+    mn_tensor lengths;                  /* /inputs/lengths (SPEC v2), empty when absent */
     mn_tensor init[MN_MAX_PARAMS];      /* W1, b1, ... (empty: missing) */
     mn_tensor init_momenta[MN_MAX_PARAMS];
     mn_tensor init_outer[MN_OUTER_COUNT]; /* /init/ln_g, ln_b (out_norm; empty: defaults) */

@@ -27,8 +27,13 @@
  * gradients go back through the normalisation at the end; out_norm is part
  * of the memory model (mlp_grad_cpu.c), its ln_g, ln_b gradients summed over
  * every pass of a memory.
+ * Ragged batches: a step takes only its real tokens (those before lengths_b);
+ * a step that starts in the padding is the identity and has no adjoint at
+ * all. precondition: the clip's adjoint is preceded by the preconditioner's
+ * (model/precond.c), which recomputes its own iterates.
  * Memory per worker: (S/K) checkpoints plus K steps of state, K ~ sqrt(S). */
 #include "grad.h"
+#include "precond.h"
 #include "rownorm.h"
 
 #include <cblas.h>
@@ -55,6 +60,8 @@ typedef struct run_ctx {
     const float *k, *v, *q, *theta, *eta, *alpha;
     const float *ln_g, *ln_b;        /* out_norm's [B,H,dv], or NULL */
     const float *dy, *dloss;
+    const int64_t *lengths;          /* [B] real tokens per sequence, or NULL */
+    int64_t H;
     const float *dWf[MN_MAX_PARAMS], *dSf[MN_MAX_PARAMS];
     /* clip: the scale expression in n and its derivative (norm, softnorm,
      * scale), or programs of the elementwise expression in g and its
@@ -76,7 +83,11 @@ typedef struct worker {
     float *dW, *dS, *dA, *dG, *dGt, *tmp;
     float *weight, *gweight, *dyhat;
     double *ebuf_in, *ebuf_out;
+    mn_precond_work pw;
 } worker;
+
+/* What step_forward did (worker.skipped). */
+enum { STEP_TAKEN = 0, STEP_SKIPPED = 1, STEP_PADDING = 2 };
 
 static void ptrs(const run_ctx *x, float *base, float **out)
 {
@@ -84,6 +95,15 @@ static void ptrs(const run_ctx *x, float *base, float **out)
 }
 
 static int64_t steps_rows(const run_ctx *x, int64_t s) { return s * x->c + x->c <= x->n ? x->c : x->n - s * x->c; }
+
+/* Rows of step s that are real tokens of memory m's sequence (0: padding). */
+static int64_t real_rows(const run_ctx *x, int64_t m, int64_t s)
+{
+    int64_t t0 = s * x->c, rows = steps_rows(x, s);
+    if (!x->lengths) return rows;
+    int64_t real = x->lengths[m / x->H];
+    return t0 >= real ? 0 : (t0 + rows <= real ? rows : real - t0);
+}
 
 static bool refresh_block_start(const run_ctx *x, int64_t s)
 {
@@ -174,10 +194,10 @@ static void clip_adjoint(const run_ctx *x, worker *w, const float *G, const floa
     } else memcpy(dG, dGt, sizeof(float) * P);
 }
 
-/* theta_t tscale for the rows of step s. */
-static void step_weights(const run_ctx *x, const float *theta, int64_t s, float *weight)
+/* theta_t tscale for the first rows rows (the real ones) of step s. */
+static void step_weights(const run_ctx *x, const float *theta, int64_t s, int64_t rows, float *weight)
 {
-    int64_t t0 = s * x->c, rows = steps_rows(x, s);
+    int64_t t0 = s * x->c;
     double tscale = x->rule->token_reduce == MN_REDUCE_MEAN ? 1.0 / (double)rows : 1.0;
     for (int64_t t = 0; t < rows; t++) weight[t] = (float)(theta[t0 + t] * tscale);
 }
@@ -185,26 +205,30 @@ static void step_weights(const run_ctx *x, const float *theta, int64_t s, float 
 /* Step s of the forward on the running state: G at the gradient point w->A
  * (the caller refreshed it), then clip and update unless G is non-finite.
  * G is left in G; returns whether the step was skipped. */
-static bool step_forward(const run_ctx *x, worker *w, int64_t m, int64_t s, float *G, float *kept)
+static int step_forward(const run_ctx *x, worker *w, int64_t m, int64_t s, float *G, float *kept)
 {
-    int64_t t0 = s * x->c, rows = steps_rows(x, s);
+    int64_t t0 = s * x->c, rows = real_rows(x, m, s);
+    if (rows == 0) return STEP_PADDING;
     const float *k = x->k + m * x->n * x->dk, *v = x->v + m * x->n * x->dv, *theta = x->theta + m * x->n;
     float *A[MN_MAX_PARAMS], *Gp[MN_MAX_PARAMS];
     ptrs(x, w->A, A);
     ptrs(x, G, Gp);
-    step_weights(x, theta, s, w->weight);
+    step_weights(x, theta, s, rows, w->weight);
     mn_mlp_forward(&x->shape, &w->gw.fwd, A, k + t0 * x->dk, rows, w->gw.y);
     if (kept) mn_mlp_keep_forward(&x->shape, &w->gw, rows, kept);
     mn_loss_dyhat(&w->gw, w->gw.y, v + t0 * x->dv, w->weight, rows, x->dv, w->dyhat);
     mn_mlp_backward(&x->shape, &w->gw.fwd, A, k + t0 * x->dk, rows, w->dyhat, Gp);
-    if (!isfinite(dot_d(G, G, x->P))) return true;
+    if (!isfinite(dot_d(G, G, x->P))) return STEP_SKIPPED;
     clip_forward(x, w, G, w->tmp);
+    float *Gt[MN_MAX_PARAMS];
+    ptrs(x, w->tmp, Gt);
+    mn_precond_apply(x->rule, &x->shape, &w->pw, Gt);
     float e_s = x->eta[m * x->nsteps + s], keep = 1.0f - x->alpha[m * x->nsteps + s];
     for (int64_t e = 0; e < x->P; e++) {
         w->S[e] = e_s * w->S[e] - w->tmp[e];
         w->W[e] = keep * w->W[e] + w->S[e];
     }
-    return false;
+    return STEP_TAKEN;
 }
 
 static void refresh(const run_ctx *x, worker *w, int64_t s)
@@ -230,14 +254,24 @@ static void step_reverse(const run_ctx *x, worker *w, int64_t m, int64_t s, int6
     ptrs(x, w->dA, pdA);
     ptrs(x, w->dG, pdG);
     ptrs(x, Abar, pA);
+    int64_t grows = real_rows(x, m, s);
+    if (w->skipped[i] == STEP_PADDING) {
+        /* the identity, and its outputs (y = 0, loss = 0) are constants */
+        if (refresh_block_start(x, s)) {
+            for (int64_t e = 0; e < P; e++) w->dW[e] += w->dA[e];
+            memset(w->dA, 0, sizeof(float) * P);
+        }
+        return;
+    }
 
-    /* Retrieval of the step's last token at W^(s+1) (retrieve = after). */
-    if (dy && x->rule->retrieve == MN_RETRIEVE_AFTER) {
+    /* Retrieval of the step's last token at W^(s+1) (retrieve = after),
+     * unless that token is padding. */
+    if (dy && x->rule->retrieve == MN_RETRIEVE_AFTER && grows == rows) {
         int64_t t = t0 + rows - 1;
         ptrs(x, Wnext, pW);
         mn_mlp_vjp(&x->shape, &w->gw, pW, xq + t * dk, dy + t * dv, 1, pdW, gxq + t * dk);
     }
-    bool skipped = w->skipped[i];
+    bool skipped = w->skipped[i] == STEP_SKIPPED;
     if (!skipped) {
         float e_s = x->eta[m * x->nsteps + s], keep = 1.0f - x->alpha[m * x->nsteps + s];
         /* the adjoint of S^(s+1) is dS + dW (both uses) */
@@ -250,21 +284,30 @@ static void step_reverse(const run_ctx *x, worker *w, int64_t m, int64_t s, int6
         }
         ((float *)mn_tensor_data(&o->eta))[m * x->nsteps + s] = (float)deta;
         ((float *)mn_tensor_data(&o->alpha))[m * x->nsteps + s] = (float)dalpha;
+        if (mn_precond_on(x->rule)) {
+            /* the preconditioner's input is the clipped G */
+            float *pGt[MN_MAX_PARAMS], *pdGt[MN_MAX_PARAMS];
+            clip_forward(x, w, G, w->tmp);
+            ptrs(x, w->tmp, pGt);
+            ptrs(x, w->dGt, pdGt);
+            mn_precond_adjoint(x->rule, &x->shape, &w->pw, pGt, pdGt);
+        }
         clip_adjoint(x, w, G, w->dGt, w->dG);
     }
     /* Retrieval of the rows that see W^(s): with q = k and the gradient
      * point at W^(s) (the first step of a refresh block) those outputs are
      * the step's own M(k_t; Wbar_s), and the step's pass takes their dy. */
     int64_t before = x->rule->retrieve == MN_RETRIEVE_BEFORE ? rows : rows - 1;
+    if (before > grows) before = grows; /* padding rows read y = 0 */
     bool merged = dy && before > 0 && !x->q && refresh_block_start(x, s);
     if (!skipped || dloss || merged) {
-        step_weights(x, x->theta + m * n, s, w->weight);
-        memset(w->gweight, 0, sizeof(float) * rows);
+        step_weights(x, x->theta + m * n, s, grows, w->weight);
+        memset(w->gweight, 0, sizeof(float) * grows);
         mn_mlp_step_adjoint(&x->shape, &w->gw, pA, skipped ? NULL : pdG, k + t0 * dk, v + t0 * dv, w->weight,
-                            dloss ? dloss + t0 : NULL, merged ? dy + t0 * dv : NULL, before, rows,
+                            dloss ? dloss + t0 : NULL, merged ? dy + t0 * dv : NULL, before, grows,
                             w->kept + i * x->kept_floats, pdA, gk + t0 * dk, gv + t0 * dv, w->gweight);
-        double tscale = x->rule->token_reduce == MN_REDUCE_MEAN ? 1.0 / (double)rows : 1.0;
-        for (int64_t t = 0; t < rows; t++) gtheta[t0 + t] += (float)(tscale * w->gweight[t]);
+        double tscale = x->rule->token_reduce == MN_REDUCE_MEAN ? 1.0 / (double)grows : 1.0;
+        for (int64_t t = 0; t < grows; t++) gtheta[t0 + t] += (float)(tscale * w->gweight[t]);
     }
     if (dy && before > 0 && !merged) {
         ptrs(x, Wnow, pW);
@@ -356,12 +399,14 @@ static int64_t worker_bytes(const run_ctx *x)
     int64_t floats = (x->ck ? 0 : x->nblocks * 3 * P) + 2 * (K + 1) * P + 2 * K * P + 9 * P + 2 * x->max_rows +
                      x->max_rows * x->dv + K * x->kept_floats;
     int64_t extra = mn_rule_clip_elementwise(x->rule) ? 2 * P * 8 : 0;
-    return floats * 4 + K + extra + mn_mlp_grad_work_bytes(&x->shape, x->max_rows);
+    return floats * 4 + K + extra + mn_mlp_grad_work_bytes(&x->shape, x->max_rows) +
+           mn_precond_work_bytes(x->rule, &x->shape, true);
 }
 
 static void worker_free(worker *w)
 {
     mn_mlp_grad_work_free(&w->gw);
+    mn_precond_work_free(&w->pw);
     void *bufs[] = {w->ck, w->Wb, w->Sb, w->Ab, w->Gb, w->skipped, w->kept, w->W, w->S, w->A, w->dW, w->dS,
                     w->dA, w->dG, w->dGt, w->tmp, w->weight, w->gweight, w->dyhat, w->ebuf_in, w->ebuf_out};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
@@ -372,6 +417,11 @@ static mn_status worker_init(worker *w, const run_ctx *x)
 {
     memset(w, 0, sizeof *w);
     MN_TRY(mn_mlp_grad_work_init(&w->gw, &x->shape, x->rule, x->max_rows));
+    mn_status pst = mn_precond_work_init(&w->pw, x->rule, &x->shape, true);
+    if (pst != MN_OK) {
+        mn_mlp_grad_work_free(&w->gw);
+        return pst;
+    }
     int64_t P = x->P, K = x->K;
     bool ok = (x->ck || (w->ck = malloc(sizeof(float) * x->nblocks * 3 * P))) && (w->Wb = malloc(sizeof(float) * (K + 1) * P)) &&
               (w->Sb = malloc(sizeof(float) * (K + 1) * P)) && (w->Ab = malloc(sizeof(float) * K * P)) &&
@@ -501,6 +551,8 @@ mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_ten
     x.out = out;
 
     mn_tensor mk = {0}, mv = {0}, mq = {0}, mtheta = {0}, meta = {0}, malpha = {0}, mdy = {0}, mdloss = {0};
+    mn_tensor mlen = {0};
+    x.H = d->H;
     mn_tensor mdW[MN_MAX_PARAMS] = {{0}}, mdS[MN_MAX_PARAMS] = {{0}};
     int64_t kshape[4] = {d->B, d->H, n, d->dk}, vshape[4] = {d->B, d->H, n, d->dv};
     int64_t tshape[3] = {d->B, d->H, n}, sshape[3] = {d->B, d->H, S};
@@ -526,6 +578,11 @@ mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_ten
     if (s == MN_OK)
         s = in->alpha.storage ? materialize(&malpha, &in->alpha, 3, sshape)
                               : mn_tensor_zeros(&malpha, MN_F32, 3, sshape, MN_CPU);
+    if (s == MN_OK && in->lengths.storage) {
+        s = mn_tensor_empty(&mlen, MN_I64, 1, &d->B, MN_CPU);
+        if (s == MN_OK) s = mn_tensor_copy_into(&mlen, &in->lengths);
+        if (s == MN_OK) x.lengths = mn_tensor_data(&mlen);
+    }
     if (s == MN_OK) s = upstream_input(&mdy, &up->dy, "dy", 4, vshape, true);
     if (s == MN_OK) s = upstream_input(&mdloss, &up->dloss, "dloss", 3, tshape, true);
     for (int p = 0; p < x.shape.nparams && s == MN_OK; p++) {
@@ -610,7 +667,7 @@ mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_ten
     }
     free(kscale);
     free(qscale);
-    mn_tensor *tmp[] = {&mk, &mv, &mq, &mtheta, &meta, &malpha, &mdy, &mdloss};
+    mn_tensor *tmp[] = {&mk, &mv, &mq, &mtheta, &meta, &malpha, &mdy, &mdloss, &mlen};
     for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) mn_tensor_release(tmp[i]);
     for (int p = 0; p < MN_MAX_PARAMS; p++) {
         mn_tensor_release(&mdW[p]);

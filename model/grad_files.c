@@ -72,6 +72,7 @@ static void experiment_inputs(const mn_experiment *e, mn_segment_inputs *in)
     in->theta = e->theta;
     in->eta = e->eta;
     in->alpha = e->alpha;
+    in->lengths = e->lengths;
 }
 
 mn_status mn_experiment_run_checkpointed(const mn_experiment *e, mn_memory_state *final, mn_segment_outputs *out,

@@ -52,6 +52,19 @@ static mn_status slice_t(mn_tensor *out, const mn_tensor *t, int ndim, const int
     return s;
 }
 
+/* lengths counted from the start of the segment [t0, t1): the engine's
+ * lengths are relative to the segment it runs (engine.h). */
+static mn_status segment_lengths(mn_tensor *out, const mn_tensor *lengths, int64_t B, int64_t t0, int64_t t1)
+{
+    MN_TRY(mn_tensor_empty(out, MN_I64, 1, &B, MN_CPU));
+    int64_t *o = mn_tensor_data(out);
+    for (int64_t b = 0; b < B; b++) {
+        double len = mn_tensor_get(lengths, &b) - (double)t0;
+        o[b] = len < 0 ? 0 : len > (double)(t1 - t0) ? t1 - t0 : (int64_t)len;
+    }
+    return MN_OK;
+}
+
 mn_status mn_run_forward_checkpointed(mn_memory_state *st, const mn_segment_inputs *in, int64_t block_steps,
                                       mn_segment_outputs *out, mn_run_checkpoints *ck)
 {
@@ -87,8 +100,9 @@ mn_status mn_run_forward_checkpointed(mn_memory_state *st, const mn_segment_inpu
         if (s == MN_OK) s = slice_t(&seg.theta, &in->theta, 3, tshape, t0, t1);
         if (s == MN_OK) s = slice_t(&seg.eta, &in->eta, 3, sshape, s0, s1);
         if (s == MN_OK) s = slice_t(&seg.alpha, &in->alpha, 3, sshape, s0, s1);
+        if (s == MN_OK && in->lengths.storage) s = segment_lengths(&seg.lengths, &in->lengths, d->B, t0, t1);
         if (s == MN_OK) s = mn_segment_run(st, &seg, &parts[b]);
-        mn_tensor *views[] = {&seg.k, &seg.v, &seg.q, &seg.theta, &seg.eta, &seg.alpha};
+        mn_tensor *views[] = {&seg.k, &seg.v, &seg.q, &seg.theta, &seg.eta, &seg.alpha, &seg.lengths};
         for (size_t i = 0; i < sizeof views / sizeof *views; i++) mn_tensor_release(views[i]);
     }
     /* the outputs of the segments, joined along T (or S) */

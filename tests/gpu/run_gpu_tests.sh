@@ -170,8 +170,8 @@ fi
 
 # ---- compute-sanitizer on a few runs ----
 if [ -n "$PYTHON" ] && [ -x "$SANITIZER" ]; then
-    # --no-norms: out_norm and qk_norm run on the cpu only (model/rule.def)
-    "$PYTHON" tests/reference/gen_experiments.py --seed 4 --count 9 --no-norms --out "$WORK/san" > /dev/null 2>&1
+    # --v1: out_norm and qk_norm run on the cpu only (model/rule.def)
+    "$PYTHON" tests/reference/gen_experiments.py --seed 4 --count 9 --v1 --out "$WORK/san" > /dev/null 2>&1
     san() { # tool file
         tool=$1; f=$2; name=sanitizer/$tool/$(basename "$f" .h5)
         "$SANITIZER" --tool "$tool" --error-exitcode 9 "$MNEMO" run "$f" -o "$WORK/san_$tool.h5" --device cuda \

@@ -156,8 +156,12 @@ def random_rules(workdir, count):
             continue  # non-finite inputs: the conformance suite's business
         if cfg["rule"].get("out_norm", "none") != "none":
             continue  # the bridge does not pass out_norm's ln_g, ln_b yet
-        n_done += 1
         label = "bridge/random/%03d" % i
+        if "lengths" in cfg["inputs"]:
+            # SPEC v2's ragged batches: mt.run has no lengths argument yet
+            print("SKIP %s: the bridge does not take lengths (ragged batches) yet" % label)
+            continue
+        n_done += 1
         path = os.path.join(workdir, "exp_%03d.h5" % i)
         gen_experiments.write_config(path, cfg)
         try:
@@ -205,14 +209,27 @@ def random_rules(workdir, count):
         exp = mnemo_ref.load_experiment(path)
         ref = mnemo_ref.run(exp)
         rows = []
+        ref32 = None
         for key, val in ours.items():
-            r = ref[key[6:] if key.startswith("final/") else key]
-            r = np.broadcast_to(r, val.shape)
+            name = key[6:] if key.startswith("final/") else key
+            r = np.broadcast_to(ref[name], val.shape)
             fin = np.isfinite(r)
             if not np.array_equal(fin, np.isfinite(val)):
                 rows.append("%s: NaN/Inf placement differs" % key)
-            elif relerr(val[fin], r[fin]) > conf.RTOL["fp32"]:
-                rows.append("%s: relative error %.3g > %g" % (key, relerr(val[fin], r[fin]), conf.RTOL["fp32"]))
+                continue
+            err, bound = relerr(val[fin], r[fin]), conf.RTOL["fp32"]
+            if err > bound:
+                # conformance's rule (sensitive_forward): a tensor whose own
+                # float32 reference is off by more than a tenth of the bound
+                # (Newton-Schulz amplifies fp32 rounding) is held to ten times that
+                if ref32 is None:
+                    ref32 = mnemo_ref.run(exp, dtype=torch.float32, grads=False)
+                r32 = np.broadcast_to(ref32[name], val.shape)
+                p = relerr(r32[fin], r[fin])
+                if p > bound / 10:
+                    bound = max(bound, 10 * p)
+            if err > bound:
+                rows.append("%s: relative error %.3g > %.3g" % (key, err, bound))
         report(not rows, label + "/reference", "; ".join(rows) + "\n    config: " + cfg["desc"])
         if not want_grads:
             continue

@@ -2,7 +2,7 @@
 """gen_experiments: random experiment files (SPEC.md section 5) covering every
 axis of the spec, for conformance runs of the engines against mnemo_ref.py.
 
-    gen_experiments.py --seed S --count N --out DIR [--max-T 64] [--min-width W] [--no-norms] [--describe]
+    gen_experiments.py --seed S --count N --out DIR [--max-T 64] [--min-width W] [--v1] [--describe]
 
 writes DIR/exp_00000.h5 ... . File i depends only on (seed, i), so --count 10
 gives the first ten files of --count 300, and the same seed gives the same
@@ -34,6 +34,17 @@ checks 85 of them), except tensors that cancel to rounding noise (theta's
 gradient under an active norm clip with one token per step: the update does
 not depend on theta's scale).
 
+SPEC v2: a quarter of the files (stratified) use precondition =
+newton_schulz (ns_steps 1, 2, 3 or 5) and a quarter carry /inputs/lengths
+(any length 0..T per sequence), drawn from a stream of their own. Newton-
+Schulz is the exception to the 1e-5 above: where a step's G has fewer
+nonzero singular values than its smaller side (one token per step, a layer
+wider than the step), the iteration multiplies G's fp32 rounding in those
+directions by about 3.4445^ns_steps; torch's fp32 run is then off by up to
+about 4e-5 in the forward and 5e-5 in the gradients (measured over seed 77's
+files; test_reference.py and test_reference_grads.py print it), and
+conformance holds such tensors to ten times the float32 reference's error,
+naming them.
 Needs numpy and h5py only (no torch), so it starts fast.
 """
 
@@ -66,6 +77,8 @@ AXES = [
     ("q", [0, 1]),
     ("nonfinite", ["none", "none", "none", "none", "none", "k", "v", "theta"]),
     ("strings", ["vlen", "fixed"]),
+    ("precondition", ["none", "none", "none", "newton_schulz"]),   # SPEC v2
+    ("ragged", [0, 0, 0, 1]),                                      # SPEC v2: /inputs/lengths
 ]
 
 # Custom expressions: (text, constants). All smooth where it matters (see the
@@ -137,12 +150,14 @@ def _gate_array(rng, shape_kind, B, H, N, lo, hi):
     return rng.uniform(lo, hi, size=shape).astype(np.float32)
 
 
-def make_config(seed, i, max_T=64, min_width=1, norms=True):
+def make_config(seed, i, max_T=64, min_width=1, v2=True):
     """Everything about file i as plain Python/numpy data (no I/O). With
     min_width = w > 1, dk, dv and the hidden width are drawn from [w, 2w]
     instead (the same draws otherwise: file i is file i with wider tensors).
-    norms = False leaves out out_norm and qk_norm (the rest of the file is
-    the same), for engines that do not run them yet (the CUDA engine)."""
+    v2 = False leaves out every SPEC v2 option (out_norm, qk_norm,
+    precondition, lengths; the rest of the file is the same): the file as
+    the generator made it before v2, for engines that do not run those yet
+    (the CUDA engine) and for regressions met before v2."""
     ax = {name: _axis_value(seed, n, vals, i) for n, (name, vals) in enumerate(AXES)}
     rng = np.random.default_rng([seed, i])
 
@@ -329,9 +344,11 @@ def make_config(seed, i, max_T=64, min_width=1, norms=True):
                 theta_kind, gate_kinds["eta"], gate_kinds["alpha"], ax["init_layout"],
                 "yes" if ax["momentum_init"] else "no", "yes" if ax["q"] else "no",
                 ",".join(bad) if bad else "none", ax["strings"]))
-    norms = make_norms(seed, i, B, H, dk, dv, dh if L >= 2 else dk, rule, gates, init) if norms else ""
-    if norms:
-        desc += " " + norms
+    if v2:
+        norms = make_norms(seed, i, B, H, dk, dv, dh if L >= 2 else dk, rule, gates, init)
+        if norms:
+            desc += " " + norms
+        desc += v2_options(seed, i, ax, rule, inputs, B, T)
     upstream = make_upstream(seed, i, B, H, T, dv, names)
     if upstream:
         desc += " upstream=" + ",".join(upstream)
@@ -380,6 +397,26 @@ def make_norms(seed, i, B, H, dk, dv, last_in, rule, gates, init):
             given.append(name)
         words.append("out_norm=%s(%s)" % (out_norm, ",".join(given) if given else "defaults"))
     return " ".join(words)
+def v2_options(seed, i, ax, rule, inputs, B, T):
+    """SPEC v2's precondition and lengths for file i, drawn from a stream of
+    their own (the rest of the file is what it was before they existed).
+    Returns the text added to the config line."""
+    rng = np.random.default_rng([seed, i, 210])
+    desc = ""
+    if ax["precondition"] == "newton_schulz":
+        rule["precondition"] = "newton_schulz"
+        steps = int(rng.choice([1, 2, 3, 5, 5]))
+        if steps != 5 or rng.random() < 0.5:
+            rule["ns_steps"] = steps
+        desc += " precond=ns%d" % steps
+    if ax["ragged"]:
+        # any length 0..T; a full sequence and an empty one now and then
+        lengths = rng.integers(0, T + 1, size=B)
+        if B > 1 and rng.random() < 0.5:
+            lengths[rng.integers(B)] = T
+        inputs["lengths"] = lengths.astype(np.int64)
+        desc += " lengths=%s" % ",".join(str(int(x)) for x in lengths)
+    return desc
 
 
 # The share of files with /upstream (SPEC.md section 7 gradients), stratified
@@ -437,7 +474,8 @@ def write_config(path, cfg):
                 continue
             g = f.create_group(group)
             for key, arr in cfg[group].items():
-                g.create_dataset(key, data=np.asarray(arr, dtype="<f4"))
+                integer = group == "inputs" and key == "lengths"
+                g.create_dataset(key, data=np.asarray(arr, dtype="<i8" if integer else "<f4"))
 
 
 def main(argv=None):
@@ -449,8 +487,9 @@ def main(argv=None):
     ap.add_argument("--min-width", type=int, default=1, dest="min_width",
                     help="draw dk, dv and hidden from [W, 2W] (default: the usual 1..8, 1..16)")
     ap.add_argument("--describe", action="store_true", help="print one line per config")
-    ap.add_argument("--no-norms", action="store_true", dest="no_norms",
-                    help="no out_norm or qk_norm (cpu-only rows of the rule table)")
+    ap.add_argument("--v1", action="store_true",
+                    help="no SPEC v2 option (out_norm, qk_norm, precondition, lengths): "
+                         "the files the CUDA engine runs in this version")
     args = ap.parse_args(argv)
     if not args.out and not args.describe:
         ap.error("give --out DIR and/or --describe")
@@ -459,7 +498,7 @@ def main(argv=None):
     if args.out:
         os.makedirs(args.out, exist_ok=True)
     for i in range(args.count):
-        cfg = make_config(args.seed, i, args.max_T, args.min_width, norms=not args.no_norms)
+        cfg = make_config(args.seed, i, args.max_T, args.min_width, v2=not args.v1)
         name = "exp_%05d.h5" % i
         if args.out:
             write_config(os.path.join(args.out, name), cfg)

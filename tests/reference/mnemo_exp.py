@@ -47,6 +47,8 @@ RULE_ATTRS = {
     "loss_expr": ("str", None),
     "activation_expr": ("str", None),
     "clip_expr": ("str", None),
+    "precondition": ("str", "none"),  # SPEC v2
+    "ns_steps": ("int", 5),
 }
 
 CHOICES = {
@@ -59,6 +61,7 @@ CHOICES = {
     "clip_scope": ("global", "tensor"),
     "out_norm": ("none", "layernorm", "rmsnorm"),
     "qk_norm": ("none", "l2", "rms"),
+    "precondition": ("none", "newton_schulz"),
 }
 
 # out_norm's outer parameters (SPEC.md section 1): name -> default; [dv] per
@@ -187,6 +190,8 @@ class Experiment:
         for part, attr in (("loss", "loss_expr"), ("activation", "activation_expr")):
             if rule[part] == "custom" and rule[attr] is None:
                 raise InputError("%s attribute %s: missing (%s = custom)" % (where, attr, part))
+        if not 1 <= rule["ns_steps"] <= 100:
+            raise InputError("%s attribute ns_steps: must be from 1 to 100, got %d" % (where, rule["ns_steps"]))
         if rule["clip"] in ("scale", "elementwise") and rule["clip_expr"] is None:
             raise InputError("%s attribute clip_expr: missing (clip = %s)" % (where, rule["clip"]))
         self.rule = rule
@@ -230,6 +235,17 @@ class Experiment:
         self.B, self.H, self.T, self.dk, self.dv = B, H, T, dk, dv
         c = self.rule["step"]
         self.S = (T + c - 1) // c
+        # /inputs/lengths (SPEC v2, ragged batches): [B] integers 0..T
+        lengths = _read_array(f, "inputs/lengths", fn)
+        if lengths is not None:
+            if lengths.shape != (B,):
+                raise InputError("%s: dataset /inputs/lengths: expected [B] = [%d], got %s"
+                                 % (fn, B, _shape_str(lengths.shape)))
+            if not (np.all(lengths == np.floor(lengths)) and np.all(lengths >= 0) and np.all(lengths <= T)):
+                raise InputError("%s: dataset /inputs/lengths: each length must be an integer from 0 to T = %d"
+                                 % (fn, T))
+            lengths = lengths.astype(np.int64)
+        self.lengths = lengths
 
     def param_names(self):
         names = []

@@ -253,6 +253,38 @@ def clip_step(exp, names, G):
     return {n: G[n] * _per_memory(scales[n], G[n]) for n in names}, smallest
 
 
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
+
+
+def precondition(exp, names, Gt):
+    """SPEC.md section 2's preconditioner (v2), after the clip. newton_schulz:
+    each 2-D parameter's Gt [B,H,m,n] (biases are [B,H,m] and stay as they
+    are) becomes its quintic Newton-Schulz orthogonalisation, transposed to
+    wide first, rescaled to Gt's Frobenius norm. A zero Gt stays zero with no
+    gradient: both norms go through _safe_sqrt and the rescale sits behind a
+    where on its own denominator."""
+    if exp.rule["precondition"] == "none":
+        return Gt
+    a, b, c = NS_COEFFS
+    out = dict(Gt)
+    for n in names:
+        G = Gt[n]
+        if G.dim() != 4:
+            continue
+        tall = G.shape[-2] > G.shape[-1]
+        X = G.transpose(-1, -2) if tall else G
+        nu = _safe_sqrt(_sqnorm(X))[..., None, None]
+        X = X / (nu + 1e-7)
+        for _ in range(exp.rule["ns_steps"]):
+            A = X @ X.transpose(-1, -2)
+            X = a * X + (b * A + c * (A @ A)) @ X
+        rho = _safe_sqrt(_sqnorm(X))[..., None, None]
+        pos = rho > 0
+        X = X * torch.where(pos, nu / torch.where(pos, rho, torch.ones_like(rho)), torch.zeros_like(rho))
+        out[n] = X.transpose(-1, -2) if tall else X
+    return out
+
+
 def retrieval_index(exp):
     """a(t): which weights W^(a) token t reads from (SPEC.md section 2)."""
     T, c, S = exp.T, exp.rule["step"], exp.S
@@ -324,13 +356,31 @@ def run(exp, dtype=torch.float64, trace=False, grads=True):
         bad_kv = ~(_finite_rows(k.detach()) & _finite_rows(v.detach()))
         bad_q = ~_finite_rows(q.detach())
 
-    def step_gradient(Wbar, ks, vs, ths, n_tok):
-        """G_s at Wbar (SPEC.md section 2) and the step's per-token losses."""
+    # Ragged batches (SPEC v2): pad [B,H,T] marks the tokens at and after
+    # lengths_b. A padding token is as if theta were 0, has loss 0 and y 0,
+    # and is not counted by token_reduce = mean; a step that starts in the
+    # padding leaves S and W as they are.
+    pad = None
+    if exp.lengths is not None:
+        pos_t = torch.arange(T)[None, None, :]
+        pad = (pos_t >= torch.as_tensor(exp.lengths)[:, None, None]).expand(B, H, T)
+
+    def step_gradient(Wbar, ks, vs, ths, n_tok, pad_s=None):
+        """G_s at Wbar (SPEC.md section 2) and the step's per-token losses.
+        n_tok: the tokens that count for mean (a number, or [B,H]). pad_s:
+        the step's padding tokens (their theta is 0 already): they see the
+        fixed pair y = 1, v = 0, so that every loss and its first and second
+        derivatives are finite there (lp's f'' is infinite at r = 0, and
+        0 * inf in the second-order backward would be NaN)."""
         y = model(Wbar, ks)
+        if pad_s is not None:
+            y = torch.where(pad_s[..., None], torch.ones_like(y), y)
+            vs = torch.where(pad_s[..., None], torch.zeros_like(vs), vs)
         l_t = token_loss(y, vs)                                # [B,H,n], before theta
-        objective = (ths * l_t).sum()
         if rule["token_reduce"] == "mean":
-            objective = objective / n_tok
+            objective = ((ths * l_t).sum(-1) / n_tok).sum()
+        else:
+            objective = (ths * l_t).sum()
         params = [Wbar[n] for n in names]
         if objective.requires_grad:
             g = torch.autograd.grad(objective, params, allow_unused=True, create_graph=diff)
@@ -356,7 +406,16 @@ def run(exp, dtype=torch.float64, trace=False, grads=True):
         else:
             Wbar = {n: W_hist[j][n].detach().clone().requires_grad_(True) for n in names}
         ks, vs, ths = k[:, :, lo:hi], v[:, :, lo:hi], theta[:, :, lo:hi]
-        G, l_t, y = step_gradient(Wbar, ks, vs, ths, hi - lo)
+        n_tok = hi - lo
+        active = torch.ones(B, H, dtype=torch.bool)
+        pad_s = None
+        if pad is not None:
+            pad_s = pad[:, :, lo:hi]
+            ks, vs = _zero_rows(ks, pad_s), _zero_rows(vs, pad_s)
+            ths = torch.where(pad_s, torch.zeros_like(ths), ths)
+            n_tok = (~pad_s).sum(-1).clamp(min=1).to(dtype)
+            active = ~pad_s[:, :, 0]
+        G, l_t, y = step_gradient(Wbar, ks, vs, ths, n_tok, pad_s)
 
         sq = sum(_sqnorm(G[n].detach()) for n in names)
         finite = torch.stack([torch.isfinite(G[n].detach()).flatten(2).all(-1) if G[n].dim() > 2
@@ -372,10 +431,12 @@ def run(exp, dtype=torch.float64, trace=False, grads=True):
             outer = model.outer   # out_norm's ln_g, ln_b: held the same way
             model.outer = {n: _hold(x, skip[:, :, None]) for n, x in outer.items()}
             G, _, _ = step_gradient(Wh, _hold(ks, skip[:, :, None, None]), _hold(vs, skip[:, :, None, None]),
-                                    _hold(ths, skip[:, :, None]), hi - lo)
+                                    _hold(ths, skip[:, :, None]), n_tok, pad_s)
             model.outer = outer
         if diff:
             bad = bad_kv[:, :, lo:hi]
+            if pad is not None:
+                bad = bad & ~pad_s
             if bool(bad.any()):
                 # A token with a non-finite key or value keeps its loss's
                 # gradient where autograd gives a finite one (l1 or huber
@@ -392,6 +453,9 @@ def run(exp, dtype=torch.float64, trace=False, grads=True):
                     clean = token_loss(model(Wbar, _zero_rows(ks, cut)), _zero_rows(vs, cut))
                     l_t = torch.where(cut, l_t.detach(), clean)
         Gt, scale = clip_step(exp, names, G)
+        Gt = precondition(exp, names, Gt)
+        if pad is not None:
+            l_t = torch.where(pad_s, torch.zeros_like(l_t), l_t)
 
         eta_s, alpha_s = eta[:, :, s], alpha[:, :, s]
         W_prev, S_prev = W_hist[-1], S_hist[-1]
@@ -399,7 +463,7 @@ def run(exp, dtype=torch.float64, trace=False, grads=True):
         for n in names:
             S_upd = _per_memory(eta_s, S_prev[n]) * S_prev[n] - Gt[n]
             W_upd = _per_memory(1 - alpha_s, W_prev[n]) * W_prev[n] + S_upd
-            keep = _per_memory(finite, S_prev[n])
+            keep = _per_memory(finite & active, S_prev[n])
             # skipped step: momentum and weights keep their values
             S_new[n] = torch.where(keep, S_upd, S_prev[n])
             W_new[n] = torch.where(keep, W_upd, W_prev[n])
@@ -407,19 +471,23 @@ def run(exp, dtype=torch.float64, trace=False, grads=True):
         S_hist.append(S_new)
 
         loss_parts.append(l_t if diff else l_t.detach())
-        grad_norm[:, :, s] = torch.sqrt(sq)
-        clip_scale[:, :, s] = torch.where(finite, scale.detach(), torch.zeros_like(scale.detach()))
-        skipped[:, :, s] = (~finite).to(dtype)
+        grad_norm[:, :, s] = torch.where(active, torch.sqrt(sq), torch.zeros_like(sq))
+        clip_scale[:, :, s] = torch.where(active, torch.where(finite, scale.detach(), torch.zeros_like(scale.detach())),
+                                          torch.ones_like(scale.detach()))
+        skipped[:, :, s] = (~finite & active).to(dtype)
 
     # Retrieval: y_out_t = M(q_t; W^(a(t))), grouped by the weights used.
     a_of_t = retrieval_index(exp)
     y_out = torch.zeros(B, H, T, exp.dv, dtype=dtype)
     for a in sorted(set(a_of_t)):
         idx = torch.tensor([tt for tt in range(T) if a_of_t[tt] == a])
-        ya = model(W_hist[a], q[:, :, idx])
-        if diff and bool(bad_q[:, :, idx].any()):
-            bad = bad_q[:, :, idx]
-            ya = torch.where(bad[..., None], ya.detach(), model(W_hist[a], _zero_rows(q[:, :, idx], bad)))
+        qa = q[:, :, idx] if pad is None else _zero_rows(q[:, :, idx], pad[:, :, idx])
+        ya = model(W_hist[a], qa)
+        bad = bad_q[:, :, idx] & ~pad[:, :, idx] if diff and pad is not None else (bad_q[:, :, idx] if diff else None)
+        if diff and bool(bad.any()):
+            ya = torch.where(bad[..., None], ya.detach(), model(W_hist[a], _zero_rows(qa, bad)))
+        if pad is not None:
+            ya = torch.where(pad[:, :, idx, None], torch.zeros_like(ya), ya)
         y_out = y_out.index_copy(2, idx, ya)
     loss_out = torch.cat(loss_parts, dim=2)
 

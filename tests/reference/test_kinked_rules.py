@@ -128,7 +128,7 @@ def precision_probe():
     try:
         exp_path = os.path.join(d, "exp.h5")
         gen_experiments.write_config(exp_path, gen_experiments.make_config(1, 5, 64, min_width=16,
-                                                                              norms=False))  # as the H100 met it
+                                                                              v2=False))  # as the H100 met it
         exp = mnemo_ref.load_experiment(exp_path)
         ref_path = os.path.join(d, "exp.ref.h5")
         mnemo_ref.write_result(ref_path, exp, mnemo_ref.run(exp, grads=False), np.float64)

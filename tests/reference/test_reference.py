@@ -206,10 +206,30 @@ def _():
 # (a2) an independent per-memory loop with torch.nn modules and .backward()
 # ---------------------------------------------------------------------------
 
+def newton_schulz_by_columns(G, steps):
+    """SPEC v2's Newton-Schulz written the other way round: a tall matrix is
+    not transposed but iterated as X' = a X + X (b A + c A^2), A = X^T X."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    nu = float(G.norm())
+    if nu == 0:
+        return G
+    X = G / (nu + 1e-7)
+    for _ in range(steps):
+        if X.shape[0] > X.shape[1]:
+            A = X.T @ X
+            X = a * X + X @ (b * A + c * A @ A)
+        else:
+            A = X @ X.T
+            X = a * X + (b * A + c * A @ A) @ X
+    return X * (nu / float(X.norm()))
+
+
 def per_memory_nn(exp):
     """One memory at a time: nn.Linear layers, loss.backward(), norm clip by
     hand. Built-in activations, losses and clips none/norm(global) only;
-    out_norm through F.layer_norm (rmsnorm by hand) and qk_norm by hand."""
+    out_norm through F.layer_norm (rmsnorm by hand) and qk_norm by hand;
+    SPEC v2's lengths (a loop that stops at the sequence's length) and
+    newton_schulz (newton_schulz_by_columns)."""
     nn, F = torch.nn, torch.nn.functional
     rule = exp.rule
     L, c, r, T, S = rule["layers"], rule["step"], rule["refresh"], exp.T, exp.S
@@ -259,13 +279,17 @@ def per_memory_nn(exp):
             mom = {n: torch.tensor(exp.momenta[n][b, h]) for n, _ in plist}
             k = qk(torch.tensor(exp.k[b, h]))
             v = torch.tensor(exp.v[b, h])
+            real = T if exp.lengths is None else int(exp.lengths[b])
             for s in range(S):
+                if s * c >= real:   # a step in the padding: nothing changes
+                    hist.append(hist[-1])
+                    continue
                 j = 0 if r == 0 else (s * c // r) * (r // c)
                 with torch.no_grad():
                     for n, p in plist:
                         p.copy_(hist[j][n])
                 net.zero_grad()
-                lo, hi = s * c, min((s + 1) * c, T)
+                lo, hi = s * c, min((s + 1) * c, real)
                 total = 0
                 for t in range(lo, hi):
                     yt = forward(k[t])
@@ -297,6 +321,9 @@ def per_memory_nn(exp):
                 if rule["clip"] == "norm":
                     sc = min(1.0, rule["clip_max"] / gn) if gn > 0 else 1.0
                     G = {n: g * sc for n, g in G.items()}
+                if rule["precondition"] == "newton_schulz":
+                    G = {n: newton_schulz_by_columns(g, rule["ns_steps"]) if g.dim() == 2 else g
+                         for n, g in G.items()}
                 new = {}
                 for n in G:
                     mom[n] = float(exp.eta[b, h, s]) * mom[n] - G[n]
@@ -309,13 +336,15 @@ def per_memory_nn(exp):
                 for t in range(T):
                     for n, p in plist:
                         p.copy_(hist[a_of_t[t]][n])
-                    y_out[b, h, t] = forward(qk(torch.tensor(exp.q[b, h, t]))).numpy()
+                    if t < real:
+                        y_out[b, h, t] = forward(qk(torch.tensor(exp.q[b, h, t]))).numpy()
     return out, outS, y_out
 
 
 @check("mlp_matches_per_memory_nn_loop")
 def _():
     picked = 0
+    n_v2 = {"lengths": 0, "newton_schulz": 0}
     for i in range(400):
         cfg = gen.make_config(11, i, max_T=24)
         rule = cfg["rule"]
@@ -333,9 +362,12 @@ def _():
             expect_close(res["S_" + n], S[n], 1e-10, "config %d (%s): S_%s" % (i, cfg["desc"], n))
         expect_close(res["y"], y, 1e-10, "config %d (%s): y" % (i, cfg["desc"]))
         picked += 1
-        if picked == 12:
+        n_v2["lengths"] += exp.lengths is not None
+        n_v2["newton_schulz"] += exp.rule["precondition"] == "newton_schulz"
+        if picked >= 12 and min(n_v2.values()) >= 2:
             break
     expect(picked >= 8, "only %d configs qualified" % picked)
+    expect(min(n_v2.values()) >= 2, "SPEC v2 options among them: %s" % n_v2)
 
 
 # ---------------------------------------------------------------------------
@@ -794,6 +826,11 @@ def classify(path):
         got.add("ln_init_given")
     elif rule["out_norm"] != "none":
         got.add("ln_init_default")
+    got.add("precondition=%s" % rule["precondition"])   # SPEC v2
+    if exp.lengths is not None:
+        got.add("lengths")
+        if np.any(exp.lengths < exp.T):
+            got.add("lengths_with_padding")
     return got
 
 
@@ -815,7 +852,8 @@ REQUIRED = (["layers=%d" % i for i in (1, 2, 3)]
                "q=yes", "q=no", "nonfinite=none", "nonfinite=k", "nonfinite=v", "nonfinite=theta",
                "strings=vlen", "strings=fixed", "has_config_and_seed"]
             + ["out_norm=none", "out_norm=layernorm", "out_norm=rmsnorm", "ln_init_given", "ln_init_default",
-               "qk_norm=none", "qk_norm=l2", "qk_norm=rms"])
+               "qk_norm=none", "qk_norm=l2", "qk_norm=rms"]
+            + ["precondition=none", "precondition=newton_schulz", "lengths", "lengths_with_padding"])
 
 
 @check("generator_covers_every_axis_in_300_configs")
@@ -859,7 +897,12 @@ def _():
 def _():
     # The generator promises numbers that an fp32 engine can match to 1e-5.
     # torch's own fp32 arithmetic stands in for such an engine here.
-    worst = (0.0, None)
+    # Except newton_schulz (SPEC v2): where G has fewer nonzero singular
+    # values than its smaller side (one token per step, a narrow layer), the
+    # iteration multiplies G's fp32 rounding noise in the empty directions by
+    # about 3.4445^ns_steps, so those configurations are measured and printed,
+    # held to 3e-3 only (a wrong iteration is off by order 1).
+    worst, worst_ns = (0.0, None), (0.0, None)
     for i in range(120):
         cfg = gen.make_config(77, i, max_T=64)
         path = os.path.join(TMP, "fp32_%d.h5" % i)
@@ -867,12 +910,18 @@ def _():
         exp = mnemo_ref.load_experiment(path)
         r64 = mnemo_ref.run(exp, dtype=torch.float64, grads=False)
         r32 = mnemo_ref.run(exp, dtype=torch.float32, grads=False)
+        ns = exp.rule["precondition"] == "newton_schulz"
         for key in r64:
             e = relerr(r32[key], r64[key])
-            if e > worst[0]:
+            if ns and e > worst_ns[0]:
+                worst_ns = (e, "config %d %s (%s)" % (i, key, cfg["desc"]))
+            elif not ns and e > worst[0]:
                 worst = (e, "config %d %s (%s)" % (i, key, cfg["desc"]))
     expect(worst[0] < 1e-5, "fp32 vs fp64 relative error %.3g at %s" % worst)
-    print("  worst fp32 vs fp64 relative error over 120 configs: %.2g" % worst[0])
+    expect(worst_ns[1] is not None, "no newton_schulz configuration among the 120")
+    expect(worst_ns[0] < 3e-3, "newton_schulz: fp32 vs fp64 relative error %.3g at %s" % worst_ns)
+    print("  worst fp32 vs fp64 relative error over 120 configs: %.2g; with newton_schulz %.2g (%s)"
+          % (worst[0], worst_ns[0], worst_ns[1]))
 
 
 # ---------------------------------------------------------------------------

@@ -6,7 +6,8 @@ activation (custom too), clip and scope, gate layouts, refresh 0 / = c /
 multiple of c, retrieve modes, token and feature reduce, residual, bias,
 depth 1..3, skipped steps, T not a multiple of c, odd widths, q given or
 not, momenta given or not, upstream subsets, and SPEC v2's out_norm (with
-its ln_g, ln_b) and qk_norm.
+its ln_g, ln_b), qk_norm, ragged batches (lengths; padding tokens get no
+gradient) and newton_schulz.
 
 Each case checks, for every tensor X the gradients are taken with respect to
 (k, v, q, theta, eta, alpha, W1.., S_W1.., ln_g, ln_b), that <dL/dX, u> matches
@@ -62,11 +63,12 @@ def make_case(seed, B=1, H=2, T=7, dk=3, dv=3, L=2, dh=5, c=2, refresh=None, los
               feature_reduce="mean", token_reduce="sum", retrieve="after", q=False,
               momentum=True, theta_shape="full", eta_shape="full", alpha_shape="full",
               upstream=("dy", "dloss", "final"), theta_scale=0.15, loss_delta=0.5, loss_p=1.5,
-              nan_at=None, out_norm=None, qk_norm=None):
+              nan_at=None, out_norm=None, qk_norm=None, lengths=None, ns_steps=None):
     """A small experiment as gen_experiments.write_config takes it. upstream
     lists the upstream gradients given: dy, dloss, final (all final tensors)
     or single names such as dW1 / dS_W1. nan_at = (tensor, b, h, t, value)
-    puts a non-finite value in k, v or theta."""
+    puts a non-finite value in k, v or theta. lengths: SPEC v2's
+    /inputs/lengths; ns_steps: precondition = newton_schulz with them."""
     rng = np.random.default_rng(seed)
     S = (T + c - 1) // c
     f32 = lambda x: np.asarray(x, dtype=np.float32)
@@ -90,11 +92,16 @@ def make_case(seed, B=1, H=2, T=7, dk=3, dv=3, L=2, dh=5, c=2, refresh=None, los
         rule["clip_expr"] = clip_expr
     if qk_norm:
         rule["qk_norm"] = qk_norm
+    if ns_steps:
+        rule["precondition"] = "newton_schulz"
+        rule["ns_steps"] = ns_steps
     k = rng.standard_normal((B, H, T, dk)) / np.sqrt(dk)
     v = rng.standard_normal((B, H, T, dv)) * 0.8
     inputs = {"k": f32(k), "v": f32(v)}
     if q:
         inputs["q"] = f32(rng.standard_normal((B, H, T, dk)) / np.sqrt(dk))
+    if lengths is not None:
+        inputs["lengths"] = np.asarray(lengths, dtype=np.int64)
     n_sum = c if token_reduce == "sum" else 1
     f_sum = dv if feature_reduce == "sum" else 1
     base = theta_scale / (n_sum * f_sum)
@@ -339,6 +346,16 @@ CASES = [
                                           clip_max=0.02, theta_scale=0.05)),
     ("qk_l2_skipped_nan_v_rmsnorm", dict(qk_norm="l2", out_norm="rmsnorm", nan_at=("v", 0, 1, 3, np.nan),
                                          c=2, T=8)),
+    # SPEC v2
+    ("ragged_mean_B3", dict(B=3, T=8, c=3, token_reduce="mean", lengths=(5, 8, 0))),
+    ("ragged_before_q_refresh", dict(B=2, T=9, c=2, retrieve="before", q=True, refresh=4, lengths=(3, 6))),
+    ("ragged_lp_nan_key_in_padding", dict(B=2, loss="lp", loss_p=1.4, lengths=(4, 7),
+                                          nan_at=("k", 0, 1, 5, np.nan))),
+    ("ragged_softnorm_c1", dict(B=2, c=1, T=6, clip="softnorm", clip_max=0.03, lengths=(2, 5))),
+    ("ns5_mlp2", dict(ns_steps=5, c=3, T=9)),
+    ("ns2_linear_norm_clip", dict(L=1, ns_steps=2, clip="norm", clip_max=0.02, dk=4, dv=3)),
+    ("ns1_mlp3_tensor_clip", dict(L=3, dh=4, ns_steps=1, clip="softnorm", clip_scope="tensor", clip_max=0.03)),
+    ("ns3_tall_ragged", dict(L=3, dk=3, dv=5, dh=2, ns_steps=3, B=2, lengths=(5, 2), c=2)),
 ]
 
 FULL_CASES = [   # tiny, every entry compared
@@ -348,6 +365,7 @@ FULL_CASES = [   # tiny, every entry compared
     ("full_mlp3_skipped", dict(B=1, H=2, T=5, dk=2, dv=2, L=3, dh=2, c=2,
                                nan_at=("theta", 0, 1, 1, np.nan))),
     ("full_layernorm_qk_l2", dict(B=1, H=1, T=4, dk=2, dv=3, L=1, c=2, out_norm="layernorm", qk_norm="l2")),
+    ("full_ns3_ragged", dict(B=2, H=1, T=5, dk=2, dv=3, L=2, dh=3, c=2, ns_steps=3, lengths=(3, 5))),
 ]
 
 
@@ -413,8 +431,26 @@ def _skipped_identity(exp, res):
                "eta/alpha of skipped step %d: %g %g" % (s, g["eta"][b, h, s], g["alpha"][b, h, s]))
 
 
+def _padding_zero(exp, res):
+    """Padding tokens (t >= lengths_b) get exactly zero gradient for k, v, q
+    and theta; steps that start in the padding none for eta and alpha."""
+    g = res["grads"]
+    pad = np.arange(exp.T)[None, :] >= exp.lengths[:, None]                 # [B,T]
+    for name in ("k", "v", "q", "theta"):
+        if name in g:
+            x = g[name] if name == "theta" else np.abs(g[name]).max(-1)
+            expect(np.all(np.where(pad[:, None, :], x, 0) == 0), "%s: gradient at a padding token" % name)
+    spad = np.arange(exp.S)[None, :] * exp.rule["step"] >= exp.lengths[:, None]
+    for name in ("eta", "alpha"):
+        expect(np.all(np.where(spad[:, None, :], g[name], 0) == 0), "%s: gradient at a padding step" % name)
+    expect(np.abs(np.where(pad[:, None, :], 0, g["theta"])).max() > 0, "no real token has a theta gradient")
+
+
 EXTRA = {"skipped_step_nan_v": _skipped_identity, "skipped_step_inf_theta": _skipped_identity,
-         "skipped_step_nan_k_no_q": _skipped_identity, "full_mlp3_skipped": _skipped_identity}
+         "skipped_step_nan_k_no_q": _skipped_identity, "full_mlp3_skipped": _skipped_identity,
+         "ragged_mean_B3": _padding_zero, "ragged_before_q_refresh": _padding_zero,
+         "ragged_lp_nan_key_in_padding": _padding_zero, "ragged_softnorm_c1": _padding_zero,
+         "ns3_tall_ragged": _padding_zero, "full_ns3_ragged": _padding_zero}
 
 
 def _kink_conventions():
@@ -535,8 +571,12 @@ def _generator_grads_fp32():
     below 1e-9 of the file's largest gradient, cancel to rounding noise (e.g.
     theta's gradient under an active norm clip with one token per step, where
     the update does not depend on theta's scale: 1.1e-10 beside 78 in seed
-    77's file 16); they are counted, not held."""
+    77's file 16); they are counted, not held. newton_schulz files (SPEC v2) are measured
+    apart and held to 1e-2: the iteration multiplies G's fp32 rounding in
+    the directions where G has no singular value by about 3.4445^ns_steps
+    (see test_reference.py's generator_configs_fp32_agrees_with_fp64)."""
     worst, where, cancel, n = 0.0, "", 0, 0
+    worst_ns, where_ns = 0.0, ""
     for i in range(100):
         cfg = gen.make_config(77, i, 64)
         if not cfg["upstream"]:
@@ -556,11 +596,16 @@ def _generator_grads_fp32():
                 cancel += 1
                 continue
             e = np.linalg.norm((a - bb)[np.isfinite(bb)]) / nb
-            if e > worst:
+            if exp.rule["precondition"] == "newton_schulz":
+                if e > worst_ns:
+                    worst_ns, where_ns = e, "config %d %s (%s)" % (i, name, cfg["desc"])
+            elif e > worst:
                 worst, where = e, "config %d %s (%s)" % (i, name, cfg["desc"])
     expect(worst < 1e-4, "fp32 vs float64 gradient error %.3g at %s" % (worst, where))
-    print("  worst fp32 vs float64 gradient error over %d configs: %.2g (%d tensors cancel)"
-          % (n, worst, cancel))
+    expect(where_ns, "no newton_schulz file among them")
+    expect(worst_ns < 1e-2, "newton_schulz: fp32 vs float64 gradient error %.3g at %s" % (worst_ns, where_ns))
+    print("  worst fp32 vs float64 gradient error over %d configs: %.2g (%d tensors cancel); "
+          "with newton_schulz %.2g (%s)" % (n, worst, cancel, worst_ns, where_ns))
 
 
 def _infinite_value_saturated_loss():

@@ -25,7 +25,8 @@ end
 
 # Which reference choice list holds each engine part list.
 SET_TO_FIELDS = {"activation": ["activation"], "loss": ["loss"], "clip": ["clip"], "clip_scope": ["clip_scope"],
-                 "reduction": ["feature_reduce", "token_reduce"], "retrieve": ["retrieve"]}
+                 "reduction": ["feature_reduce", "token_reduce"], "retrieve": ["retrieve"],
+                 "precondition": ["precondition"]}
 
 
 def main():

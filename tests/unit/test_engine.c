@@ -84,7 +84,7 @@ static void case_make(run_case *c, int layers, int64_t T, int step, uint64_t see
 static mn_status case_run(const run_case *c, mn_memory_state *st, mn_segment_outputs *out)
 {
     MN_TRY(mn_memory_create(st, &c->rule, &c->dims, c->init, NULL, MN_CPU));
-    mn_segment_inputs in = {c->k, c->v, c->q, c->theta, c->eta, c->alpha, true};
+    mn_segment_inputs in = {c->k, c->v, c->q, c->theta, c->eta, c->alpha, true, {0}};
     mn_status s = mn_segment_run(st, &in, out);
     if (s != MN_OK) mn_memory_free(st);
     return s;
@@ -156,8 +156,8 @@ static void test_piecewise(int layers, int step, int refresh, const char *name)
     mn_view_slice(&kb, &c.k, 2, split, 24, 1);
     mn_view_slice(&va, &c.v, 2, 0, split, 1);
     mn_view_slice(&vb, &c.v, 2, split, 24, 1);
-    mn_segment_inputs a = {ka, va, {0}, c.theta, c.eta, c.alpha, true};
-    mn_segment_inputs b = {kb, vb, {0}, c.theta, c.eta, c.alpha, true};
+    mn_segment_inputs a = {ka, va, {0}, c.theta, c.eta, c.alpha, true, {0}};
+    mn_segment_inputs b = {kb, vb, {0}, c.theta, c.eta, c.alpha, true, {0}};
     bool ok = mn_segment_run(&parts, &a, &out_a) == MN_OK && mn_segment_run(&parts, &b, &out_b) == MN_OK;
     char label[128];
     snprintf(label, sizeof label, "%s: pieces run", name);
@@ -210,7 +210,7 @@ static void test_nan_skips(void)
     mn_tensor k8 = {0}, v8 = {0};
     mn_view_slice(&k8, &c.k, 2, 0, 8, 1);
     mn_view_slice(&v8, &c.v, 2, 0, 8, 1);
-    mn_segment_inputs in8 = {k8, v8, {0}, c.theta, c.eta, c.alpha, false};
+    mn_segment_inputs in8 = {k8, v8, {0}, c.theta, c.eta, c.alpha, false, {0}};
     mn_segment_run(&ref, &in8, &out_ref);
     const float *wn = mn_tensor_data(&out.weight_norm), *wn_ref = mn_tensor_data(&out_ref.weight_norm);
     CHECK_NEAR("nan: weights unchanged over the skipped step", wn[1 * 4 + 2], wn_ref[1 * 2 + 1], 1e-6);

@@ -10,16 +10,20 @@
  * (L(X + eps D) - L(X - eps D)) / (2 eps), where L = <dy, y> + <dloss, loss>
  * + sum <dP, P^(S)> is computed in double from the float32 forward.
  * eps = 1e-2 on inputs of size ~1 (1e-3 for relu and the value clip, whose
- * kinks a step of 1e-2 crosses on these sizes); tolerance: |fd - an| <= 2e-2 * max(|an|,
+ * kinks a step of 1e-2 crosses on these sizes, and for Newton-Schulz, whose
+ * quintic iteration bends too much over a step of 1e-2); tolerance: |fd - an| <= 2e-2 * max(|an|,
  * |fd|) + 2e-3 * scale, where scale = the L1 size of the terms of <g, D>
  * (the float32 forward's rounding noise over eps). Cases are well conditioned
  * (small theta, the memory does not diverge) and kinked parts (l1, huber,
- * relu, value clip) are placed where no element sits within eps of a kink. */
+ * relu, value clip) are placed where no element sits within eps of a kink.
+ * SPEC v2: ragged batches (lengths: padding tokens get exactly zero gradient)
+ * and precondition = newton_schulz (through the iteration's adjoint). */
 #include "check.h"
 #include "engine.h"
 #include "grad.h"
 #include "expr_shared.h"
 #include "random.h"
+#include "precond.h"
 
 #include <stdlib.h>
 
@@ -57,6 +61,9 @@ typedef struct gcase {
     double eps;     /* finite-difference step; 0 = 1e-2 */
     mn_norm out_norm;
     mn_qknorm qk_norm;
+    int ns_steps;   /* > 0: precondition = newton_schulz with these iterations */
+    bool ragged;    /* lengths[b] tokens of sequence b are real, the rest padding */
+    int lengths[4];
 } gcase;
 
 #define BASE .layers = 1, .act = MN_ACT_SILU, .loss = MN_LOSS_MSE, .loss_delta = 1, .loss_p = 1.5, \
@@ -150,6 +157,19 @@ static const gcase cases[] = {
      .dh = 4, .residual = true, .dv = 4, .step = 2, .clip = MN_CLIP_NORM, .clip_max = 0.05},
     {"rmsnorm_nan_v_skipped", BASE, .out_norm = MN_NORM_RMSNORM, .step = 2, .layers = 2, .dh = 4, .bad_token = 3,
      .bad_input = 'v', .bad_value = NAN},
+    /* SPEC v2 */
+    {"ragged_mlp2_mean_B3", BASE, .layers = 2, .dh = 4, .step = 2, .B = 3, .T = 9, .token_reduce = MN_REDUCE_MEAN,
+     .ragged = true, .lengths = {5, 9, 0}},
+    {"ragged_before_q_refresh", BASE, .layers = 2, .dh = 4, .step = 3, .B = 2, .T = 10, .use_q = true,
+     .retrieve = MN_RETRIEVE_BEFORE, .refresh = 6, .ragged = true, .lengths = {4, 7}, .block = 2},
+    {"ragged_linear_step2_norm_clip", BASE, .B = 2, .step = 2, .ragged = true, .lengths = {3, 6},
+     .clip = MN_CLIP_NORM, .clip_max = 0.05},
+    {"ns5_linear_step3", BASE, .eps = 1e-3, .step = 3, .T = 9, .ns_steps = 5, .dk = 4, .dv = 3, .theta = 0.1},
+    {"ns5_mlp2_tall_wide", BASE, .eps = 1e-3, .layers = 2, .dh = 6, .step = 3, .T = 9, .ns_steps = 5, .theta = 0.1},
+    {"ns2_mlp3_norm_clip_refresh0", BASE, .eps = 1e-3, .layers = 3, .dh = 4, .step = 2, .T = 8, .ns_steps = 2, .refresh = 0,
+     .clip = MN_CLIP_NORM, .clip_max = 0.05},
+    {"ns3_ragged_mean_K2", BASE, .eps = 1e-3, .layers = 2, .dh = 5, .step = 2, .T = 9, .B = 2, .ns_steps = 3, .ragged = true,
+     .lengths = {6, 3}, .token_reduce = MN_REDUCE_MEAN, .block = 2, .theta = 0.1},
 };
 
 typedef struct problem {
@@ -158,7 +178,7 @@ typedef struct problem {
     int np;
     mn_tensor init[MN_MAX_PARAMS], mom[MN_MAX_PARAMS];
     mn_tensor outer[MN_OUTER_COUNT]; /* ln_g, ln_b [B,H,dv] with out_norm */
-    mn_tensor k, v, q, theta, eta, alpha;
+    mn_tensor k, v, q, theta, eta, alpha, lengths;
     mn_run_upstream up;
 } problem;
 
@@ -197,6 +217,10 @@ static mn_status setup(problem *pb, const gcase *c, uint64_t seed)
     r->feature_reduce = c->feature_reduce;
     r->out_norm = c->out_norm;
     r->qk_norm = c->qk_norm;
+    if (c->ns_steps > 0) {
+        r->precondition = MN_PRECOND_NEWTON_SCHULZ;
+        r->ns_steps = c->ns_steps;
+    }
     MN_TRY(mn_rule_set_const(r, "a", 1.7));
     if (c->act_expr) MN_TRY(mn_expr_parse(c->act_expr, &r->activation_expr));
     if (c->loss_expr) MN_TRY(mn_expr_parse(c->loss_expr, &r->loss_expr));
@@ -247,6 +271,10 @@ static mn_status setup(problem *pb, const gcase *c, uint64_t seed)
     MN_TRY(make_tensor(&pb->alpha, 3, ss, &rng, 0.05, 0.05));
     MN_TRY(make_tensor(&pb->up.dy, 4, vs, &rng, 1, 0));
     MN_TRY(make_tensor(&pb->up.dloss, 3, ts, &rng, 1, 0));
+    if (c->ragged) {
+        MN_TRY(mn_tensor_empty(&pb->lengths, MN_I64, 1, &d->B, MN_CPU));
+        for (int64_t b = 0; b < d->B; b++) ((int64_t *)mn_tensor_data(&pb->lengths))[b] = c->lengths[b];
+    }
     return MN_OK;
 }
 
@@ -259,8 +287,8 @@ static void problem_free(problem *pb)
         mn_tensor_release(&pb->up.dparams[p]);
         mn_tensor_release(&pb->up.dmomenta[p]);
     }
-    mn_tensor *ts[] = {&pb->k,     &pb->v,     &pb->q,        &pb->theta,       &pb->eta,
-                       &pb->alpha, &pb->up.dy, &pb->up.dloss, &pb->outer[0], &pb->outer[1]};
+    mn_tensor *ts[] = {&pb->k,     &pb->v,     &pb->q,        &pb->theta,    &pb->eta,     &pb->alpha,
+                       &pb->up.dy, &pb->up.dloss, &pb->lengths, &pb->outer[0], &pb->outer[1]};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) mn_tensor_release(ts[i]);
 }
 
@@ -284,7 +312,7 @@ static mn_status objective(problem *pb, double *L)
         return so;
     }
     mn_segment_inputs in = {.k = pb->k, .v = pb->v, .q = pb->q, .theta = pb->theta, .eta = pb->eta,
-                            .alpha = pb->alpha, .want_y = true};
+                            .alpha = pb->alpha, .want_y = true, .lengths = pb->lengths};
     mn_segment_outputs out;
     mn_status s = mn_segment_run(&st, &in, &out);
     if (s == MN_OK) {
@@ -391,7 +419,7 @@ static void check_checkpointed(const gcase *c, problem *pb, const mn_run_grads *
     char name[160];
     mn_memory_state one, seg;
     mn_segment_inputs in = {.k = pb->k, .v = pb->v, .q = pb->q, .theta = pb->theta, .eta = pb->eta,
-                            .alpha = pb->alpha, .want_y = true};
+                            .alpha = pb->alpha, .want_y = true, .lengths = pb->lengths};
     mn_segment_outputs o1, o2;
     mn_run_checkpoints ck;
     bool ok = mn_memory_create(&one, &pb->rule, &pb->dims, pb->init, pb->mom, MN_CPU) == MN_OK &&
@@ -438,6 +466,40 @@ static void check_checkpointed(const gcase *c, problem *pb, const mn_run_grads *
     mn_memory_free(&seg);
 }
 
+/* Padding tokens (t >= lengths_b) get exactly zero gradient for k, v, q and
+ * theta, and steps that start in the padding none for eta and alpha; some
+ * real token gets a nonzero one (so the check can fail). */
+static void check_padding_zero(const gcase *c, const problem *pb, const mn_run_grads *g)
+{
+    const mn_dims *d = &pb->dims;
+    bool zero = true, some = false;
+    for (int64_t b = 0; b < d->B; b++)
+        for (int64_t h = 0; h < d->H; h++)
+            for (int64_t t = 0; t < d->T; t++) {
+                int64_t row = (b * d->H + h) * d->T + t;
+                bool pad = t >= c->lengths[b];
+                float th = ((const float *)mn_tensor_data(&g->theta))[row];
+                if (pad && th != 0) zero = false;
+                if (!pad && th != 0) some = true;
+                for (int64_t j = 0; j < d->dk; j++) {
+                    if (pad && ((const float *)mn_tensor_data(&g->k))[row * d->dk + j] != 0) zero = false;
+                    if (pad && g->q.storage && ((const float *)mn_tensor_data(&g->q))[row * d->dk + j] != 0)
+                        zero = false;
+                }
+                for (int64_t j = 0; j < d->dv; j++)
+                    if (pad && ((const float *)mn_tensor_data(&g->v))[row * d->dv + j] != 0) zero = false;
+                if (t % c->step == 0 && pad) {
+                    int64_t srow = (b * d->H + h) * d->S + t / c->step;
+                    if (((const float *)mn_tensor_data(&g->eta))[srow] != 0 ||
+                        ((const float *)mn_tensor_data(&g->alpha))[srow] != 0)
+                        zero = false;
+                }
+            }
+    char name[160];
+    snprintf(name, sizeof name, "%s/padding_gets_zero_gradient", c->name);
+    CHECK(name, zero && some);
+}
+
 static void run_case(const gcase *c, uint64_t seed)
 {
     problem pb;
@@ -448,7 +510,8 @@ static void run_case(const gcase *c, uint64_t seed)
         problem_free(&pb);
         return;
     }
-    mn_segment_inputs in = {.k = pb.k, .v = pb.v, .q = pb.q, .theta = pb.theta, .eta = pb.eta, .alpha = pb.alpha};
+    mn_segment_inputs in = {.k = pb.k, .v = pb.v, .q = pb.q, .theta = pb.theta, .eta = pb.eta, .alpha = pb.alpha,
+                            .lengths = pb.lengths};
     mn_run_grads g;
     if (mn_run_backward(&pb.rule, &pb.dims, pb.init, pb.mom, pb.outer, &in, &pb.up, c->block, NULL, &g) != MN_OK) {
         printf("FAIL %s/backward: %s\n", c->name, mn_last_error());
@@ -486,6 +549,7 @@ static void run_case(const gcase *c, uint64_t seed)
         snprintf(name, sizeof name, "%s/skipped_gates_zero", c->name);
         CHECK(name, ((float *)mn_tensor_data(&g.eta))[s] == 0 && ((float *)mn_tensor_data(&g.alpha))[s] == 0);
     }
+    if (c->ragged) check_padding_zero(c, &pb, &g);
     mn_run_grads_free(&g);
     problem_free(&pb);
 }
@@ -732,6 +796,62 @@ static void test_norm_rows_and_outer(void)
     problem_free(&pb);
 }
 
+/* newton_schulz's forward against its definition: for G = R diag(s) P (R a
+ * rotation, P a column selection) the iteration acts on the singular values
+ * alone, x -> a x + b x^3 + c x^5 from s / (|s| + 1e-7), then rescales to
+ * |G|_F. Also: a tall matrix is the transpose of its wide twin, a zero
+ * matrix stays zero, biases are left alone. */
+static void test_newton_schulz_forward(void)
+{
+    mn_rule r;
+    mn_rule_init(&r);
+    r.layers = 2;
+    r.bias = true;
+    r.precondition = MN_PRECOND_NEWTON_SCHULZ;
+    r.ns_steps = 4;
+    mn_dims d = {.B = 1, .H = 1, .T = 1, .dk = 3, .dv = 3, .dh = 2, .S = 1};
+    mn_mlp_shape sh;
+    mn_mlp_shape_init(&sh, &r, &d); /* W1 [2x3] (wide), b1 [2], W2 [3x2] (tall), b2 [3] */
+    mn_precond_work w;
+    CHECK("ns/work", mn_precond_work_init(&w, &r, &sh, false) == MN_OK);
+    double s1 = 0.9, s2 = 0.05, th = 0.3, nu = sqrt(s1 * s1 + s2 * s2);
+    double x1 = s1 / (nu + 1e-7), x2 = s2 / (nu + 1e-7);
+    for (int i = 0; i < r.ns_steps; i++) {
+        x1 = 3.4445 * x1 - 4.7750 * pow(x1, 3) + 2.0315 * pow(x1, 5);
+        x2 = 3.4445 * x2 - 4.7750 * pow(x2, 3) + 2.0315 * pow(x2, 5);
+    }
+    double rho = sqrt(x1 * x1 + x2 * x2), f1 = x1 * nu / rho, f2 = x2 * nu / rho;
+    /* G = R diag(s1, s2) with the columns 2 and 0 of a 3-wide identity */
+    double R[2][2] = {{cos(th), -sin(th)}, {sin(th), cos(th)}};
+    float W1[6] = {0}, want[6] = {0}, b1[2] = {0.5f, -0.25f}, W2[6], b2[3] = {1, 2, 3};
+    int col[2] = {2, 0};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) {
+            W1[i * 3 + col[j]] = (float)(R[i][j] * (j ? s2 : s1));
+            want[i * 3 + col[j]] = (float)(R[i][j] * (j ? f2 : f1));
+        }
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 2; j++) W2[i * 2 + j] = W1[j * 3 + i]; /* W2 = W1^T */
+    float *G[4] = {W1, b1, W2, b2};
+    mn_precond_apply(&r, &sh, &w, G);
+    double err = 0, terr = 0;
+    for (int e = 0; e < 6; e++) err = fmax(err, fabs(W1[e] - want[e]));
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 2; j++) terr = fmax(terr, fabs(W2[i * 2 + j] - W1[j * 3 + i]));
+    CHECK_NEAR("ns/singular_values_by_the_scalar_iteration", err, 0, 1e-6);
+    CHECK_NEAR("ns/tall_is_the_transpose_of_wide", terr, 0, 1e-7);
+    CHECK("ns/biases_untouched", b1[0] == 0.5f && b1[1] == -0.25f && b2[2] == 3);
+    CHECK("ns/small_singular_value_raised", fabs(f2 / f1) > 5 * (s2 / s1));
+    float Z[6] = {0}, Zb[2] = {0}, Z2[6] = {0}, Z2b[3] = {0};
+    float *GZ[4] = {Z, Zb, Z2, Z2b};
+    mn_precond_apply(&r, &sh, &w, GZ);
+    bool zero = true;
+    for (int e = 0; e < 6; e++) zero = zero && Z[e] == 0 && Z2[e] == 0;
+    CHECK("ns/zero_stays_zero", zero);
+    mn_precond_work_free(&w);
+    mn_rule_free(&r);
+}
+
 int main(int argc, char **argv)
 {
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -743,6 +863,7 @@ int main(int argc, char **argv)
         test_errors_and_reduce();
         test_shared_program();
         test_norm_rows_and_outer();
+        test_newton_schulz_forward();
     }
     return CHECK_DONE();
 }

@@ -1,0 +1,185 @@
+-- test_ragged_precond.lua: SPEC v2's ragged batches (rule:run{lengths = ...})
+-- and precondition = "newton_schulz" from Lua, on the cpu engine:
+--   lengths: a ragged run equals one run per sequence cut to its length
+--     (final weights and momenta, and y and loss of the real tokens); the
+--     padding has y = 0, loss = 0, and its steps grad_norm 0, clip_scale 1,
+--     skipped 0; padding tokens get zero gradient; bad lengths are one-line
+--     errors that name lengths.
+--   newton_schulz: a one-step run's momentum is -NS(G) with G from the same
+--     run without it and NS computed here from its definition with tensor
+--     ops; a rank-one G is left as it is; ns_steps is checked; the cuda
+--     engine refuses it by name (rule:plan says why).
+-- Run from the repository root: mnemo tests/lua/test_ragged_precond.lua
+local T = dofile("tests/lua/check.lua")
+local m = mnemo
+
+local function rel(a, b)
+  local num, den = (a - b):norm(), b:norm()
+  return den > 0 and num / den or num
+end
+
+---------------------------------------------------------------- lengths
+m.seed(5)
+local B, H, Tn, dk, dv, dh, c = 3, 2, 8, 4, 3, 5, 2
+local k, v = m.randn(B, H, Tn, dk) * 0.5, m.randn(B, H, Tn, dv)
+local W1, W2 = m.randn(H, dh, dk) * 0.4, m.randn(H, dv, dh) * 0.4
+local lengths = { 5, 8, 0 }
+
+for _, retrieve in ipairs({ "before", "after" }) do
+  local rule = m.rule { layers = 2, hidden = dh, step = c, token_reduce = "mean", retrieve = retrieve,
+                        clip = "norm", clip_max = 0.3, theta = 0.3, eta = 0.6, alpha = 0.02 }
+  local res = rule:run { k = k, v = v, lengths = lengths, init = { W1 = W1, W2 = W2 } }
+  for b, len in ipairs(lengths) do
+    local name = ("lengths/%s: sequence %d (length %d)"):format(retrieve, b, len)
+    local fin = {}
+    if len > 0 then
+      local one = rule:run { k = k[{ b }]:narrow(2, 1, len), v = v[{ b }]:narrow(2, 1, len),
+                             init = { W1 = W1, W2 = W2 } }
+      for pname, t in pairs(one.final) do fin[pname] = t[{ 1 }] end
+      -- with retrieve = after, the last real token of a step that runs into
+      -- the padding reads the weights before its step (the step ends later)
+      local ny = (retrieve == "after" and len % c ~= 0) and len - 1 or len
+      if ny > 0 then
+        T.ok(name .. ": y of the real tokens",
+          rel(res.outputs.y[{ b }]:narrow(2, 1, ny), one.outputs.y[{ 1 }]:narrow(2, 1, ny)) < 1e-6)
+      end
+      T.ok(name .. ": loss of the real tokens",
+        rel(res.outputs.loss[{ b }]:narrow(2, 1, len), one.outputs.loss[{ 1 }]) < 1e-6)
+    else
+      fin = { W1 = W1, W2 = W2, b1 = m.zeros(H, dh), b2 = m.zeros(H, dv), S_W1 = m.zeros(H, dh, dk),
+              S_W2 = m.zeros(H, dv, dh), S_b1 = m.zeros(H, dh), S_b2 = m.zeros(H, dv) }
+    end
+    local worst = 0
+    for pname, t in pairs(fin) do
+      local got = res.final[pname][{ b }]
+      worst = math.max(worst, (got - t):abs():max())
+    end
+    T.ok(name .. ": final weights and momenta are the cut run's", worst < 1e-6, ("max diff %.3g"):format(worst))
+    if len < Tn then
+      local pad = Tn - len
+      T.eq(name .. ": padding y is 0", res.outputs.y[{ b }]:narrow(2, len + 1, pad):abs():max(), 0)
+      T.eq(name .. ": padding loss is 0", res.outputs.loss[{ b }]:narrow(2, len + 1, pad):abs():max(), 0)
+      local first = (len + c - 1) // c + 1 -- the first step that starts in the padding
+      local S = Tn // c
+      if first <= S then
+        local n = S - first + 1
+        T.eq(name .. ": padding steps grad_norm 0", res.outputs.grad_norm[{ b }]:narrow(2, first, n):abs():max(), 0)
+        T.eq(name .. ": padding steps clip_scale 1", res.outputs.clip_scale[{ b }]:narrow(2, first, n):min(), 1)
+        T.eq(name .. ": padding steps not skipped", res.outputs.skipped[{ b }]:narrow(2, first, n):max(), 0)
+      end
+    end
+  end
+end
+
+-- lengths as a tensor (any numeric dtype) equals lengths as a table
+local rule = m.rule { layers = 2, hidden = dh, step = c, theta = 0.3 }
+local a = rule:run { k = k, v = v, lengths = lengths, seed = 1 }
+local b2 = rule:run { k = k, v = v, lengths = m.tensor({ 5, 8, 0 }, "i64"), seed = 1 }
+local b3 = rule:run { k = k, v = v, lengths = m.tensor({ 5, 8, 0 }), seed = 1 }
+T.eq("lengths: an i64 tensor is the table", (a.final.W1 - b2.final.W1):abs():max(), 0)
+T.eq("lengths: a float tensor of whole numbers is the table", (a.final.W1 - b3.final.W1):abs():max(), 0)
+
+-- gradients: padding tokens get none, real ones some
+local res = rule:run { k = k, v = v, lengths = lengths, seed = 1, grad = true, theta = m.full({ B, H, Tn }, 0.3) }
+local g = res:backward { dy = m.randn(B, H, Tn, dv), dloss = m.randn(B, H, Tn), dW1 = m.randn(B, H, dh, dk) }
+T.eq("lengths/backward: k of sequence 1's padding", g.k[{ 1 }]:narrow(2, 6, 3):abs():max(), 0)
+T.eq("lengths/backward: v of sequence 3 (all padding)", g.v[{ 3 }]:abs():max(), 0)
+T.eq("lengths/backward: theta of the padding", g.theta[{ 1 }]:narrow(2, 6, 3):abs():max(), 0)
+T.ok("lengths/backward: real tokens get a gradient", g.k[{ 1 }]:narrow(2, 1, 5):abs():max() > 0)
+
+-- a memory fed in two blocks, lengths counted from each block's start,
+-- ends where the ragged run ends (block 1: 4 tokens, 2 steps)
+local mem = rule:memory { B = B, H = H, dk = dk, dv = dv, seed = 1 }
+mem:write { k = k:narrow(3, 1, 4), v = v:narrow(3, 1, 4), lengths = { 4, 4, 0 } }
+mem:write { k = k:narrow(3, 5, 4), v = v:narrow(3, 5, 4), lengths = { 1, 4, 0 } }
+T.ok("lengths: a memory written in blocks ends as the ragged run",
+  rel(mem:state().W1, a.final.W1) < 1e-6)
+
+-- rule:experiment writes them into /inputs
+local e = rule:experiment { k = k, v = v, lengths = lengths }
+T.eq("lengths: rule:experiment puts them in inputs", e.inputs.lengths and e.inputs.lengths:sum(), 13)
+
+-- bad lengths: one line, naming lengths
+T.raises("lengths: wrong count", function() rule:run { k = k, v = v, lengths = { 1, 2 } } end, "lengths has shape")
+T.raises("lengths: not an integer", function() rule:run { k = k, v = v, lengths = { 1, 2.5, 3 } } end,
+  "lengths[2] must be an integer")
+T.raises("lengths: a float tensor that is not whole", function()
+  rule:run { k = k, v = v, lengths = m.tensor({ 1, 2.5, 3 }) } end, "lengths: sequence 2 of 3 has length 2.5")
+T.raises("lengths: negative", function() rule:run { k = k, v = v, lengths = { 1, -1, 3 } } end,
+  "lengths: sequence 2 of 3 has length -1; each must be an integer from 0 to T = 8")
+T.raises("lengths: longer than T", function() rule:run { k = k, v = v, lengths = { 1, 9, 3 } } end,
+  "from 0 to T = 8")
+T.raises("lengths: not a table", function() rule:run { k = k, v = v, lengths = "all" } end,
+  "lengths must be a tensor or a table of integers")
+
+---------------------------------------------------------------- newton_schulz
+-- NS(G) from SPEC.md section 2, with tensor ops (G 2-d, [m, n]).
+local function ns(G, steps)
+  local tall = G.shape[1] > G.shape[2]
+  local X = tall and G:t():contiguous() or G
+  local nu = X:norm()
+  X = X / (nu + 1e-7)
+  for _ = 1, steps do
+    local A = X:matmul(X:t())
+    X = X * 3.4445 + (A * -4.7750 + A:matmul(A) * 2.0315):matmul(X)
+  end
+  X = X * (nu / X:norm())
+  return tall and X:t():contiguous() or X
+end
+
+m.seed(9)
+local c4, dk4, dv4 = 4, 5, 3
+local k4, v4 = m.randn(1, 1, c4, dk4) * 0.5, m.randn(1, 1, c4, dv4)
+local W0 = m.randn(dv4, dk4) * 0.3
+for _, steps in ipairs({ 1, 5 }) do
+  local plain = m.rule { step = c4, theta = 0.5 }:run { k = k4, v = v4, init = { W1 = W0 } }
+  local pre = m.rule { step = c4, theta = 0.5, precondition = "newton_schulz", ns_steps = steps }
+  local res = pre:run { k = k4, v = v4, init = { W1 = W0 } }
+  local G = -plain.final.S_W1[{ 1, 1 }]       -- one step, eta 0, S0 = 0: S = -G
+  local want = -ns(G, steps)
+  T.ok(("newton_schulz: %d steps, momentum is -NS(G)"):format(steps), rel(res.final.S_W1[{ 1, 1 }], want) < 1e-5,
+    ("rel %.3g"):format(rel(res.final.S_W1[{ 1, 1 }], want)))
+  T.near(("newton_schulz: %d steps keeps |G|"):format(steps), res.final.S_W1:norm(), G:norm(), 1e-5 * G:norm())
+end
+-- a tall matrix (W2 of an MLP, dv > dh) and a bias
+local ml = m.rule { layers = 2, hidden = 2, step = c4, theta = 0.5, bias = true }
+local mlns = m.rule { layers = 2, hidden = 2, step = c4, theta = 0.5, bias = true, precondition = "newton_schulz" }
+local p1 = ml:run { k = k4, v = v4, seed = 4 }
+local p2 = mlns:run { k = k4, v = v4, seed = 4 }
+local Gt = -p1.final.S_W2[{ 1, 1 }]
+T.ok("newton_schulz: a tall W2 [3x2] is orthogonalised transposed", rel(p2.final.S_W2[{ 1, 1 }], -ns(Gt, 5)) < 1e-5)
+T.eq("newton_schulz: biases are left alone", (p2.final.S_b2 - p1.final.S_b2):abs():max(), 0)
+-- rank one: nothing to equalise
+local one = m.rule { step = 1, theta = 0.5 }:run { k = k4:narrow(3, 1, 1), v = v4:narrow(3, 1, 1), init = { W1 = W0 } }
+local onens = m.rule { step = 1, theta = 0.5, precondition = "newton_schulz" }:run {
+  k = k4:narrow(3, 1, 1), v = v4:narrow(3, 1, 1), init = { W1 = W0 } }
+T.ok("newton_schulz: a rank-one G is unchanged", rel(onens.final.W1, one.final.W1) < 1e-5)
+
+T.raises("newton_schulz: ns_steps 0", function() m.rule { precondition = "newton_schulz", ns_steps = 0 } end,
+  "ns_steps must be between 1 and 100")
+T.raises("precondition: unknown name", function() m.rule { precondition = "muon" } end, "newton_schulz")
+local voc = m.vocabulary()
+local row
+for _, p in ipairs(voc.parts.precondition or {}) do if p.name == "newton_schulz" then row = p end end
+T.ok("vocabulary: newton_schulz is a row that runs (not planned)", row ~= nil and not row.flags.planned)
+
+-- the cuda engine does not run them in this version: refused by name, never run wrong
+local nsrule = m.rule { layers = 2, hidden = 4, precondition = "newton_schulz", theta = 0.1 }
+local plan = nsrule:plan { dk = 4, dv = 3 }
+T.eq("cuda: rule:plan names the cpu", plan.path, "cpu")
+if m.cuda_available() or not plan.why:find("no CUDA", 1, true) then
+  T.ok("cuda: rule:plan says why: " .. plan.why,
+    plan.why:find("precondition 'newton_schulz' is run by the cpu engine only", 1, true))
+else
+  T.ok("cuda: rule:plan in a build without CUDA: the cpu engine runs it", plan.why:find("no CUDA", 1, true))
+end
+T.raises("cuda: a newton_schulz run on cuda is refused", function()
+  return nsrule:run { k = k, v = v, device = "cuda" } end,
+  "precondition 'newton_schulz' is run by the cpu engine only in this version: use device cpu")
+if m.cuda_available() then
+  T.raises("cuda: a ragged run on cuda is refused", function()
+    return rule:run { k = k, v = v, lengths = lengths, device = "cuda" } end, "lengths (ragged batches) are run by the cpu engine only")
+else
+  T.skip("cuda: a ragged run on cuda is refused", "no usable CUDA device")
+end
+T.done()
