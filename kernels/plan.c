@@ -96,6 +96,8 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
 {
     (void)p;
     memset(out, 0, sizeof *out);
+    /* SPEC v2's gated hidden layers run on the cpu engine only (model/mlp_cpu.c). */
+    if (r->glu) return mn_fail(MN_ERR_UNSUPPORTED, "glu (gated hidden layers): no cuda path runs it yet (device = 'cpu' does)");
     if (arch <= 0) arch = 90;
     if (smem_limit <= 0) smem_limit = smem_of_arch(arch);
     out->threads = FUSED_THREADS;
@@ -167,7 +169,7 @@ long mn_fused_work_floats(const mn_rule *r, const mn_dims *d)
 {
     long g = 0;
     mn_param_layout lo;
-    mn_param_layout_init(&lo, r->layers, r->bias, d->dk, d->dv, d->dh);
+    mn_param_layout_init(&lo, r->layers, r->bias, r->glu, d->dk, d->dv, d->dh);
     g += lo.total;
     g = (g + 3) & ~3L;
     /* and W in the padded layout when the gradient point is the anchor */

@@ -111,6 +111,9 @@ mn_status mn_memory_create(mn_memory_state *st, const mn_rule *rule, const mn_di
 {
     memset(st, 0, sizeof *st);
     MN_TRY(mn_rule_validate(rule));
+    if (dev != MN_CPU && rule->glu)
+        return mn_fail(MN_ERR_UNSUPPORTED, "glu (gated hidden layers): the %s engine does not run it yet (device = 'cpu' does)",
+                       mn_device_name(dev));
     if (rule->residual && dims->dk != dims->dv)
         return mn_fail(MN_ERR_ARG, "residual needs dk = dv, got dk=%lld, dv=%lld",
                        (long long)dims->dk, (long long)dims->dv);

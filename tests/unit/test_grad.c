@@ -42,7 +42,7 @@ typedef struct gcase {
     mn_retrieve retrieve;
     mn_reduce token_reduce, feature_reduce;
     int bias; /* -1: default */
-    bool residual, use_q;
+    bool residual, use_q, glu;
     int B, H, T, dk, dv;
     double theta;
     int skip_token; /* >= 0: theta = inf at this token of memory 0 (its step is skipped) */
@@ -128,6 +128,17 @@ static const gcase cases[] = {
      .bad_value = NAN},
     {"inf_q_retrieval", BASE, .step = 2, .layers = 2, .dh = 4, .use_q = true, .retrieve = MN_RETRIEVE_BEFORE,
      .bad_token = 3, .bad_input = 'q', .bad_value = INFINITY},
+    /* glu (SPEC v2): gated hidden layers; silu + glu at L = 2 is SwiGLU */
+    {"glu_swiglu", BASE, .layers = 2, .dh = 5, .glu = true, .step = 2},
+    {"glu_swiglu_K1_q_before", BASE, .layers = 2, .dh = 5, .glu = true, .step = 2, .block = 1, .use_q = true,
+     .retrieve = MN_RETRIEVE_BEFORE},
+    {"glu_mlp3_tanh_residual_nobias", BASE, .layers = 3, .dh = 4, .glu = true, .act = MN_ACT_TANH, .bias = 0,
+     .residual = true, .dv = 4, .step = 2},
+    {"glu_gelu_clip_norm_global", BASE, .layers = 2, .dh = 4, .glu = true, .act = MN_ACT_GELU, .clip = MN_CLIP_NORM,
+     .clip_max = 0.05, .step = 2},
+    {"glu_custom_act_huber_refresh0", BASE, .layers = 2, .dh = 4, .glu = true, .act = MN_ACT_CUSTOM,
+     .act_expr = "z * sigmoid(a * z) + 0.1 * z^2", .loss = MN_LOSS_HUBER, .loss_delta = 8, .refresh = 0, .step = 2},
+    {"glu_skipped_step", BASE, .layers = 2, .dh = 4, .glu = true, .step = 2, .skip_token = 3},
     {"depth1_bias_mean_B2", BASE, .bias = 1, .B = 2, .H = 1, .step = 4, .T = 10, .token_reduce = MN_REDUCE_MEAN},
 };
 
@@ -162,6 +173,7 @@ static mn_status setup(problem *pb, const gcase *c, uint64_t seed)
     r->activation = c->act;
     r->bias = c->bias < 0 ? c->layers >= 2 : c->bias;
     r->residual = c->residual;
+    r->glu = c->glu;
     r->loss = c->loss;
     r->loss_delta = c->loss_delta;
     r->loss_p = c->loss_p;
