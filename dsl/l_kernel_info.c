@@ -218,6 +218,14 @@ int l_rule_plan(lua_State *L, const mn_rule *r, int opts)
     mn_precision prec;
     int arch;
     kernel_opts(L, r, opts, "plan", &d, &prec, &arch);
+    if (r->glu) {
+        /* gated hidden layers: the cpu engine runs them, no cuda path yet (kernels/plan.c) */
+        lua_createtable(L, 0, 2);
+        set_str(L, "path", "cpu");
+        set_str(L, "why", "glu (gated hidden layers): no cuda path runs it yet (device = 'cpu' does)");
+        luaL_setmetatable(L, PLAN_MT);
+        return 1;
+    }
     mn_cuda_plan pl;
     int dev_arch = mn_cuda_arch();
     if (arch == 0) arch = dev_arch;

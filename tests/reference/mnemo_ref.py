@@ -60,6 +60,7 @@ class Memory:
         self.L = exp.rule["layers"]
         self.bias = bool(exp.rule["bias"])
         self.residual = bool(exp.rule["residual"])
+        self.glu = bool(exp.rule.get("glu", 0))
         act = exp.rule["activation"]
         self.phi = {
             "silu": F.silu,
@@ -80,7 +81,11 @@ class Memory:
         h = x
         for i in range(1, self.L + 1):
             z = self.linear(h, params["W%d" % i], params.get("b%d" % i) if self.bias else None)
-            h = self.phi(z) if i < self.L else z
+            if i < self.L and self.glu:  # glu: phi(W h + b) * (U h + c)
+                g = self.linear(h, params["U%d" % i], params.get("c%d" % i) if self.bias else None)
+                h = self.phi(z) * g
+            else:
+                h = self.phi(z) if i < self.L else z
         return h + x if self.residual else h
 
     __call__ = forward
