@@ -170,7 +170,7 @@ fi
 
 # ---- compute-sanitizer on a few runs ----
 if [ -n "$PYTHON" ] && [ -x "$SANITIZER" ]; then
-    "$PYTHON" tests/reference/gen_experiments.py --seed 4 --count 9 --out "$WORK/san" > /dev/null 2>&1
+    "$PYTHON" tests/reference/gen_experiments.py --seed 4 --count 9 --out "$WORK/san" --no-glu > /dev/null 2>&1
     san() { # tool file
         tool=$1; f=$2; name=sanitizer/$tool/$(basename "$f" .h5)
         "$SANITIZER" --tool "$tool" --error-exitcode 9 "$MNEMO" run "$f" -o "$WORK/san_$tool.h5" --device cuda \

@@ -2,7 +2,7 @@
 """gen_experiments: random experiment files (SPEC.md section 5) covering every
 axis of the spec, for conformance runs of the engines against mnemo_ref.py.
 
-    gen_experiments.py --seed S --count N --out DIR [--max-T 64] [--min-width W] [--describe]
+    gen_experiments.py --seed S --count N --out DIR [--max-T 64] [--min-width W] [--no-glu] [--describe]
 
 writes DIR/exp_00000.h5 ... . File i depends only on (seed, i), so --count 10
 gives the first ten files of --count 300, and the same seed gives the same
@@ -137,10 +137,12 @@ def _gate_array(rng, shape_kind, B, H, N, lo, hi):
     return rng.uniform(lo, hi, size=shape).astype(np.float32)
 
 
-def make_config(seed, i, max_T=64, min_width=1):
+def make_config(seed, i, max_T=64, min_width=1, glu=True):
     """Everything about file i as plain Python/numpy data (no I/O). With
     min_width = w > 1, dk, dv and the hidden width are drawn from [w, 2w]
-    instead (the same draws otherwise: file i is file i with wider tensors)."""
+    instead (the same draws otherwise: file i is file i with wider tensors).
+    glu = False leaves out the gated hidden layers (the rest of the file is the
+    same), for engines that do not run them yet (the CUDA engine)."""
     ax = {name: _axis_value(seed, n, vals, i) for n, (name, vals) in enumerate(AXES)}
     rng = np.random.default_rng([seed, i])
 
@@ -327,11 +329,50 @@ def make_config(seed, i, max_T=64, min_width=1):
                 theta_kind, gate_kinds["eta"], gate_kinds["alpha"], ax["init_layout"],
                 "yes" if ax["momentum_init"] else "no", "yes" if ax["q"] else "no",
                 ",".join(bad) if bad else "none", ax["strings"]))
+    if glu and L >= 2 and make_glu(seed, i, H, B, dk, dh, ax, rule, init, names):
+        desc += " glu"
     upstream = make_upstream(seed, i, B, H, T, dv, names)
     if upstream:
         desc += " upstream=" + ",".join(upstream)
     return {"rule": rule, "constants": constants, "inputs": inputs, "gates": gates,
             "init": init, "upstream": upstream, "desc": desc, "strings": ax["strings"], "seed": seed, "index": i}
+
+
+# SPEC v2's gated hidden layers (glu), stratified like the axes (an axis
+# number of its own, so the axes above are as they were): a third of the
+# files with layers >= 2.
+GLUS = [0, 0, 1]
+
+
+def make_glu(seed, i, H, B, dk, dh, ax, rule, init, names):
+    """glu of file i: the rule attr and /init/U1, c1, ... (appended to names,
+    the order of the parameter layout), drawn from a stream of their own so
+    that the rest of the file is as it was before files had it. U_i at fan-in
+    scale like W_i; c_i around 1, so that the gate scales phi(z) by about one
+    and a step stays the small fraction of the curvature the conditioning
+    above chose. Returns whether the file has glu."""
+    if not _axis_value(seed, 300, GLUS, i):
+        return False
+    rule["glu"] = 1
+    rng = np.random.default_rng([seed, i, 300])
+    layouts = {"[...]": (), "[H,...]": (H,), "[B,H,...]": (B, H)}
+    gain = rng.uniform(0.3, 1.0)
+    for li in range(1, rule["layers"]):
+        shapes = [("U%d" % li, (dh, dk if li == 1 else dh))] + ([("c%d" % li, (dh,))] if ax["bias"] else [])
+        for n, shp in shapes:
+            names.append((n, shp))
+            if n[0] == "c" and rng.random() < 0.1:
+                continue          # missing: zeros
+            lay = ax["init_layout"] if ax["init_layout"] != "mixed" else list(layouts)[rng.integers(3)]
+            if n[0] == "U":
+                init[n] = (rng.standard_normal(layouts[lay] + shp) * gain / np.sqrt(shp[-1])).astype(np.float32)
+            else:
+                init[n] = (1.0 + 0.2 * rng.standard_normal(layouts[lay] + shp)).astype(np.float32)
+            if ax["momentum_init"]:
+                lay2 = list(layouts)[rng.integers(3)]
+                init["S_" + n] = (rng.standard_normal(layouts[lay2] + shp) * 0.05 * np.abs(init[n]).mean()
+                                  ).astype(np.float32)
+    return True
 
 
 # The share of files with /upstream (SPEC.md section 7 gradients), stratified
@@ -400,6 +441,8 @@ def main(argv=None):
     ap.add_argument("--max-T", type=int, default=64, dest="max_T")
     ap.add_argument("--min-width", type=int, default=1, dest="min_width",
                     help="draw dk, dv and hidden from [W, 2W] (default: the usual 1..8, 1..16)")
+    ap.add_argument("--no-glu", action="store_false", dest="glu",
+                    help="files without glu (the rest the same), for engines that do not run it")
     ap.add_argument("--describe", action="store_true", help="print one line per config")
     args = ap.parse_args(argv)
     if not args.out and not args.describe:
@@ -409,7 +452,7 @@ def main(argv=None):
     if args.out:
         os.makedirs(args.out, exist_ok=True)
     for i in range(args.count):
-        cfg = make_config(args.seed, i, args.max_T, args.min_width)
+        cfg = make_config(args.seed, i, args.max_T, args.min_width, glu=args.glu)
         name = "exp_%05d.h5" % i
         if args.out:
             write_config(os.path.join(args.out, name), cfg)
