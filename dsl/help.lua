@@ -189,12 +189,13 @@ mnemo.rule{...} -> a Rule
 rule:run{k =, v = [, q =] [, theta =, eta =, alpha =] [, init =] [, seed =] [, device =] [, precision =]} -> result
   One run over k [B,H,T,dk] and v [B,H,T,dv] ([T,d] or [H,T,d] also do)
   from the initial state: init is "xavier" (default), "normal", "zeros", a
-  table {W1 =, b1 =, ..., S_W1 =, ...} or an .h5 path (its /init or /final);
-  seed fixes the initialiser. Gates given here override the rule's. The
+  table {W1 =, b1 =, ..., S_W1 =, ...} (with glu also U1 =, c1 =, ...) or
+  an .h5 path (its /init or /final); seed fixes the initialiser. Gates given here override the rule's. The
   result is a table in the result schema of docs/files.md: outputs (y,
   loss, grad_norm, clip_scale, skipped), final (W1, ..., S_W1, ...), trace
   (step_loss, weight_norm per step), rule; mnemo.save writes it.
-  device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there.
+  device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there
+  (a glu rule runs on the cpu only: cuda refuses it by name).
   grad = true keeps what res:backward{...} needs (help("Result:backward")).]],
   ["Result:backward"] = [[
 res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block =]} -> gradients
