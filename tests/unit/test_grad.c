@@ -663,6 +663,53 @@ static void test_shared_program(void)
     }
 }
 
+/* glu's parameters follow every W, b (param_layout.h): a rule without glu
+ * keeps its layout, and U_i, c_i have W_i's and b_i's shapes. */
+static void test_glu_layout(void)
+{
+    for (int bias = 0; bias < 2; bias++)
+        for (int L = 1; L <= 4; L++) {
+            mn_param_layout plain, gated;
+            mn_param_layout_init(&plain, L, bias, 0, 3, 5, 7);
+            mn_param_layout_init(&gated, L, bias, L >= 2, 3, 5, 7);
+            bool same = plain.nparams == L * (bias ? 2 : 1);
+            long long off = 0;
+            for (int p = 0; p < plain.nparams; p++) {
+                int layer = bias ? p / 2 : p;
+                same = same && plain.layer[p] == layer && plain.is_bias[p] == (bias && p % 2) && !plain.is_gate[p] &&
+                       plain.offset[p] == off && gated.offset[p] == off && gated.numel[p] == plain.numel[p];
+                off += plain.numel[p];
+            }
+            char name[64];
+            snprintf(name, sizeof name, "glu_layout/L%d_bias%d/unchanged_without_glu", L, bias);
+            CHECK(name, same);
+            if (L < 2) continue;
+            bool twins = gated.nparams == plain.nparams + (L - 1) * (bias ? 2 : 1) && gated.total > plain.total;
+            for (int p = plain.nparams; p < gated.nparams; p++) {
+                int twin = p - plain.nparams; /* W_i / b_i of the same layer */
+                twins = twins && gated.is_gate[p] && gated.layer[p] == plain.layer[twin] &&
+                        gated.rows[p] == plain.rows[twin] && gated.cols[p] == plain.cols[twin];
+            }
+            snprintf(name, sizeof name, "glu_layout/L%d_bias%d/gates_twin_W_b", L, bias);
+            CHECK(name, twins);
+        }
+    mn_rule r;
+    mn_rule_init(&r);
+    r.layers = 3;
+    r.bias = true;
+    r.glu = true;
+    const char *want[] = {"W1", "b1", "W2", "b2", "W3", "b3", "U1", "c1", "U2", "c2"};
+    bool names = mn_rule_param_count(&r) == 10;
+    for (int p = 0; p < 10 && names; p++) {
+        char buf[16];
+        names = strcmp(mn_rule_param_name(&r, p, buf, sizeof buf), want[p]) == 0;
+    }
+    CHECK("glu_layout/names", names);
+    r.layers = 1;
+    CHECK("glu_layout/layers1_refused", mn_rule_validate(&r) == MN_ERR_ARG && strstr(mn_last_error(), "layers >= 2"));
+    mn_rule_free(&r);
+}
+
 int main(int argc, char **argv)
 {
     const char *only = argc > 1 ? argv[1] : NULL;
@@ -673,6 +720,7 @@ int main(int argc, char **argv)
         test_inf_value_keeps_loss_gradient();
         test_errors_and_reduce();
         test_shared_program();
+        test_glu_layout();
     }
     return CHECK_DONE();
 }
