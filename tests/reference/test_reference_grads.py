@@ -508,7 +508,7 @@ def _generator_upstream():
     170 of its 200), as random non-empty subsets of dy, dloss and final
     tensors of the right shapes, without changing the rest of a file."""
     kinds = {"dy only": 0, "dloss only": 0, "final only": 0, "dy+dloss": 0, "all three": 0,
-             "W": 0, "S": 0, "b": 0}
+             "W": 0, "S": 0, "b": 0, "U": 0, "c": 0}   # U, c: glu's gates
     n_up = 0
     for i in range(200):
         cfg = gen.make_config(1, i, 64)
