@@ -89,6 +89,10 @@ T.raises("the cuda engine refuses glu by name", function() swiglu:run{k = k, v =
          "glu (gated hidden layers): the cuda engine does not run it yet")
 local plan = swiglu:plan{dk = dk, dv = dv}
 T.eq("rule:plan sends glu to the cpu", plan.path, "cpu")
-T.ok("rule:plan says why", plan.why:find("glu", 1, true) ~= nil, plan.why)
+if pcall(function() return mnemo.rule{}:source() end) then
+  T.ok("rule:plan says why", plan.why:find("glu", 1, true) ~= nil, plan.why)
+else
+  T.skip("rule:plan says why", "a build without CUDA (its plan says so for every rule)")
+end
 
 T.done()
