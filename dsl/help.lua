@@ -189,8 +189,9 @@ mnemo.rule{...} -> a Rule
 rule:run{k =, v = [, q =] [, lengths =] [, theta =, eta =, alpha =] [, init =] [, seed =] [, device =] [, precision =]} -> result
   One run over k [B,H,T,dk] and v [B,H,T,dv] ([T,d] or [H,T,d] also do)
   from the initial state: init is "xavier" (default), "normal", "zeros", a
-  table {W1 =, b1 =, ..., S_W1 =, ...} (with an out_norm also ln_g =,
-  ln_b =: [dv], [H,dv] or [B,H,dv], default 1 and 0) or an .h5 path;
+  table {W1 =, b1 =, ..., S_W1 =, ...} (with glu also U1 =, c1 =, ...;
+  with an out_norm also ln_g =, ln_b =: [dv], [H,dv] or [B,H,dv], default
+  1 and 0) or an .h5 path (its /init or /final);
   seed fixes the initialiser. Gates given here override the rule's. The
   result is a table in the result schema of docs/files.md: outputs (y,
   loss, grad_norm, clip_scale, skipped), final (W1, ..., S_W1, ...), trace
@@ -199,8 +200,8 @@ rule:run{k =, v = [, q =] [, lengths =] [, theta =, eta =, alpha =] [, init =] [
   batches; tokens at and after l_b of sequence b are padding (no gradient,
   not counted, y = 0, loss = 0; a step that starts there changes nothing).
   device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there (not
-  yet with lengths, out_norm, qk_norm or precondition = "newton_schulz":
-  refused by name; the cpu runs those).
+  yet with glu, out_norm, qk_norm, precondition = "newton_schulz" or
+  lengths: refused by name; the cpu runs those).
   grad = true keeps what res:backward{...} needs (help("Result:backward")).]],
   ["Result:backward"] = [[
 res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block =]} -> gradients

@@ -437,7 +437,8 @@ static int rule_tostring(lua_State *L)
              r->layers == 1 ? "" : "s");
     luaL_addstring(&b, line);
     if (r->layers > 1) {
-        snprintf(line, sizeof line, ", hidden %d, %s%s", r->hidden, mn_activation_name(r->activation), r->bias ? ", bias" : "");
+        snprintf(line, sizeof line, ", hidden %d, %s%s%s", r->hidden, mn_activation_name(r->activation),
+                 r->glu ? " gated (glu)" : "", r->bias ? ", bias" : "");
         luaL_addstring(&b, line);
     }
     if (r->residual) luaL_addstring(&b, ", residual");

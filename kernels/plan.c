@@ -167,7 +167,7 @@ long mn_fused_work_floats(const mn_rule *r, const mn_dims *d)
 {
     long g = 0;
     mn_param_layout lo;
-    mn_param_layout_init(&lo, r->layers, r->bias, d->dk, d->dv, d->dh);
+    mn_param_layout_init(&lo, r->layers, r->bias, r->glu, d->dk, d->dv, d->dh);
     g += lo.total;
     g = (g + 3) & ~3L;
     /* and W in the padded layout when the gradient point is the anchor */

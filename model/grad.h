@@ -87,7 +87,9 @@ typedef struct mn_mlp_grad_work {
     mn_mlp_work fwd;
     int64_t max_rows;
     float *zdot[MN_MAX_LAYERS], *hdot[MN_MAX_LAYERS]; /* tangents */
+    float *gdot[MN_MAX_LAYERS];                        /* glu: the gate's tangent */
     float *zbar, *zdotbar, *hbar, *hdotbar;           /* adjoints, rows x widest */
+    float *gbar, *gdotbar;                             /* glu: the gate's adjoints, rows x widest */
     float *y, *u, *ybar, *ubar;                        /* rows x dv */
     double *din, *dout, *dout2, *dv_in, *dr_in;        /* program scratch */
     double *dphi_at[MN_MAX_LAYERS];                    /* phi'(z) of the tangent pass, kept for the reverse */

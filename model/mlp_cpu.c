@@ -14,6 +14,7 @@ void mn_mlp_shape_init(mn_mlp_shape *s, const mn_rule *rule, const mn_dims *d)
     s->layers = rule->layers;
     s->bias = rule->bias;
     s->residual = rule->residual;
+    s->glu = rule->glu && rule->layers > 1;
     s->activation = rule->activation;
     s->out_norm = mn_rule_out_norm(rule);
     for (int i = 0; i < rule->layers; i++) {
@@ -21,7 +22,7 @@ void mn_mlp_shape_init(mn_mlp_shape *s, const mn_rule *rule, const mn_dims *d)
         s->out[i] = mn_layer_out(i, rule->layers, d->dv, d->dh);
     }
     mn_param_layout lo;
-    mn_param_layout_init(&lo, rule->layers, rule->bias, d->dk, d->dv, d->dh);
+    mn_param_layout_init(&lo, rule->layers, rule->bias, rule->glu, d->dk, d->dv, d->dh);
     s->nparams = lo.nparams;
     for (int p = 0; p < s->nparams; p++) s->numel[p] = lo.numel[p];
 }
@@ -47,6 +48,11 @@ mn_status mn_mlp_work_init(mn_mlp_work *w, const mn_mlp_shape *s, const mn_rule 
         w->h[i] = malloc(sizeof(float) * max_rows * s->out[i]);
         w->aux[i] = malloc(sizeof(float) * max_rows * s->out[i]);
         ok = ok && w->z[i] && w->h[i] && w->aux[i];
+        if (s->glu) {
+            w->a[i] = malloc(sizeof(float) * max_rows * s->out[i]);
+            w->g[i] = malloc(sizeof(float) * max_rows * s->out[i]);
+            ok = ok && w->a[i] && w->g[i];
+        }
     }
     w->dz = malloc(sizeof(float) * max_rows * wide);
     w->dh = malloc(sizeof(float) * max_rows * wide);
@@ -55,6 +61,7 @@ mn_status mn_mlp_work_init(mn_mlp_work *w, const mn_mlp_shape *s, const mn_rule 
         int64_t dv = s->out[s->layers - 1];
         ok = (w->nhat = malloc(sizeof(float) * max_rows * dv)) && (w->ns = malloc(sizeof(float) * max_rows));
     }
+    if (s->glu) ok = ok && (w->dg = malloc(sizeof(float) * max_rows * wide));
     if (ok && rule->activation == MN_ACT_CUSTOM && s->layers > 1) {
         w->dbuf_in = malloc(sizeof(double) * max_rows * wide);
         w->dbuf_out = malloc(sizeof(double) * max_rows * wide);
@@ -90,9 +97,12 @@ void mn_mlp_work_free(mn_mlp_work *w)
         free(w->z[i]);
         free(w->h[i]);
         free(w->aux[i]);
+        free(w->a[i]);
+        free(w->g[i]);
     }
     free(w->dz);
     free(w->dh);
+    free(w->dg);
     free(w->dbuf_in);
     free(w->dbuf_out);
     free(w->nhat);
@@ -175,12 +185,33 @@ static void activate_backward(const mn_mlp_shape *s, mn_mlp_work *w, const float
     }
 }
 
-/* The parameters of layer i: weight and (optional) bias pointers. */
-static void layer_params(const mn_mlp_shape *s, float *const *params, int i, const float **W, const float **b)
+void mn_mlp_layer_params(const mn_mlp_shape *s, float *const *params, int i, bool gate, float **W, float **b)
 {
-    int per = s->bias ? 2 : 1;
-    *W = params[i * per];
-    *b = s->bias ? params[i * per + 1] : NULL;
+    int k = mn_param_index(s->layers, s->bias, i, gate);
+    *W = params[k];
+    *b = s->bias ? params[k + 1] : NULL;
+}
+
+/* z[rows x out] = in[rows x inn] W^T + b (b may be NULL). */
+static void affine(const float *in, const float *W, const float *b, int64_t rows, int64_t out, int64_t inn, float *z)
+{
+    if (b)
+        for (int64_t r = 0; r < rows; r++) memcpy(z + r * out, b, sizeof(float) * out);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)out, (int)inn, 1.0f, in, (int)inn, W,
+                (int)inn, b ? 1.0f : 0.0f, z, (int)out);
+}
+
+/* gW = d^T in (out x inn), gb = column sums of d (when gb is not NULL). */
+static void affine_grads(const float *d, const float *in, int64_t rows, int64_t out, int64_t inn, float *gW, float *gb)
+{
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)out, (int)inn, (int)rows, 1.0f, d, (int)out, in,
+                (int)inn, 0.0f, gW, (int)inn);
+    if (gb)
+        for (int64_t o = 0; o < out; o++) {
+            double acc = 0;
+            for (int64_t r = 0; r < rows; r++) acc += d[r * out + o];
+            gb[o] = (float)acc;
+        }
 }
 
 void mn_mlp_forward(const mn_mlp_shape *s, mn_mlp_work *w, float *const *params, const float *x,
@@ -188,19 +219,24 @@ void mn_mlp_forward(const mn_mlp_shape *s, mn_mlp_work *w, float *const *params,
 {
     const float *in = x;
     for (int i = 0; i < s->layers; i++) {
-        const float *W, *b;
-        layer_params(s, params, i, &W, &b);
+        float *W, *b;
+        mn_mlp_layer_params(s, params, i, false, &W, &b);
         bool last = i == s->layers - 1;
         float *z = last ? y : w->z[i];
         int64_t out = s->out[i], inn = s->in[i];
-        if (b)
-            for (int64_t r = 0; r < rows; r++) memcpy(z + r * out, b, sizeof(float) * out);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)out, (int)inn, 1.0f, in,
-                    (int)inn, W, (int)inn, b ? 1.0f : 0.0f, z, (int)out);
-        if (!last) {
+        affine(in, W, b, rows, out, inn, z);
+        if (last) break;
+        if (s->glu) {
+            /* h = phi(z) * (U in + c) */
+            float *U, *c;
+            mn_mlp_layer_params(s, params, i, true, &U, &c);
+            affine(in, U, c, rows, out, inn, w->g[i]);
+            activate(s, w, z, w->a[i], w->aux[i], rows * out);
+            for (int64_t e = 0; e < rows * out; e++) w->h[i][e] = w->a[i][e] * w->g[i][e];
+        } else {
             activate(s, w, z, w->h[i], w->aux[i], rows * out);
-            in = w->h[i];
         }
+        in = w->h[i];
     }
     if (s->out_norm.on) {
         /* y = g nhat(o) + beta, o the last layer's output */
@@ -217,7 +253,6 @@ void mn_mlp_backward(const mn_mlp_shape *s, mn_mlp_work *w, float *const *params
                      int64_t rows, float *dy, float *const *grads)
 {
     float *dz = dy; /* gradient at the current layer's pre-activation */
-    int per = s->bias ? 2 : 1;
     if (s->out_norm.on) {
         /* through N: do = J_nhat^T (g dy) */
         int64_t dv = s->out[s->layers - 1];
@@ -226,26 +261,35 @@ void mn_mlp_backward(const mn_mlp_shape *s, mn_mlp_work *w, float *const *params
         mn_rownorm_vjp(s->out_norm, w->nhat, w->ns, dy, rows, dv, dy, false);
     }
     for (int i = s->layers - 1; i >= 0; i--) {
-        const float *W, *b;
-        layer_params(s, params, i, &W, &b);
+        float *W, *b, *U = NULL, *c = NULL, *gW, *gb, *gU, *gc;
+        bool gated = s->glu && i < s->layers - 1;
+        mn_mlp_layer_params(s, params, i, false, &W, &b);
+        mn_mlp_layer_params(s, grads, i, false, &gW, &gb);
         int64_t out = s->out[i], inn = s->in[i];
         const float *in = i == 0 ? x : w->h[i - 1];
-        /* dW = dz^T in (out x inn) */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)out, (int)inn, (int)rows, 1.0f, dz,
-                    (int)out, in, (int)inn, 0.0f, grads[i * per], (int)inn);
-        if (b) {
-            float *db = grads[i * per + 1];
-            for (int64_t o = 0; o < out; o++) {
-                double acc = 0;
-                for (int64_t r = 0; r < rows; r++) acc += dz[r * out + o];
-                db[o] = (float)acc;
-            }
+        affine_grads(dz, in, rows, out, inn, gW, gb);
+        if (gated) {
+            /* w->dg holds the gate's gradient of this layer */
+            mn_mlp_layer_params(s, params, i, true, &U, &c);
+            mn_mlp_layer_params(s, grads, i, true, &gU, &gc);
+            affine_grads(w->dg, in, rows, out, inn, gU, gc);
         }
         if (i == 0) break;
-        /* dh = dz W (rows x inn), then through the activation of layer i-1 */
+        /* dh = dz W (+ dg U) (rows x inn), then through the activation of layer i-1 */
         float *dh = dz == w->dh ? w->dz : w->dh;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)inn, (int)out, 1.0f, dz,
                     (int)out, W, (int)inn, 0.0f, dh, (int)inn);
+        if (gated)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)inn, (int)out, 1.0f, w->dg,
+                        (int)out, U, (int)inn, 1.0f, dh, (int)inn);
+        if (s->glu) {
+            /* h = a g: dg = dh a, da = dh g, then dz = da phi'(z) */
+            const float *a = w->a[i - 1], *g = w->g[i - 1];
+            for (int64_t e = 0; e < rows * inn; e++) {
+                w->dg[e] = dh[e] * a[e];
+                dh[e] *= g[e];
+            }
+        }
         activate_backward(s, w, w->z[i - 1], w->aux[i - 1], dh, dh, rows * inn);
         dz = dh;
     }

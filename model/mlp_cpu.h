@@ -10,7 +10,7 @@
 
 typedef struct mn_mlp_shape {
     int layers;
-    bool bias, residual;
+    bool bias, residual, glu; /* glu: hidden layers phi(W h + b) * (U h + c) */
     mn_activation activation;
     mn_rownorm out_norm;                          /* the last layer's output normalised (v2) */
     int64_t in[MN_MAX_LAYERS], out[MN_MAX_LAYERS]; /* W_i is out[i] x in[i] */
@@ -24,11 +24,13 @@ typedef struct mn_mlp_shape {
 typedef struct mn_mlp_work {
     int64_t max_rows;
     float *z[MN_MAX_LAYERS];   /* pre-activations of hidden layers */
-    float *h[MN_MAX_LAYERS];   /* h[i] = phi(z[i]) */
+    float *h[MN_MAX_LAYERS];   /* h[i] = phi(z[i]), with glu a[i] * g[i] */
+    float *a[MN_MAX_LAYERS];   /* glu only: phi(z[i]) */
+    float *g[MN_MAX_LAYERS];   /* glu only: the gate U h + c */
     float *aux[MN_MAX_LAYERS]; /* what phi' needs, kept from the forward: sigmoid(z) for
                                 * silu, tanh(z) for tanh, Phi(z) for gelu (so the backward
                                 * needs no second exp per element) */
-    float *dz, *dh;            /* backward scratch, max_rows x max width */
+    float *dz, *dh, *dg;       /* backward scratch, max_rows x max width (dg with glu) */
     double *dbuf_in, *dbuf_out;/* custom activation evaluation */
     mn_expr_program *act, *act_grad;
     /* out_norm: the memory's g and beta ([dv], set by the caller before a
@@ -39,6 +41,9 @@ typedef struct mn_mlp_work {
 } mn_mlp_work;
 
 void mn_mlp_shape_init(mn_mlp_shape *s, const mn_rule *rule, const mn_dims *d);
+/* Layer i's weight (gate: U_i) and bias (gate: c_i; NULL without bias) in
+ * params, indexed as model/param_layout.h lays them out. */
+void mn_mlp_layer_params(const mn_mlp_shape *s, float *const *params, int i, bool gate, float **W, float **b);
 mn_status mn_mlp_work_init(mn_mlp_work *w, const mn_mlp_shape *s, const mn_rule *rule, int64_t max_rows);
 void mn_mlp_work_free(mn_mlp_work *w);
 

@@ -111,6 +111,7 @@ int64_t mn_mlp_grad_work_bytes(const mn_mlp_shape *s, int64_t max_rows)
     /* forward z, h, aux and dz, dh; tangents; four adjoints; y, u, ybar, ubar; doubles */
     int64_t floats = max_rows * (3 * hidden + 2 * wide) + max_rows * 2 * hidden + 4 * max_rows * wide +
                      4 * max_rows * dv;
+    if (s->glu) floats += max_rows * 3 * hidden + 3 * max_rows * wide; /* a, g, gdot; dg, gbar, gdotbar */
     floats += max_rows * s->in[0]; /* xclean */
     if (s->out_norm.on) floats += 2 * max_rows * dv;
     int64_t doubles = (5 + MN_SHARED_MAX) * max_rows * wide + 2 * max_rows * hidden;
@@ -130,6 +131,11 @@ mn_status mn_mlp_grad_work_init(mn_mlp_grad_work *w, const mn_mlp_shape *s, cons
         ok = ok && (w->hdot[i] = malloc(sizeof(float) * max_rows * s->out[i]));
         ok = ok && (w->dphi_at[i] = malloc(sizeof(double) * max_rows * s->out[i]));
         ok = ok && (w->ddphi_at[i] = malloc(sizeof(double) * max_rows * s->out[i]));
+        if (s->glu) ok = ok && (w->gdot[i] = malloc(sizeof(float) * max_rows * s->out[i]));
+    }
+    if (s->glu) {
+        ok = ok && (w->gbar = malloc(sizeof(float) * max_rows * wide));
+        ok = ok && (w->gdotbar = malloc(sizeof(float) * max_rows * wide));
     }
     float **fl[] = {&w->zbar, &w->zdotbar, &w->hbar, &w->hdotbar};
     for (size_t i = 0; i < 4 && ok; i++) ok = (*fl[i] = malloc(sizeof(float) * max_rows * wide)) != NULL;
@@ -173,7 +179,10 @@ void mn_mlp_grad_work_free(mn_mlp_grad_work *w)
         free(w->hdot[i]);
         free(w->dphi_at[i]);
         free(w->ddphi_at[i]);
+        free(w->gdot[i]);
     }
+    free(w->gbar);
+    free(w->gdotbar);
     void *bufs[] = {w->zbar, w->zdotbar, w->hbar, w->hdotbar, w->y,      w->u,
                     w->ybar, w->ubar,    w->din,  w->dout,    w->dout2, w->dv_in, w->dr_in,
                     w->xclean, w->xbad, w->cut, w->od, w->nd};
@@ -277,26 +286,35 @@ void mn_loss_dyhat(mn_mlp_grad_work *w, const float *y, const float *v, const fl
 
 static void layer(const mn_mlp_shape *s, float *const *P, int i, float **W, float **b)
 {
-    int per = s->bias ? 2 : 1;
-    *W = P[i * per];
-    *b = s->bias ? P[i * per + 1] : NULL;
+    mn_mlp_layer_params(s, P, i, false, W, b);
 }
+
+/* Layer i's gate U_i, c_i; NULL when layer i has none (no glu, or the last layer). */
+static void gate(const mn_mlp_shape *s, float *const *P, int i, float **U, float **c)
+{
+    *U = *c = NULL;
+    if (s->glu && i < s->layers - 1) mn_mlp_layer_params(s, P, i, true, U, c);
+}
+
+/* Kept per hidden layer: z, h, and with glu a = phi(z) and the gate g. */
+static int kept_per_hidden(const mn_mlp_shape *s) { return s->glu ? 4 : 2; }
 
 int64_t mn_mlp_kept_floats(const mn_mlp_shape *s, int64_t rows)
 {
     int64_t f = rows * s->out[s->layers - 1];
     if (s->out_norm.on) f += rows * s->out[s->layers - 1] + rows; /* nhat, s */
-    for (int i = 0; i + 1 < s->layers; i++) f += 2 * rows * s->out[i];
+    for (int i = 0; i + 1 < s->layers; i++) f += kept_per_hidden(s) * rows * s->out[i];
     return f;
 }
 
 void mn_mlp_keep_forward(const mn_mlp_shape *s, const mn_mlp_grad_work *w, int64_t rows, float *kept)
 {
     for (int i = 0; i + 1 < s->layers; i++) {
-        memcpy(kept, w->fwd.z[i], sizeof(float) * rows * s->out[i]);
-        kept += rows * s->out[i];
-        memcpy(kept, w->fwd.h[i], sizeof(float) * rows * s->out[i]);
-        kept += rows * s->out[i];
+        float *const parts[4] = {w->fwd.z[i], w->fwd.h[i], w->fwd.a[i], w->fwd.g[i]};
+        for (int k = 0; k < kept_per_hidden(s); k++) {
+            memcpy(kept, parts[k], sizeof(float) * rows * s->out[i]);
+            kept += rows * s->out[i];
+        }
     }
     memcpy(kept, w->y, sizeof(float) * rows * s->out[s->layers - 1]);
     if (s->out_norm.on) {
@@ -310,10 +328,11 @@ void mn_mlp_keep_forward(const mn_mlp_shape *s, const mn_mlp_grad_work *w, int64
 static void restore_forward(const mn_mlp_shape *s, mn_mlp_grad_work *w, int64_t rows, const float *kept)
 {
     for (int i = 0; i + 1 < s->layers; i++) {
-        memcpy(w->fwd.z[i], kept, sizeof(float) * rows * s->out[i]);
-        kept += rows * s->out[i];
-        memcpy(w->fwd.h[i], kept, sizeof(float) * rows * s->out[i]);
-        kept += rows * s->out[i];
+        float *const parts[4] = {w->fwd.z[i], w->fwd.h[i], w->fwd.a[i], w->fwd.g[i]};
+        for (int k = 0; k < kept_per_hidden(s); k++) {
+            memcpy(parts[k], kept, sizeof(float) * rows * s->out[i]);
+            kept += rows * s->out[i];
+        }
     }
     memcpy(w->y, kept, sizeof(float) * rows * s->out[s->layers - 1]);
     if (s->out_norm.on) {
@@ -401,7 +420,22 @@ void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *cons
             if (i > 0) mm_nt(rows, out, inn, w->hdot[i - 1], W, 1.0f, zd);
             if (i < L - 1) {
                 act_derivs(s, w, w->fwd.z[i], rows * out, w->dphi_at[i], w->ddphi_at[i]);
-                for (int64_t e = 0; e < rows * out; e++) w->hdot[i][e] = (float)(w->dphi_at[i][e] * zd[e]);
+                float *U, *c, *dU, *dc;
+                gate(s, P, i, &U, &c);
+                if (U) {
+                    /* gd = dU in + U hd + dc; hd = phi' zd g + a gd */
+                    gate(s, dG, i, &dU, &dc);
+                    float *gd = w->gdot[i];
+                    const float *a = w->fwd.a[i], *g = w->fwd.g[i];
+                    if (dc)
+                        for (int64_t r = 0; r < rows; r++) memcpy(gd + r * out, dc, sizeof(float) * out);
+                    mm_nt(rows, out, inn, in, dU, dc ? 1.0f : 0.0f, gd);
+                    if (i > 0) mm_nt(rows, out, inn, w->hdot[i - 1], U, 1.0f, gd);
+                    for (int64_t e = 0; e < rows * out; e++)
+                        w->hdot[i][e] = (float)(w->dphi_at[i][e] * zd[e] * g[e] + (double)a[e] * gd[e]);
+                } else {
+                    for (int64_t e = 0; e < rows * out; e++) w->hdot[i][e] = (float)(w->dphi_at[i][e] * zd[e]);
+                }
             }
         }
         if (s->out_norm.on) {
@@ -470,29 +504,62 @@ void mn_mlp_step_adjoint(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *cons
     memcpy(w->zbar, w->ybar, sizeof(float) * n);
     if (dG) memcpy(w->zdotbar, w->ubar, sizeof(float) * n);
     for (int i = L - 1; i >= 0; i--) {
-        float *W, *b, *dW = NULL, *db = NULL, *gW, *gb;
+        float *W, *b, *dW = NULL, *db = NULL, *gW, *gb, *U, *c, *dU = NULL, *dc = NULL, *gU, *gc;
         layer(s, P, i, &W, &b);
         layer(s, gP, i, &gW, &gb);
-        if (dG) layer(s, dG, i, &dW, &db);
+        gate(s, P, i, &U, &c);
+        gate(s, gP, i, &gU, &gc);
+        if (dG) {
+            layer(s, dG, i, &dW, &db);
+            gate(s, dG, i, &dU, &dc);
+        }
         int64_t out = s->out[i], inn = s->in[i];
         const float *in = i == 0 ? x : w->fwd.h[i - 1];
         mm_tn_acc(out, inn, rows, w->zbar, in, gW);
         if (dG && i > 0) mm_tn_acc(out, inn, rows, w->zdotbar, w->hdot[i - 1], gW);
         if (gb) colsum_acc(w->zbar, rows, out, gb);
+        if (U) {
+            mm_tn_acc(out, inn, rows, w->gbar, in, gU);
+            if (dG && i > 0) mm_tn_acc(out, inn, rows, w->gdotbar, w->hdot[i - 1], gU);
+            if (gc) colsum_acc(w->gbar, rows, out, gc);
+        }
+        /* hbar = zbar W + zdbar dW (+ gbar U + gdbar dU); hdbar = zdbar W (+ gdbar U) */
+        mm_nn(rows, inn, out, w->zbar, W, 0.0f, w->hbar);
+        if (dG) mm_nn(rows, inn, out, w->zdotbar, dW, 1.0f, w->hbar);
+        if (U) {
+            mm_nn(rows, inn, out, w->gbar, U, 1.0f, w->hbar);
+            if (dG) mm_nn(rows, inn, out, w->gdotbar, dU, 1.0f, w->hbar);
+        }
         if (i == 0) {
-            /* gx += zbar W + zdbar dW, through scratch (gx is a strided block of the caller's). */
-            mm_nn(rows, inn, out, w->zbar, W, 0.0f, w->hbar);
-            if (dG) mm_nn(rows, inn, out, w->zdotbar, dW, 1.0f, w->hbar);
+            /* gx is a strided block of the caller's: added from scratch */
             for (int64_t e = 0; e < rows * inn; e++) gx[e] += w->hbar[e];
             break;
         }
-        mm_nn(rows, inn, out, w->zbar, W, 0.0f, w->hbar);
         if (dG) {
-            mm_nn(rows, inn, out, w->zdotbar, dW, 1.0f, w->hbar);
             mm_nn(rows, inn, out, w->zdotbar, W, 0.0f, w->hdotbar);
+            if (U) mm_nn(rows, inn, out, w->gdotbar, U, 1.0f, w->hdotbar);
         }
         int64_t m = rows * inn;
-        if (dG) {
+        if (s->glu) {
+            const float *a = w->fwd.a[i - 1], *g = w->fwd.g[i - 1];
+            if (dG) {
+                const double *d1 = w->dphi_at[i - 1], *d2 = w->ddphi_at[i - 1];
+                const float *zd = w->zdot[i - 1], *gd = w->gdot[i - 1];
+                for (int64_t e = 0; e < m; e++) {
+                    double hb = w->hbar[e], hdb = w->hdotbar[e];
+                    w->zbar[e] = (float)(d1[e] * (hb * g[e] + hdb * gd[e]) + d2[e] * zd[e] * g[e] * hdb);
+                    w->gbar[e] = (float)(hb * a[e] + hdb * d1[e] * zd[e]);
+                    w->zdotbar[e] = (float)(d1[e] * g[e] * hdb);
+                    w->gdotbar[e] = (float)(a[e] * hdb);
+                }
+            } else {
+                act_derivs(s, w, w->fwd.z[i - 1], m, w->dout, NULL);
+                for (int64_t e = 0; e < m; e++) {
+                    w->zbar[e] = (float)(w->dout[e] * w->hbar[e] * g[e]);
+                    w->gbar[e] = w->hbar[e] * a[e];
+                }
+            }
+        } else if (dG) {
             const double *d1 = w->dphi_at[i - 1], *d2 = w->ddphi_at[i - 1];
             for (int64_t e = 0; e < m; e++) {
                 w->zbar[e] = (float)(d1[e] * w->hbar[e] + d2[e] * w->zdot[i - 1][e] * w->hdotbar[e]);
@@ -519,20 +586,35 @@ void mn_mlp_vjp(const mn_mlp_shape *s, mn_mlp_grad_work *w, float *const *P, con
         for (int64_t e = 0; e < n; e++) gx[e] += w->zbar[e];
     if (s->out_norm.on) norm_reverse(s, w, rows, w->zbar, NULL);
     for (int i = L - 1; i >= 0; i--) {
-        float *W, *b, *gW, *gb;
+        float *W, *b, *gW, *gb, *U, *c, *gU, *gc;
         layer(s, P, i, &W, &b);
         layer(s, gP, i, &gW, &gb);
+        gate(s, P, i, &U, &c);
+        gate(s, gP, i, &gU, &gc);
         int64_t out = s->out[i], inn = s->in[i];
         const float *in = i == 0 ? x : w->fwd.h[i - 1];
         mm_tn_acc(out, inn, rows, w->zbar, in, gW);
         if (gb) colsum_acc(w->zbar, rows, out, gb);
         mm_nn(rows, inn, out, w->zbar, W, 0.0f, w->hbar);
+        if (U) {
+            mm_tn_acc(out, inn, rows, w->gbar, in, gU);
+            if (gc) colsum_acc(w->gbar, rows, out, gc);
+            mm_nn(rows, inn, out, w->gbar, U, 1.0f, w->hbar);
+        }
         if (i == 0) {
             for (int64_t e = 0; e < rows * inn; e++) gx[e] += w->hbar[e];
             break;
         }
         int64_t m = rows * inn;
         act_derivs(s, w, w->fwd.z[i - 1], m, w->dout, NULL);
-        for (int64_t e = 0; e < m; e++) w->zbar[e] = (float)(w->dout[e] * w->hbar[e]);
+        if (s->glu) {
+            const float *a = w->fwd.a[i - 1], *g = w->fwd.g[i - 1];
+            for (int64_t e = 0; e < m; e++) {
+                w->zbar[e] = (float)(w->dout[e] * w->hbar[e] * g[e]);
+                w->gbar[e] = w->hbar[e] * a[e];
+            }
+        } else {
+            for (int64_t e = 0; e < m; e++) w->zbar[e] = (float)(w->dout[e] * w->hbar[e]);
+        }
     }
 }

@@ -31,8 +31,9 @@ bool mn_precond_on(const mn_rule *r) { return r->precondition != MN_PRECOND_NONE
 
 bool mn_precond_matrix(const mn_mlp_shape *s, int p, int64_t *rows, int64_t *cols)
 {
-    if (mn_param_is_bias(s->bias, p)) return false;
-    int layer = mn_param_layer(s->bias, p);
+    /* glu's U_i are matrices too (SPEC.md: every 2-D parameter), c_i biases */
+    if (mn_param_is_bias_glu(s->layers, s->bias, p)) return false;
+    int layer = mn_param_layer_glu(s->layers, s->bias, p);
     *rows = s->out[layer];
     *cols = s->in[layer];
     return true;

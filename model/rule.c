@@ -280,7 +280,8 @@ mn_status mn_rule_validate(const mn_rule *r)
         }
         }
     }
-    if (r->glu) return mn_fail(MN_ERR_ARG, "glu is specified (SPEC v2) but no engine of this version runs it yet");
+    if (r->glu && r->layers < 2)
+        return mn_fail(MN_ERR_ARG, "glu gates the hidden layers and needs layers >= 2 (got layers = %d)", r->layers);
     int refresh = mn_rule_refresh(r);
     if (refresh < 0 || (refresh > 0 && refresh % r->step != 0))
         return mn_fail(MN_ERR_ARG, "refresh %d is not 0 or a multiple of step %d", refresh, r->step);
@@ -294,25 +295,28 @@ mn_status mn_rule_validate(const mn_rule *r)
 }
 
 /* Parameter names, roles and shapes: model/param_layout.h. */
-int mn_rule_param_count(const mn_rule *r) { return mn_param_count(r->layers, r->bias); }
+int mn_rule_param_count(const mn_rule *r) { return mn_param_count_glu(r->layers, r->bias, r->glu); }
 
 void mn_rule_param_role(const mn_rule *r, int i, int *layer, bool *is_bias)
 {
-    *layer = mn_param_layer(r->bias, i);
-    *is_bias = mn_param_is_bias(r->bias, i);
+    *layer = mn_param_layer_glu(r->layers, r->bias, i);
+    *is_bias = mn_param_is_bias_glu(r->layers, r->bias, i);
 }
 
+/* W1, b1, ... and glu's U1, c1, ... */
 const char *mn_rule_param_name(const mn_rule *r, int i, char *buf, size_t len)
 {
-    snprintf(buf, len, "%c%d", mn_param_is_bias(r->bias, i) ? 'b' : 'W', mn_param_layer(r->bias, i) + 1);
+    static const char letter[2][2] = {{'W', 'b'}, {'U', 'c'}};
+    int gate = mn_param_is_gate(r->layers, r->bias, i), bias = mn_param_is_bias_glu(r->layers, r->bias, i);
+    snprintf(buf, len, "%c%d", letter[gate][bias], mn_param_layer_glu(r->layers, r->bias, i) + 1);
     return buf;
 }
 
 int mn_rule_param_shape(const mn_rule *r, const mn_dims *d, int i, int64_t *shape)
 {
-    int layer = mn_param_layer(r->bias, i);
+    int layer = mn_param_layer_glu(r->layers, r->bias, i);
     shape[0] = mn_layer_out(layer, r->layers, d->dv, d->dh);
-    if (mn_param_is_bias(r->bias, i)) return 1;
+    if (mn_param_is_bias_glu(r->layers, r->bias, i)) return 1;
     shape[1] = mn_layer_in(layer, d->dk, d->dh);
     return 2;
 }

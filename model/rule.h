@@ -10,7 +10,7 @@
 #include "tensor.h"
 
 #define MN_MAX_LAYERS 8
-#define MN_MAX_PARAMS (2 * MN_MAX_LAYERS)
+#define MN_MAX_PARAMS (4 * MN_MAX_LAYERS) /* W, b and glu's U, c per layer */
 #define MN_MAX_CONSTS 32
 
 #include "rule.def"

@@ -102,6 +102,7 @@ class Rule:
         nat.lib.mnt_rule_info(handle, *[ctypes.byref(v) for v in vals])
         self.layers, self.hidden, self.step, self.nparams = (v.value for v in vals)
         self.bias = bool(self.attrs().get("bias", 0))
+        self.glu = bool(self.attrs().get("glu", 0))
         # params() is plain Python, so that torch.compile traces run() without
         # a call into the library; it must agree with the engine's layout
         for dims in ((3, 5, 7), (2, 2, 4)):
@@ -129,7 +130,8 @@ class Rule:
             nat.lib.mnt_node_free(node)
 
     def params(self, dk, dv, dh=0):
-        """[(name, shape of one memory)] in the engine's order (W1, b1, ...)."""
+        """[(name, shape of one memory)] in the engine's order (W1, b1, ...,
+        then glu's gates U1, c1, ... of the hidden layers)."""
         dh = dh or self.hidden
         out = []
         for i in range(1, self.layers + 1):
@@ -138,6 +140,10 @@ class Rule:
             out.append(("W%d" % i, (rows, cols)))
             if self.bias:
                 out.append(("b%d" % i, (rows,)))
+        for i in range(1, self.layers if self.glu else 1):
+            out.append(("U%d" % i, (dh, dk if i == 1 else dh)))
+            if self.bias:
+                out.append(("c%d" % i, (dh,)))
         return out
 
     def _params_native(self, dk, dv, dh=0):

@@ -236,6 +236,16 @@ FILE_CASES = [
     ("loss_expr a number", attrs(loss="custom", loss_expr=3.0), 2, "loss_expr"),
     ("loss_expr control bytes", attrs(loss="custom", loss_expr="r\x01"), 2, "loss_expr"),
     ("hidden -3 with 2 layers", attrs(layers=2, hidden=-3), 2, "hidden"),
+    # glu (SPEC v2): gates of the hidden layers
+    ("glu with layers 1", attr("glu", 1), 2, "glu gates the hidden layers and needs layers >= 2"),
+    ("glu a string", attrs(layers=2, glu="yes"), 2, "glu"),
+    ("glu without /init/U1", chain(attrs(layers=2, glu=1), dataset("init/W2", np.zeros((DV, DV), F32))), 2,
+     "initial weight U1 is missing"),
+    ("U1 the wrong shape", chain(attrs(layers=2, glu=1), dataset("init/W2", np.zeros((DV, DV), F32)),
+                                 dataset("init/U1", np.ones((3, 99), F32))), 2, "initial U1 has shape 3x99"),
+    ("U1 without glu", chain(attrs(layers=2), dataset("init/W2", np.zeros((DV, DV), F32)),
+                             dataset("init/U1", np.zeros((DV, DK), F32))), 2,
+     "dataset /init/U1 is not a parameter of this rule"),
 ]
 
 

@@ -154,7 +154,7 @@ def make_config(seed, i, max_T=64, min_width=1, v2=True):
     """Everything about file i as plain Python/numpy data (no I/O). With
     min_width = w > 1, dk, dv and the hidden width are drawn from [w, 2w]
     instead (the same draws otherwise: file i is file i with wider tensors).
-    v2 = False leaves out every SPEC v2 option (out_norm, qk_norm,
+    v2 = False leaves out every SPEC v2 option (glu, out_norm, qk_norm,
     precondition, lengths; the rest of the file is the same): the file as
     the generator made it before v2, for engines that do not run those yet
     (the CUDA engine) and for regressions met before v2."""
@@ -345,6 +345,8 @@ def make_config(seed, i, max_T=64, min_width=1, v2=True):
                 "yes" if ax["momentum_init"] else "no", "yes" if ax["q"] else "no",
                 ",".join(bad) if bad else "none", ax["strings"]))
     if v2:
+        if L >= 2 and make_glu(seed, i, H, B, dk, dh, ax, rule, init, names):
+            desc += " glu"
         norms = make_norms(seed, i, B, H, dk, dv, dh if L >= 2 else dk, rule, gates, init)
         if norms:
             desc += " " + norms
@@ -397,6 +399,8 @@ def make_norms(seed, i, B, H, dk, dv, last_in, rule, gates, init):
             given.append(name)
         words.append("out_norm=%s(%s)" % (out_norm, ",".join(given) if given else "defaults"))
     return " ".join(words)
+
+
 def v2_options(seed, i, ax, rule, inputs, B, T):
     """SPEC v2's precondition and lengths for file i, drawn from a stream of
     their own (the rest of the file is what it was before they existed).
@@ -417,6 +421,43 @@ def v2_options(seed, i, ax, rule, inputs, B, T):
         inputs["lengths"] = lengths.astype(np.int64)
         desc += " lengths=%s" % ",".join(str(int(x)) for x in lengths)
     return desc
+
+
+# SPEC v2's gated hidden layers (glu), stratified like the axes (an axis
+# number of its own, so the axes above are as they were): a third of the
+# files with layers >= 2.
+GLUS = [0, 0, 1]
+
+
+def make_glu(seed, i, H, B, dk, dh, ax, rule, init, names):
+    """glu of file i: the rule attr and /init/U1, c1, ... (appended to names,
+    the order of the parameter layout), drawn from a stream of their own so
+    that the rest of the file is as it was before files had it. U_i at fan-in
+    scale like W_i; c_i around 1, so that the gate scales phi(z) by about one
+    and a step stays the small fraction of the curvature the conditioning
+    above chose. Returns whether the file has glu."""
+    if not _axis_value(seed, 300, GLUS, i):
+        return False
+    rule["glu"] = 1
+    rng = np.random.default_rng([seed, i, 300])
+    layouts = {"[...]": (), "[H,...]": (H,), "[B,H,...]": (B, H)}
+    gain = rng.uniform(0.3, 1.0)
+    for li in range(1, rule["layers"]):
+        shapes = [("U%d" % li, (dh, dk if li == 1 else dh))] + ([("c%d" % li, (dh,))] if ax["bias"] else [])
+        for n, shp in shapes:
+            names.append((n, shp))
+            if n[0] == "c" and rng.random() < 0.1:
+                continue          # missing: zeros
+            lay = ax["init_layout"] if ax["init_layout"] != "mixed" else list(layouts)[rng.integers(3)]
+            if n[0] == "U":
+                init[n] = (rng.standard_normal(layouts[lay] + shp) * gain / np.sqrt(shp[-1])).astype(np.float32)
+            else:
+                init[n] = (1.0 + 0.2 * rng.standard_normal(layouts[lay] + shp)).astype(np.float32)
+            if ax["momentum_init"]:
+                lay2 = list(layouts)[rng.integers(3)]
+                init["S_" + n] = (rng.standard_normal(layouts[lay2] + shp) * 0.05 * np.abs(init[n]).mean()
+                                  ).astype(np.float32)
+    return True
 
 
 # The share of files with /upstream (SPEC.md section 7 gradients), stratified
@@ -488,7 +529,7 @@ def main(argv=None):
                     help="draw dk, dv and hidden from [W, 2W] (default: the usual 1..8, 1..16)")
     ap.add_argument("--describe", action="store_true", help="print one line per config")
     ap.add_argument("--v1", action="store_true",
-                    help="no SPEC v2 option (out_norm, qk_norm, precondition, lengths): "
+                    help="no SPEC v2 option (glu, out_norm, qk_norm, precondition, lengths): "
                          "the files the CUDA engine runs in this version")
     args = ap.parse_args(argv)
     if not args.out and not args.describe:

@@ -31,6 +31,7 @@ RULE_ATTRS = {
     "activation": ("str", "silu"),
     "bias": ("bool", None),           # 1 if layers >= 2 else 0
     "residual": ("bool", 0),
+    "glu": ("bool", 0),               # v2: gated hidden layers (U_i, c_i)
     "loss": ("str", "mse"),
     "loss_delta": ("float", 1.0),
     "loss_p": ("float", 1.5),
@@ -172,6 +173,9 @@ class Experiment:
             raise InputError("%s attribute layers: must be >= 1, got %d" % (where, rule["layers"]))
         if rule["bias"] is None:
             rule["bias"] = 1 if rule["layers"] >= 2 else 0
+        if rule["glu"] and rule["layers"] < 2:
+            raise InputError("%s attribute glu: gates the hidden layers and needs layers >= 2, got %d"
+                             % (where, rule["layers"]))
         if rule["step"] < 1:
             raise InputError("%s attribute step: must be >= 1, got %d" % (where, rule["step"]))
         if rule["refresh"] is None:
@@ -253,6 +257,11 @@ class Experiment:
             names.append("W%d" % i)
             if self.rule["bias"]:
                 names.append("b%d" % i)
+        if self.rule["glu"]:  # the gates U_i, c_i of the hidden layers, after all W, b
+            for i in range(1, self.rule["layers"]):
+                names.append("U%d" % i)
+                if self.rule["bias"]:
+                    names.append("c%d" % i)
         return names
 
     def param_shape(self, name):
@@ -261,7 +270,7 @@ class Experiment:
         i = int(name[1:])
         out_dim = dv if i == L else dh
         in_dim = dk if i == 1 else dh
-        return (out_dim, in_dim) if name[0] == "W" else (out_dim,)
+        return (out_dim, in_dim) if name[0] in "WU" else (out_dim,)
 
     def _read_init(self, f, fn):
         L = self.rule["layers"]
@@ -294,7 +303,7 @@ class Experiment:
                 arr = _read_array(f, "init/" + key, fn)
                 shape = self.param_shape(n)
                 if arr is None:
-                    if key[0] == "W":
+                    if key[0] in "WU":
                         raise InputError("%s: missing dataset /init/%s" % (fn, key))
                     arr = np.zeros(shape)  # missing bias or momentum: zeros
                 else:

@@ -60,6 +60,7 @@ class Memory:
         self.L = exp.rule["layers"]
         self.bias = bool(exp.rule["bias"])
         self.residual = bool(exp.rule["residual"])
+        self.glu = bool(exp.rule.get("glu", 0))
         act = exp.rule["activation"]
         self.phi = {
             "silu": F.silu,
@@ -82,7 +83,11 @@ class Memory:
         h = x
         for i in range(1, self.L + 1):
             z = self.linear(h, params["W%d" % i], params.get("b%d" % i) if self.bias else None)
-            h = self.phi(z) if i < self.L else z
+            if i < self.L and self.glu:  # glu: phi(W h + b) * (U h + c)
+                g = self.linear(h, params["U%d" % i], params.get("c%d" % i) if self.bias else None)
+                h = self.phi(z) * g
+            else:
+                h = self.phi(z) if i < self.L else z
         if self.out_norm != "none":
             # SPEC.md section 1: o -> g N(o) + beta before the residual
             c = h - h.mean(-1, keepdim=True) if self.out_norm == "layernorm" else h

@@ -43,8 +43,8 @@ Environment (all optional):
   MNEMO_PRECISION             fp32 (default), tf32 or bf16; sets the bounds of
                               SPEC.md section 3 (outputs 1e-5, 5e-3, 3e-2;
                               gradients 1e-4, 1e-2, 5e-2)
-SPEC v2's precondition = newton_schulz and /inputs/lengths run on the cpu
-engine only (the cuda engine refuses them with a one-line error): with
+SPEC v2's glu, out_norm, qk_norm, precondition = newton_schulz and
+/inputs/lengths run on the cpu engine only (the cuda engine refuses them with a one-line error): with
 MNEMO_DEVICE=cuda such configurations run with --device cpu in fp32, and
 their PASS line says so (cuda_pinned below).
 
@@ -320,6 +320,8 @@ def cuda_pinned(cfg):
     run yet, as 'attr=value' words, or []."""
     rule = cfg["rule"]
     why = ["%s=%s" % (a, rule.get(a, d)) for a, d in CPU_ONLY_ATTRS.items() if rule.get(a, d) != d]
+    if rule.get("glu", 0):
+        why.append("glu")
     if "lengths" in cfg["inputs"]:
         why.append("lengths")
     return why

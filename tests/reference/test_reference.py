@@ -245,6 +245,9 @@ def per_memory_nn(exp):
             dims = [exp.dk] + [exp.dh] * (L - 1) + [exp.dv]
             net = nn.ModuleList([nn.Linear(dims[i], dims[i + 1], bias=bool(rule["bias"])).double()
                                  for i in range(L)])
+            # glu: a gate nn.Linear beside each hidden layer
+            gates = nn.ModuleList([nn.Linear(dims[i], dims[i + 1], bias=bool(rule["bias"])).double()
+                                   for i in range(L - 1)] if rule.get("glu") else [])
 
             on = rule.get("out_norm", "none")
             if on != "none":
@@ -254,9 +257,9 @@ def per_memory_nn(exp):
             def forward(x):
                 z = x
                 for i, lin in enumerate(net):
-                    z = lin(z)
+                    z_in, z = z, lin(z)
                     if i < L - 1:
-                        z = act(z)
+                        z = act(z) * gates[i](z_in) if gates else act(z)
                 if on == "layernorm":
                     z = F.layer_norm(z, (exp.dv,), g_ln, b_ln, eps=1e-6)
                 elif on == "rmsnorm":
@@ -275,6 +278,10 @@ def per_memory_nn(exp):
                 plist.append(("W%d" % (i + 1), lin.weight))
                 if rule["bias"]:
                     plist.append(("b%d" % (i + 1), lin.bias))
+            for i, lin in enumerate(gates):
+                plist.append(("U%d" % (i + 1), lin.weight))
+                if rule["bias"]:
+                    plist.append(("c%d" % (i + 1), lin.bias))
             hist = [{n: torch.tensor(exp.params[n][b, h]) for n, _ in plist}]
             mom = {n: torch.tensor(exp.momenta[n][b, h]) for n, _ in plist}
             k = qk(torch.tensor(exp.k[b, h]))
@@ -289,6 +296,7 @@ def per_memory_nn(exp):
                     for n, p in plist:
                         p.copy_(hist[j][n])
                 net.zero_grad()
+                gates.zero_grad()
                 lo, hi = s * c, min((s + 1) * c, real)
                 total = 0
                 for t in range(lo, hi):
@@ -344,7 +352,7 @@ def per_memory_nn(exp):
 @check("mlp_matches_per_memory_nn_loop")
 def _():
     picked = 0
-    n_v2 = {"lengths": 0, "newton_schulz": 0}
+    n_v2 = {"lengths": 0, "newton_schulz": 0, "glu": 0}
     for i in range(400):
         cfg = gen.make_config(11, i, max_T=24)
         rule = cfg["rule"]
@@ -364,6 +372,7 @@ def _():
         picked += 1
         n_v2["lengths"] += exp.lengths is not None
         n_v2["newton_schulz"] += exp.rule["precondition"] == "newton_schulz"
+        n_v2["glu"] += bool(rule.get("glu"))
         if picked >= 12 and min(n_v2.values()) >= 2:
             break
     expect(picked >= 8, "only %d configs qualified" % picked)
@@ -803,7 +812,7 @@ def classify(path):
     for g in ("eta", "alpha"):
         got.add("%s=%s" % (g, shape_kind(shapes[g], exp.B, exp.H, exp.S)))
     for n, nd in init_nd.items():
-        base = 2 if (n[2:] if n.startswith("S_") else n)[0] == "W" else 1
+        base = 2 if (n[2:] if n.startswith("S_") else n)[0] in "WU" else 1
         got.add("init=%s" % {0: "[...]", 1: "[H,...]", 2: "[B,H,...]"}[nd - base])
     got.add("momentum_init=%s" % ("yes" if any(n.startswith("S_") for n in init_nd) else "no"))
     if rule["bias"] and any("b%d" % i not in init_nd for i in range(1, L + 1)):

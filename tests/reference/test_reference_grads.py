@@ -63,12 +63,14 @@ def make_case(seed, B=1, H=2, T=7, dk=3, dv=3, L=2, dh=5, c=2, refresh=None, los
               feature_reduce="mean", token_reduce="sum", retrieve="after", q=False,
               momentum=True, theta_shape="full", eta_shape="full", alpha_shape="full",
               upstream=("dy", "dloss", "final"), theta_scale=0.15, loss_delta=0.5, loss_p=1.5,
-              nan_at=None, out_norm=None, qk_norm=None, lengths=None, ns_steps=None):
+              nan_at=None, out_norm=None, qk_norm=None, lengths=None, ns_steps=None, glu=False):
     """A small experiment as gen_experiments.write_config takes it. upstream
     lists the upstream gradients given: dy, dloss, final (all final tensors)
     or single names such as dW1 / dS_W1. nan_at = (tensor, b, h, t, value)
     puts a non-finite value in k, v or theta. lengths: SPEC v2's
-    /inputs/lengths; ns_steps: precondition = newton_schulz with them."""
+    /inputs/lengths; ns_steps: precondition = newton_schulz with them. glu
+    gates the hidden layers (U_i, c_i drawn after everything else, so other
+    cases keep their draws)."""
     rng = np.random.default_rng(seed)
     S = (T + c - 1) // c
     f32 = lambda x: np.asarray(x, dtype=np.float32)
@@ -127,6 +129,20 @@ def make_case(seed, B=1, H=2, T=7, dk=3, dv=3, L=2, dh=5, c=2, refresh=None, los
         rule["out_norm"] = out_norm
         init["ln_g"] = f32(1 + 0.4 * rng.uniform(-1, 1, (H, dv)))
         init["ln_b"] = f32(0.3 * rng.uniform(-1, 1, (B, H, dv)))
+    gate_names = []
+    if glu:
+        rule["glu"] = 1
+        grng = np.random.default_rng([seed, 300])
+        for li in range(1, L):
+            in_d = dk if li == 1 else dh
+            init["U%d" % li] = f32(grng.standard_normal((H, dh, in_d)) * 0.8 / np.sqrt(in_d))
+            gate_names.append("U%d" % li)
+            if bias:
+                init["c%d" % li] = f32(1.0 + 0.2 * grng.standard_normal((dh,)))
+                gate_names.append("c%d" % li)
+            if momentum:
+                for n in gate_names[-2:] if bias else gate_names[-1:]:
+                    init["S_" + n] = f32(grng.standard_normal(init[n].shape) * 0.02)
     if nan_at is not None:
         name, b, h, t, val = nan_at
         arr = inputs[name] if name in inputs else gates[name]
@@ -137,7 +153,8 @@ def make_case(seed, B=1, H=2, T=7, dk=3, dv=3, L=2, dh=5, c=2, refresh=None, los
     names = []
     for li in range(1, L + 1):
         names += ["W%d" % li] + (["b%d" % li] if bias else [])
-    full = {n: (B, H) + (init[n].shape[1:] if n.startswith("W") else init[n].shape) for n in names}
+    names += gate_names
+    full = {n: (B, H) + (init[n].shape[1:] if n[0] in "WU" else init[n].shape) for n in names}
     up = {}
     for u in upstream:
         if u == "dy":
@@ -369,13 +386,28 @@ FULL_CASES = [   # tiny, every entry compared
 ]
 
 
+GLU_CASES = [   # SPEC v2's gated hidden layers (seeds after the cases above)
+    ("glu_swiglu_mlp2", dict(glu=True, activation="silu", c=2, T=7)),
+    ("glu_gelu_L3_no_bias_norm_global", dict(glu=True, activation="gelu", L=3, dh=4, bias=0, clip="norm", theta_scale=0.5,
+                                             clip_max=0.005)),
+    ("glu_tanh_residual_q_before_refresh0", dict(glu=True, activation="tanh", residual=1, dk=3, dv=3, q=True,
+                                                 retrieve="before", refresh=0, c=2, T=8)),
+    ("glu_custom_act_huber_softnorm_tensor", dict(glu=True, activation="custom", act_expr="z*sigmoid(1.5*z)",
+                                                  loss="huber", clip="softnorm", clip_scope="tensor",
+                                                  clip_max=0.005)),
+    ("glu_skipped_step_nan_v", dict(glu=True, nan_at=("v", 0, 1, 3, np.nan), c=2, T=8)),
+    ("full_glu_swiglu", dict(B=1, H=1, T=5, dk=2, dv=2, L=2, dh=3, c=2, glu=True)),
+]
+
+
 def main():
     global TMP
     TMP = tempfile.mkdtemp(prefix="mnemo_grads_test_")
     failed = 0
     t0 = time.time()
     try:
-        jobs = [(n, o, False) for n, o in CASES] + [(n, o, True) for n, o in FULL_CASES]
+        jobs = ([(n, o, False) for n, o in CASES] + [(n, o, True) for n, o in FULL_CASES]
+                + [(n, o, n.startswith("full_")) for n, o in GLU_CASES])
         for seed, (name, opts, full) in enumerate(jobs):
             label = "grads/" + name
             if ONLY and ONLY not in label:
@@ -534,7 +566,7 @@ def _generator_upstream():
     170 of its 200), as random non-empty subsets of dy, dloss and final
     tensors of the right shapes, without changing the rest of a file."""
     kinds = {"dy only": 0, "dloss only": 0, "final only": 0, "dy+dloss": 0, "all three": 0,
-             "W": 0, "S": 0, "b": 0}
+             "W": 0, "S": 0, "b": 0, "U": 0, "c": 0}   # U, c: glu's gates
     n_up = 0
     for i in range(200):
         cfg = gen.make_config(1, i, 64)
