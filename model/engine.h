@@ -134,5 +134,7 @@ typedef struct mn_engine_backend {
 } mn_engine_backend;
 void mn_register_engine(mn_device dev, const mn_engine_backend *b);
 const mn_engine_backend *mn_engine_cpu(void);
+/* The CPU engine's workers for this many memories (OpenMP threads, at most one a memory). */
+int mn_cpu_worker_count(int64_t memories);
 
 #endif

@@ -317,7 +317,9 @@ static mn_status run_memory(mn_memory_state *st, const mn_segment_inputs *in, mn
     return MN_OK;
 }
 
-static int worker_count(int64_t memories)
+/* One OpenMP worker per memory, at most the threads OpenMP gives: the
+ * forward and the backward (grad_cpu.c) split memories the same way. */
+int mn_cpu_worker_count(int64_t memories)
 {
 #ifdef _OPENMP
     int t = omp_get_max_threads();
@@ -336,7 +338,7 @@ static mn_status cpu_segment_run(mn_memory_state *st, const mn_segment_inputs *i
     int64_t memories = st->dims.B * st->dims.H;
     int64_t max_rows = st->rule.step < n ? st->rule.step : n;
     if (max_rows < 1) max_rows = 1;
-    int workers = worker_count(memories);
+    int workers = mn_cpu_worker_count(memories);
     /* Parallel memories with serial BLAS, or one memory with parallel BLAS. */
     int blas_threads = openblas_get_num_threads();
     if (workers > 1) openblas_set_num_threads(1);

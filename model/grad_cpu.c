@@ -470,17 +470,6 @@ static mn_status upstream_input(mn_tensor *out, const mn_tensor *src, const char
     return materialize(out, src, ndim, shape);
 }
 
-static int worker_count(int64_t memories)
-{
-#ifdef _OPENMP
-    int t = omp_get_max_threads();
-    return memories < t ? (int)memories : t;
-#else
-    (void)memories;
-    return 1;
-#endif
-}
-
 void mn_run_grads_free(mn_run_grads *g)
 {
     mn_tensor *ts[] = {&g->k, &g->v, &g->q, &g->theta, &g->eta, &g->alpha, &g->outer[0], &g->outer[1]};
@@ -627,7 +616,7 @@ mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_ten
         x.dy = mdy.storage ? mn_tensor_data(&mdy) : NULL;
         x.dloss = mdloss.storage ? mn_tensor_data(&mdloss) : NULL;
     }
-    int workers = worker_count(memories);
+    int workers = mn_cpu_worker_count(memories);
     worker *ws = NULL;
     if (s == MN_OK && n > 0 && memories > 0) {
         ws = calloc((size_t)workers, sizeof *ws);
