@@ -89,16 +89,17 @@ static mn_status input_view(mn_tensor *out, const mn_tensor *src, int ndim, cons
     return MN_OK;
 }
 
-/* A key or query input: as input_view, but with qk_norm (a cpu-only row,
- * rule.def) a normalised copy, so the backends see the keys the rule uses. */
+/* A key or query input: as input_view, but with qk_norm a normalised copy
+ * on dev, so every backend (and every CUDA path) sees the keys the rule uses. */
 static mn_status key_view(mn_tensor *out, const mn_tensor *src, const int64_t *shape, mn_device dev, const mn_rule *r)
 {
     mn_rownorm nm = mn_rule_qk_norm(r);
     if (!nm.on) return input_view(out, src, 4, shape, dev);
-    if (dev != MN_CPU) return mn_rule_device_check(r, dev);
-    MN_TRY(materialize(out, src, 4, shape, dev));
-    mn_rownorm_rows_inplace(nm, mn_tensor_data(out), shape[0] * shape[1] * shape[2], shape[3]);
-    return MN_OK;
+    mn_tensor full = {0};
+    MN_TRY(materialize(&full, src, 4, shape, dev));
+    mn_status st = mn_rownorm_tensor(nm, &full, out);
+    mn_tensor_release(&full);
+    return st;
 }
 
 /* Initial parameter or momentum i: [...], [H,...] or [B,H,...]. */

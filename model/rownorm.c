@@ -9,6 +9,7 @@
  * tests/reference/test_reference_grads.py and the finite differences of
  * tests/unit/test_grad.c). */
 #include "rownorm.h"
+#include "ops.h"
 
 #include <math.h>
 #include <string.h>
@@ -118,4 +119,37 @@ void mn_rownorm_hvp_acc(mn_rownorm nm, const float *nhat, const float *s, const 
             else if (pass == 0) mean /= (double)n;
         }
     }
+}
+
+mn_status mn_rownorm_tensor(mn_rownorm nm, const mn_tensor *x, mn_tensor *out)
+{
+    int last = x->ndim - 1;
+    int64_t n = x->shape[last];
+    mn_device dev = x->storage->device;
+    MN_TRY(mn_tensor_empty(out, MN_F32, x->ndim, x->shape, dev));
+    mn_status st = mn_tensor_copy_into(out, x);
+    if (st != MN_OK || !nm.on) goto done;
+    if (dev == MN_CPU) {
+        mn_rownorm_rows_inplace(nm, mn_tensor_data(out), n > 0 ? mn_tensor_numel(out) / n : 0, n);
+        return MN_OK;
+    }
+    /* c = x - mean x (centred norms); s = 1 / sqrt(|c|^2 / D + eps); c s */
+    mn_tensor mu = {0}, c = {0}, sq = {0}, ms = {0}, shifted = {0}, root = {0}, res = {0};
+    if (nm.center) {
+        st = mn_reduce_dim(MN_OP_mean, &mu, out, last, true);
+        if (st == MN_OK) st = mn_binary(MN_OP_sub, &c, out, &mu);
+    } else {
+        mn_tensor_share(&c, out);
+    }
+    if (st == MN_OK) st = mn_binary(MN_OP_mul, &sq, &c, &c);
+    if (st == MN_OK) st = mn_reduce_dim(nm.sum ? MN_OP_sum : MN_OP_mean, &ms, &sq, last, true);
+    if (st == MN_OK) st = mn_binary_scalar(MN_OP_add, &shifted, &ms, MN_ROWNORM_EPS, false);
+    if (st == MN_OK) st = mn_unary(MN_OP_sqrt, &root, &shifted);
+    if (st == MN_OK) st = mn_binary(MN_OP_div, &res, &c, &root);
+    if (st == MN_OK) st = mn_tensor_copy_into(out, &res);
+    mn_tensor *tmp[] = {&mu, &c, &sq, &ms, &shifted, &root, &res};
+    for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) mn_tensor_release(tmp[i]);
+done:
+    if (st != MN_OK) mn_tensor_release(out);
+    return st;
 }

@@ -106,6 +106,7 @@ done
 # took the planned path); a path that cannot take a case says SKIP.
 for path in general fused large; do
     run_one "lua/test_rule_table.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_rule_table.lua
+    run_one "lua/test_norm.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_norm.lua
 done
 
 # ---- the rule engine from Lua: cuda against cpu ----

@@ -4,8 +4,10 @@
 -- formulas of SPEC.md section 1 written here with tensor ops; keys and
 -- queries are used normalised (scaling them changes nothing); ln_g and ln_b
 -- are never updated, take the shapes of init tensors and get gradients that
--- match finite differences; the CUDA engine refuses these rows by name and
--- rule:plan says why; files carry /init/ln_g and /grads/ln_g.
+-- match finite differences; the CUDA engine refuses out_norm's rows by name
+-- and rule:plan says why, while qk_norm runs on every engine (the keys are
+-- normalised where they live) and a CUDA run equals the CPU's; files carry
+-- /init/ln_g and /grads/ln_g.
 -- Run from the repository root: mnemo tests/lua/test_norm.lua
 local T = dofile("tests/lua/check.lua")
 local m = mnemo or require("mnemo")
@@ -31,7 +33,8 @@ local function normalise(kind, x)
 end
 
 -- Every row of both lists runs on the cpu with finite outputs, and the
--- rows are what the table says (flags: cpu_only for every normalising row).
+-- rows are what the table says (flags: cpu_only for out_norm's normalising
+-- rows; qk_norm's run on every engine).
 local rows = 0
 for _, list in ipairs({ "out_norm", "qk_norm" }) do
   for _, p in ipairs(voc.parts[list]) do
@@ -39,7 +42,7 @@ for _, list in ipairs({ "out_norm", "qk_norm" }) do
     local res = m.rule { [list] = p.name, theta = 0.1, step = 2 }:run { k = k, v = v, init = { W1 = W1 } }
     T.ok(("%s %s runs on the cpu with finite outputs"):format(list, p.name),
       res.outputs.y:norm() == res.outputs.y:norm() and res.outputs.skipped:sum() == 0)
-    T.eq(("%s %s: cpu_only flag"):format(list, p.name), p.flags.cpu_only, p.name ~= "none")
+    T.eq(("%s %s: cpu_only flag"):format(list, p.name), p.flags.cpu_only, list == "out_norm" and p.name ~= "none")
   end
 end
 T.eq("out_norm and qk_norm have 3 rows each", rows, 6)
@@ -128,17 +131,42 @@ T.raises("ln_g without out_norm is refused", function()
   m.rule { theta = 0.1 }:run { k = k, v = v, init = { W1 = W1, ln_g = g0 } }
 end, "out_norm none")
 
--- The CUDA engine does not run these rows: a clear error, and plan says why.
-for _, opts in ipairs({ { out_norm = "layernorm" }, { qk_norm = "l2" }, { out_norm = "rmsnorm", qk_norm = "rms" } }) do
+-- The CUDA engine does not run out_norm's rows: a clear error, and plan says why.
+for _, opts in ipairs({ { out_norm = "layernorm" }, { out_norm = "rmsnorm", qk_norm = "rms" } }) do
   opts.theta = 0.1
   local rule = m.rule(opts)
-  local what = opts.out_norm and "out_norm" or "qk_norm"
-  T.raises(what .. ": device cuda is refused by name", function()
+  T.raises("out_norm: device cuda is refused by name", function()
     rule:run { k = k, v = v, device = "cuda" }
-  end, ("%s '%s' is run by the cpu engine only"):format(what, opts[what]))
+  end, ("out_norm '%s' is run by the cpu engine only"):format(opts.out_norm))
   local plan = rule:plan { dk = d, dv = d }
-  T.eq(what .. ": rule:plan takes the cpu", plan.path, "cpu")
-  T.ok(what .. ": rule:plan says why", plan.why:lower():find("cpu", 1, true) ~= nil, plan.why)
+  T.eq("out_norm: rule:plan takes the cpu", plan.path, "cpu")
+  T.ok("out_norm: rule:plan says why", plan.why:lower():find("cpu", 1, true) ~= nil, plan.why)
+end
+-- qk_norm runs on cuda (every path): the same run as the cpu's, gradients
+-- of a CUDA run included (they are computed by the cpu engine for now).
+for _, qn in ipairs({ "l2", "rms" }) do
+  local rule = m.rule { layers = 2, hidden = 8, qk_norm = qn, theta = 0.1, step = 2 }
+  local init = { W1 = m.randn(8, d) * 0.4, W2 = m.randn(d, 8) * 0.4 }
+  local plan = rule:plan { dk = d, dv = d, hidden = 8 }
+  T.ok("qk_norm " .. qn .. ": rule:plan does not send it to the cpu for its own sake",
+    not plan.why:find("qk_norm", 1, true), plan.why)
+  if m.cuda_available() then
+    -- the planned path here; tests/gpu/run_gpu_tests.sh runs this file
+    -- with each path forced too (MNEMO_CUDA_PATH)
+    local cpu = rule:run { k = k, v = v, q = q, init = init, grad = true }
+    local gpu = rule:run { k = k, v = v, q = q, init = init, device = "cuda", grad = true }
+    local path = os.getenv("MNEMO_CUDA_PATH") or "planned"
+    T.ok(("qk_norm %s on cuda (%s path) equals the cpu run"):format(qn, path),
+      rel(gpu.outputs.y:cpu(), cpu.outputs.y) < 1e-5 and rel(gpu.final.W1:cpu(), cpu.final.W1) < 1e-5,
+      rel(gpu.outputs.y:cpu(), cpu.outputs.y))
+    local gc, gg = cpu:backward { dy = m.ones(B, H, Tn, d) }, gpu:backward { dy = m.ones(B, H, Tn, d) }
+    T.ok(("qk_norm %s on cuda (%s path): gradients as the cpu's"):format(qn, path),
+      rel(gg.k:cpu(), gc.k) < 1e-4 and rel(gg.q:cpu(), gc.q) < 1e-4, rel(gg.k:cpu(), gc.k))
+  else
+    T.raises("qk_norm " .. qn .. ": without a GPU, device cuda fails for that reason, not for qk_norm", function()
+      rule:run { k = k, v = v, init = init, device = "cuda" }
+    end, "cuda")
+  end
 end
 
 -- Files: the experiment schema carries ln_g, ln_b in /init and the rule

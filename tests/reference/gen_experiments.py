@@ -156,8 +156,14 @@ def make_config(seed, i, max_T=64, min_width=1, v2=True):
     instead (the same draws otherwise: file i is file i with wider tensors).
     v2 = False leaves out every SPEC v2 option (glu, out_norm, qk_norm,
     precondition, lengths; the rest of the file is the same): the file as
-    the generator made it before v2, for engines that do not run those yet
-    (the CUDA engine) and for regressions met before v2."""
+    the generator made it before v2, for regressions met before v2. v2 may
+    also name the options to keep (a collection of V2_OPTIONS, e.g. those an
+    engine runs); each option's draws do not depend on which others are
+    kept."""
+    keep = set(V2_OPTIONS) if v2 is True else set(v2 or ())
+    unknown = keep - set(V2_OPTIONS)
+    if unknown:
+        raise ValueError("make_config: unknown v2 options %s" % sorted(unknown))
     ax = {name: _axis_value(seed, n, vals, i) for n, (name, vals) in enumerate(AXES)}
     rng = np.random.default_rng([seed, i])
 
@@ -344,13 +350,12 @@ def make_config(seed, i, max_T=64, min_width=1, v2=True):
                 theta_kind, gate_kinds["eta"], gate_kinds["alpha"], ax["init_layout"],
                 "yes" if ax["momentum_init"] else "no", "yes" if ax["q"] else "no",
                 ",".join(bad) if bad else "none", ax["strings"]))
-    if v2:
-        if L >= 2 and make_glu(seed, i, H, B, dk, dh, ax, rule, init, names):
-            desc += " glu"
-        norms = make_norms(seed, i, B, H, dk, dv, dh if L >= 2 else dk, rule, gates, init)
-        if norms:
-            desc += " " + norms
-        desc += v2_options(seed, i, ax, rule, inputs, B, T)
+    if "glu" in keep and L >= 2 and make_glu(seed, i, H, B, dk, dh, ax, rule, init, names):
+        desc += " glu"
+    norms = make_norms(seed, i, B, H, dk, dv, dh if L >= 2 else dk, rule, gates, init, keep)
+    if norms:
+        desc += " " + norms
+    desc += v2_options(seed, i, ax, rule, inputs, B, T, keep)
     upstream = make_upstream(seed, i, B, H, T, dv, names)
     if upstream:
         desc += " upstream=" + ",".join(upstream)
@@ -361,11 +366,13 @@ def make_config(seed, i, max_T=64, min_width=1, v2=True):
 # SPEC v2's normalisations, stratified like the axes (axis numbers of their
 # own, so the axes above are as they were): a third of the files normalise
 # the output, two fifths the keys and queries.
+# SPEC v2's options, each drawn from a stream of its own (make_config's v2).
+V2_OPTIONS = ("glu", "out_norm", "qk_norm", "precondition", "lengths")
 OUT_NORMS = ["none", "none", "none", "none", "layernorm", "rmsnorm"]
 QK_NORMS = ["none", "none", "none", "l2", "rms"]
 
 
-def make_norms(seed, i, B, H, dk, dv, last_in, rule, gates, init):
+def make_norms(seed, i, B, H, dk, dv, last_in, rule, gates, init, keep=("out_norm", "qk_norm")):
     """out_norm and qk_norm of file i (rule attrs, /init/ln_g, ln_b), drawn
     from a stream of their own so that the rest of the file is as it was
     before files had them. rms keys have norm sqrt(dk), not about 1: theta
@@ -379,8 +386,8 @@ def make_norms(seed, i, B, H, dk, dv, last_in, rule, gates, init):
     input's scale, and seed 1's file 75 (dh = 1) had nothing but rounding
     left in W1's gradient.
     Returns the config's words, or ''."""
-    out_norm = _axis_value(seed, 200, OUT_NORMS, i) if min(dv, last_in) >= 3 else "none"
-    qk_norm = _axis_value(seed, 201, QK_NORMS, i) if dk >= 2 else "none"
+    out_norm = _axis_value(seed, 200, OUT_NORMS, i) if min(dv, last_in) >= 3 and "out_norm" in keep else "none"
+    qk_norm = _axis_value(seed, 201, QK_NORMS, i) if dk >= 2 and "qk_norm" in keep else "none"
     words = []
     rng = np.random.default_rng([seed, i, 200])
     if qk_norm != "none":
@@ -401,19 +408,22 @@ def make_norms(seed, i, B, H, dk, dv, last_in, rule, gates, init):
     return " ".join(words)
 
 
-def v2_options(seed, i, ax, rule, inputs, B, T):
+def v2_options(seed, i, ax, rule, inputs, B, T, keep=("precondition", "lengths")):
     """SPEC v2's precondition and lengths for file i, drawn from a stream of
     their own (the rest of the file is what it was before they existed).
     Returns the text added to the config line."""
     rng = np.random.default_rng([seed, i, 210])
     desc = ""
     if ax["precondition"] == "newton_schulz":
-        rule["precondition"] = "newton_schulz"
+        # drawn even when left out, so that lengths' draws stay the same
         steps = int(rng.choice([1, 2, 3, 5, 5]))
-        if steps != 5 or rng.random() < 0.5:
-            rule["ns_steps"] = steps
-        desc += " precond=ns%d" % steps
-    if ax["ragged"]:
+        explicit = steps != 5 or rng.random() < 0.5
+        if "precondition" in keep:
+            rule["precondition"] = "newton_schulz"
+            if explicit:
+                rule["ns_steps"] = steps
+            desc += " precond=ns%d" % steps
+    if ax["ragged"] and "lengths" in keep:
         # any length 0..T; a full sequence and an empty one now and then
         lengths = rng.integers(0, T + 1, size=B)
         if B > 1 and rng.random() < 0.5:

@@ -46,13 +46,15 @@ Environment (all optional):
   MNEMO_CONFORMANCE_V2        1: the generator's SPEC v2 options (glu,
                               out_norm, qk_norm, precondition, lengths) in
                               its files; 0: the same files without them.
-                              Default 1 on the cpu, 0 on cuda
-The CUDA engine of this version refuses the v2 options with a one-line
-error (the cpu engine runs them), so on cuda the files are by default those
-without them: every configuration then runs on the GPU, and the v2 options
-are held to the reference by the cpu run (CI). With MNEMO_CONFORMANCE_V2=1
-on cuda, a configuration with one runs with --device cpu in fp32 and its
-PASS line says so (cuda_pinned below).
+                              Default: 1 on the cpu; on cuda the options
+                              the CUDA engine runs (CUDA_V2 below)
+The CUDA engine of this version runs qk_norm and refuses the other v2
+options with a one-line error (the cpu engine runs them all), so on cuda
+the files are by default those with qk_norm only: every configuration then
+runs on the GPU, and the other options are held to the reference by the cpu
+run (CI). With MNEMO_CONFORMANCE_V2=1 on cuda, a configuration with one of
+them runs with --device cpu in fp32 and its PASS line says so (cuda_pinned
+below).
 
 Replay one configuration: gen_experiments.py --seed S --count N+1 --out D
 (with --min-width 16 for one labelled wide16/), then `mnemo run
@@ -318,7 +320,23 @@ def regressions():
 # Rule options the CUDA engine does not run yet (MN_PART_CPU_ONLY rows of
 # model/rule.def; mnemo refuses them there, naming the option): attr -> its
 # default.
-CPU_ONLY_ATTRS = {"out_norm": "none", "qk_norm": "none", "precondition": "none"}
+CPU_ONLY_ATTRS = {"out_norm": "none", "precondition": "none"}
+# The v2 options the CUDA engine runs (gen_experiments.V2_OPTIONS).
+CUDA_V2 = ("qk_norm",)
+
+
+def v2_options(device):
+    """make_config's v2 for this run: MNEMO_CONFORMANCE_V2, or by default
+    every option on the cpu and those the CUDA engine runs on cuda."""
+    if "MNEMO_CONFORMANCE_V2" in os.environ:
+        return env_int("MNEMO_CONFORMANCE_V2", 1) != 0
+    return True if device == "cpu" else CUDA_V2
+
+
+def describe_v2(v2):
+    if v2 is True:
+        return "all"
+    return ", ".join(v2) if v2 else "none"
 
 
 def cuda_pinned(cfg):
@@ -350,10 +368,9 @@ def main():
         return 1
     rtol, grad_rtol = RTOL[precision], GRAD_RTOL[precision]
     print("conformance: seed %d, %d random configurations (max T %d) + %d of width >= %d + %d regressions, "
-          "device %s, precision %s, rtol %g, gradients %g, %s"
+          "device %s, precision %s, rtol %g, gradients %g, SPEC v2 options: %s"
           % (seed, count, max_t, wide, KINK_WIDTH, len(regressions()), device, precision, rtol, grad_rtol,
-             "with SPEC v2 options" if env_int("MNEMO_CONFORMANCE_V2", 1 if device == "cpu" else 0)
-             else "without SPEC v2 options (MNEMO_CONFORMANCE_V2=0)"))
+             describe_v2(v2_options(device))))
     print("replay with MNEMO_CONFORMANCE_SEED=%d MNEMO_CONFORMANCE_COUNT=%d MNEMO_CONFORMANCE_WIDE=%d"
           % (seed, count, wide))
 
@@ -361,7 +378,7 @@ def main():
     failures = n_grad = n_grad_skip = 0
     t0 = time.time()
     try:
-        v2 = env_int("MNEMO_CONFORMANCE_V2", 1 if device == "cpu" else 0) != 0
+        v2 = v2_options(device)
         cases = ([(seed, i, max_t, 1, v2) for i in range(count)]
                  + [(seed, i, max_t, KINK_WIDTH, v2) for i in range(wide)] + regressions())
         jobs = []
