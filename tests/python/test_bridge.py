@@ -114,10 +114,16 @@ def bridge_call(rule, cfg, requires_grad):
     v = leaf("v", inp["v"])
     q = leaf("q", inp["q"]) if "q" in inp else None
     gate = {g: (leaf(g, gates[g]) if g in gates else None) for g in ("theta", "eta", "alpha")}
-    params = {n: leaf(n, a) for n, a in init.items() if not n.startswith("S_")}
+    # out_norm's ln_g, ln_b as the file gives them (absent: the defaults)
+    outer = {n: leaf(n, init[n]) for n in ("ln_g", "ln_b") if n in init}
+    params = {n: leaf(n, a) for n, a in init.items() if not n.startswith("S_") and n not in outer}
     momenta = {n[2:]: leaf(n, a) for n, a in init.items() if n.startswith("S_")}
+    # lengths: a tensor or a list, alternately, to run both paths
+    lengths = inp.get("lengths")
+    if lengths is not None:
+        lengths = torch.from_numpy(lengths) if len(leaves) % 2 else [int(x) for x in lengths]
     res = mt.run(rule, k, v, gate["theta"], q=q, eta=gate["eta"], alpha=gate["alpha"],
-                 params=params, momenta=momenta or None)
+                 params=params, momenta=momenta or None, lengths=lengths, **outer)
     return res, leaves
 
 
@@ -147,21 +153,18 @@ def bridge_grads(res, leaves, upstream):
 
 
 def random_rules(workdir, count):
-    n_done = n_grads = 0
+    """Returns the counts of rules run, with gradients, with out_norm's
+    ln_g or ln_b given and their gradients checked, and with lengths."""
+    n_done = n_grads = n_outer = n_lengths = 0
     i = -1
     while n_done < count and i < 20 * count:
         i += 1
         cfg = gen_experiments.make_config(7, i, max_T=24)
         if not all_finite(cfg):
             continue  # non-finite inputs: the conformance suite's business
-        if cfg["rule"].get("out_norm", "none") != "none":
-            continue  # the bridge does not pass out_norm's ln_g, ln_b yet
         label = "bridge/random/%03d" % i
-        if "lengths" in cfg["inputs"]:
-            # SPEC v2's ragged batches: mt.run has no lengths argument yet
-            print("SKIP %s: the bridge does not take lengths (ragged batches) yet" % label)
-            continue
         n_done += 1
+        n_lengths += "lengths" in cfg["inputs"]
         path = os.path.join(workdir, "exp_%03d.h5" % i)
         gen_experiments.write_config(path, cfg)
         try:
@@ -234,6 +237,7 @@ def random_rules(workdir, count):
         if not want_grads:
             continue
         n_grads += 1
+        n_outer += "ln_g" in cfg["init"] or "ln_b" in cfg["init"]
         try:
             ours_g = bridge_grads(res, leaves, cfg["upstream"])
         except (mt.MnemoError, RuntimeError) as e:
@@ -254,7 +258,7 @@ def random_rules(workdir, count):
                     rows.append("%s: relative error %.3g against mnemo run's /grads"
                                 % (name, grad_err(g, cli_grads[name])))
         report(not rows, label + "/grads", "; ".join(rows) + "\n    config: " + cfg["desc"])
-    return n_done, n_grads
+    return n_done, n_grads, n_outer, n_lengths
 
 
 def finite_differences():
@@ -388,10 +392,14 @@ def main():
     try:
         if shutil.which(MNEMO) or os.path.exists(MNEMO):
             saved_at_prompt(workdir)
-            n, ng = random_rules(workdir, count)
-            print("# %d random rules, %d with gradients" % (n, ng))
+            n, ng, no, nl = random_rules(workdir, count)
+            print("# %d random rules, %d with gradients, %d of them with ln_g/ln_b given, %d with lengths"
+                  % (n, ng, no, nl))
             if ng == 0:
                 report(False, "bridge/random", "no random rule had /upstream: the gradient check ran on nothing")
+            if count >= 24 and (no == 0 or nl == 0):
+                report(False, "bridge/random/v2", "out_norm's ln_g/ln_b gradients (%d) or lengths (%d) ran on "
+                       "no random rule" % (no, nl))
         else:
             print("SKIP bridge/random: no mnemo binary at %s (set MNEMO)" % MNEMO)
         finite_differences()
