@@ -126,6 +126,10 @@ def backward_tensors(rule, inputs, params, momenta, upstream, wanted, outer=(Non
     outer_c = [cpu(t) for t in outer]
     dims = _dims(rule, inputs_c[0], inputs_c[1], params_c)
     given = inputs_c + params_c + momenta_c + outer_c
+    if len(inputs_c) != 6 or len(outer_c) != 2 or len(wanted) != len(given):
+        # the shim reads 6 inputs, 2 outer and 6 + 2 np + 2 gradient slots
+        raise ValueError("mnemo_torch: internal: %d inputs, %d outer, %d wanted for %d tensors"
+                         % (len(inputs_c), len(outer_c), len(wanted), len(given)))
     grads = [torch.zeros(t.shape, dtype=torch.float32) if (t is not None and w) else None
              for t, w in zip(given, wanted)]
     nat.check(nat.lib.mnt_backward(rule.handle, nat.int64s(dims), nat.arg_array(inputs_c + [lengths]),
