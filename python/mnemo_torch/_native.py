@@ -74,8 +74,8 @@ for name, res, args in [
                                          ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_char_p),
                                          ctypes.POINTER(_P)]),
     ("mnt_param_info", ctypes.c_int, [_P, _I64P, ctypes.c_int, ctypes.c_char_p, _I64P]),
-    ("mnt_forward", ctypes.c_int, [_P, _I64P, ctypes.c_int, _P, _ARGP, _ARGP, _ARGP, _ARGP, _ARGP, _ARGP]),
-    ("mnt_backward", ctypes.c_int, [_P, _I64P, _ARGP, _ARGP, _ARGP, _ARGP, _ARGP]),
+    ("mnt_forward", ctypes.c_int, [_P, _I64P, ctypes.c_int, _P, _ARGP, _ARGP, _ARGP, _ARGP, _ARGP, _ARGP, _ARGP]),
+    ("mnt_backward", ctypes.c_int, [_P, _I64P, _ARGP, _ARGP, _ARGP, _ARGP, _ARGP, _ARGP]),
 ]:
     fn = getattr(lib, name)
     fn.restype = res
@@ -93,11 +93,11 @@ def int64s(values):
 
 def describe(t):
     """An MntArg over t's memory (None: not given). t must already be a
-    float32 tensor; strides are passed as they are."""
+    float32 tensor (or int64: lengths); strides are passed as they are."""
     a = MntArg()
     if t is None:
         return a
-    if t.dtype != torch.float32:
+    if t.dtype not in (torch.float32, torch.int64):
         raise TypeError("mnemo_torch: internal: %s tensor reached the engine" % t.dtype)
     if t.dim() > MAX_DIMS:
         raise ValueError("mnemo_torch: %d dims (at most %d)" % (t.dim(), MAX_DIMS))
@@ -106,7 +106,7 @@ def describe(t):
     for d in range(t.dim()):
         a.shape[d] = t.shape[d]
         a.stride[d] = t.stride(d)
-    a.dtype = F32
+    a.dtype = I64 if t.dtype == torch.int64 else F32
     a.device = CUDA if t.is_cuda else CPU
     return a
 

@@ -3,13 +3,16 @@
 run(rule, k, v, theta, ...) calls the engine's forward on the tensors' own
 memory (CPU, or CUDA in the caller's stream order) and, through a
 torch.autograd.Function, the engine's backward of SPEC.md section 7 for k, v,
-q, the gates and the initial parameters and momenta. With torch >= 2.4 the
+q, the gates, the initial parameters and momenta, and out_norm's ln_g, ln_b.
+lengths (ragged batches) is an int64 CPU tensor beside them, not
+differentiable. With torch >= 2.4 the
 same forward and backward are also registered as custom ops (mnemo::run,
 mnemo::run_backward) with fake implementations, so torch.compile(fullgraph=
 True) traces a model that calls run()."""
 
 import collections
 import ctypes
+import numbers
 import warnings
 
 import torch
@@ -19,6 +22,7 @@ from .rule import Rule, by_op_id
 
 OUTPUTS = ("y", "loss", "grad_norm", "clip_scale", "skipped")
 INPUTS = ("k", "v", "q", "theta", "eta", "alpha")
+OUTER = ("ln_g", "ln_b")  # out_norm's outer parameters: given to the run, never updated
 
 _warned = set()
 
@@ -81,10 +85,12 @@ def _stream_of(t):
     return ctypes.c_void_p(torch.cuda.current_stream(t.device).cuda_stream)
 
 
-def forward_tensors(rule, inputs, params, momenta):
+def forward_tensors(rule, inputs, params, momenta, outer=(None, None), lengths=None):
     """inputs: k, v, q, theta, eta, alpha (prepared; q, eta, alpha may be
-    None); params, momenta: lists in the rule's order (None: zeros). Returns
-    the five outputs, then the final parameters, then the final momenta."""
+    None); params, momenta: lists in the rule's order (None: zeros); outer:
+    ln_g, ln_b (None: 1 and 0 with out_norm); lengths: an int64 CPU tensor
+    [B] or None. Returns the five outputs, then the final parameters, then
+    the final momenta."""
     k = inputs[0]
     dims = _dims(rule, k, inputs[1], params)
     outs, finals = _shapes(rule, dims)
@@ -96,16 +102,18 @@ def forward_tensors(rule, inputs, params, momenta):
         raise nat.MnemoError("mnemo_torch.run: CUDA tensors, but the engine has no usable CUDA device "
                              "(a CPU-only build, or no driver)")
     nat.check(nat.lib.mnt_forward(rule.handle, nat.int64s(dims), nat.CUDA if k.is_cuda else nat.CPU,
-                                  _stream_of(k), nat.arg_array(inputs), nat.arg_array(params),
-                                  nat.arg_array(momenta), nat.arg_array(y), nat.arg_array(fp), nat.arg_array(fm)))
+                                  _stream_of(k), nat.arg_array(list(inputs) + [lengths]), nat.arg_array(params),
+                                  nat.arg_array(momenta), nat.arg_array(outer), nat.arg_array(y), nat.arg_array(fp),
+                                  nat.arg_array(fm)))
     return y + fp + fm
 
 
-def backward_tensors(rule, inputs, params, momenta, upstream, wanted):
+def backward_tensors(rule, inputs, params, momenta, upstream, wanted, outer=(None, None), lengths=None):
     """The gradients of <dy, y> + <dloss, loss> + sum <dP, P^(S)> for every
-    input, parameter and momentum; upstream: dy, dloss, dparams..., dmomenta...
-    (None: zero). wanted: booleans in the order inputs, params, momenta.
-    The engine's backward is CPU-only: CUDA tensors go through CPU copies."""
+    input, parameter, momentum and ln_g, ln_b; upstream: dy, dloss,
+    dparams..., dmomenta... (None: zero). wanted: booleans in the order
+    inputs, params, momenta, outer. The engine's backward is CPU-only: CUDA
+    tensors go through CPU copies."""
     like = inputs[0]
     if like.is_cuda:
         _warn_once("cpu-backward", "mnemo_torch: the engine's backward runs on the CPU for now; "
@@ -115,27 +123,35 @@ def backward_tensors(rule, inputs, params, momenta, upstream, wanted):
     params_c = [cpu(t) for t in params]
     momenta_c = [cpu(t) for t in momenta]
     upstream_c = [cpu(t) for t in upstream]
+    outer_c = [cpu(t) for t in outer]
     dims = _dims(rule, inputs_c[0], inputs_c[1], params_c)
-    given = inputs_c + params_c + momenta_c
+    given = inputs_c + params_c + momenta_c + outer_c
+    if len(inputs_c) != 6 or len(outer_c) != 2 or len(wanted) != len(given):
+        # the shim reads 6 inputs, 2 outer and 6 + 2 np + 2 gradient slots
+        raise ValueError("mnemo_torch: internal: %d inputs, %d outer, %d wanted for %d tensors"
+                         % (len(inputs_c), len(outer_c), len(wanted), len(given)))
     grads = [torch.zeros(t.shape, dtype=torch.float32) if (t is not None and w) else None
              for t, w in zip(given, wanted)]
-    nat.check(nat.lib.mnt_backward(rule.handle, nat.int64s(dims), nat.arg_array(inputs_c), nat.arg_array(params_c),
-                                   nat.arg_array(momenta_c), nat.arg_array(upstream_c), nat.arg_array(grads)))
+    nat.check(nat.lib.mnt_backward(rule.handle, nat.int64s(dims), nat.arg_array(inputs_c + [lengths]),
+                                   nat.arg_array(params_c), nat.arg_array(momenta_c), nat.arg_array(outer_c),
+                                   nat.arg_array(upstream_c), nat.arg_array(grads)))
     return [None if g is None else g.to(like.device) for g in grads]
 
 
 # ---- autograd ----
 
 class RunFunction(torch.autograd.Function):
-    """apply(rule, n_params, k, v, q, theta, eta, alpha, *params, *momenta)."""
+    """apply(rule, n_params, lengths, k, v, q, theta, eta, alpha, *params,
+    *momenta, ln_g, ln_b); lengths (int64, or None) is not differentiable."""
 
     @staticmethod
-    def forward(ctx, rule, nparams, *tensors):
+    def forward(ctx, rule, nparams, lengths, *tensors):
         inputs = list(tensors[:6])
         params = list(tensors[6:6 + nparams])
-        momenta = list(tensors[6 + nparams:])
-        outs = forward_tensors(rule, inputs, params, momenta)
-        ctx.rule, ctx.nparams = rule, nparams
+        momenta = list(tensors[6 + nparams:6 + 2 * nparams])
+        outer = list(tensors[6 + 2 * nparams:])
+        outs = forward_tensors(rule, inputs, params, momenta, outer, lengths)
+        ctx.rule, ctx.nparams, ctx.lengths = rule, nparams, lengths
         ctx.save_for_backward(*[t if t is not None else torch.empty(0) for t in tensors])
         ctx.given = [t is not None for t in tensors]
         ctx.mark_non_differentiable(outs[2], outs[3], outs[4])
@@ -146,13 +162,13 @@ class RunFunction(torch.autograd.Function):
     def backward(ctx, *douts):
         saved = [t if g else None for t, g in zip(ctx.saved_tensors, ctx.given)]
         n = ctx.nparams
-        inputs, params, momenta = saved[:6], saved[6:6 + n], saved[6 + n:]
+        inputs, params, momenta, outer = saved[:6], saved[6:6 + n], saved[6 + n:6 + 2 * n], saved[6 + 2 * n:]
         upstream = [douts[0], douts[1]] + list(douts[5:5 + n]) + list(douts[5 + n:5 + 2 * n])
-        wanted = list(ctx.needs_input_grad[2:])
+        wanted = list(ctx.needs_input_grad[3:])
         if not any(wanted):
-            return (None, None) + (None,) * len(saved)
-        grads = backward_tensors(ctx.rule, inputs, params, momenta, upstream, wanted)
-        return (None, None) + tuple(grads)
+            return (None, None, None) + (None,) * len(saved)
+        grads = backward_tensors(ctx.rule, inputs, params, momenta, upstream, wanted, outer, ctx.lengths)
+        return (None, None, None) + tuple(grads)
 
 
 def _param_lists(rule, k, v, params, momenta):
@@ -161,6 +177,9 @@ def _param_lists(rule, k, v, params, momenta):
     dims = _dims(rule, k, v, [params.get("W1")])
     names = [n for n, _ in rule.params(dims[3], dims[4], dims[5])]
     for key in list(params) + list(momenta or {}):
+        if key in OUTER:
+            raise KeyError("mnemo_torch.run: %s is not a parameter the rule updates: pass it as run(..., %s=tensor)"
+                           % (key, key))
         if key not in names:
             raise KeyError("mnemo_torch.run: no parameter %r in this rule (it has %s)" % (key, ", ".join(names)))
     p = [_prep(params.get(nm), nm, k) for nm in names]
@@ -168,13 +187,67 @@ def _param_lists(rule, k, v, params, momenta):
     return names, p, m
 
 
-def run(rule, k, v, theta, q=None, eta=None, alpha=None, params=None, momenta=None):
+def _outer_list(rule, k, v, ln_g, ln_b):
+    """ln_g, ln_b prepared, after the checks that name them: only with
+    out_norm, shape [dv], [H,dv] or [B,H,dv]."""
+    B, H, _, _ = k.shape
+    dv = v.shape[3]
+    out = []
+    for name, t in zip(OUTER, (ln_g, ln_b)):
+        if t is None:
+            out.append(None)
+            continue
+        if rule.out_norm == "none":
+            raise ValueError("mnemo_torch.run: %s is given but the rule has out_norm none "
+                             "(ln_g, ln_b are out_norm's scale and shift)" % name)
+        if not torch.is_tensor(t):
+            raise TypeError("mnemo_torch.run: %s must be a tensor [dv], [H,dv] or [B,H,dv], got %s"
+                            % (name, type(t).__name__))
+        full = (B, H, dv)
+        if not (1 <= t.dim() <= 3 and tuple(t.shape) == full[3 - t.dim():]):
+            raise ValueError("mnemo_torch.run: %s has shape %s; expected [dv], [H,dv] or [B,H,dv] "
+                             "(B=%d, H=%d, dv=%d)" % (name, list(t.shape), B, H, dv))
+        out.append(_prep(t, name, k))
+    return out
+
+
+def _lengths(lengths, k):
+    """lengths as the engine takes it: an int64 CPU tensor [B]. Its values
+    (integers from 0 to T) are the engine's check: a tensor's values are not
+    looked at here, so that torch.compile traces the call."""
+    if lengths is None:
+        return None
+    B = k.shape[0]
+    if isinstance(lengths, (list, tuple)):
+        if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in lengths):
+            raise TypeError("mnemo_torch.run: lengths must be a list of integers, got %r" % (list(lengths),))
+        lengths = torch.tensor([int(x) for x in lengths], dtype=torch.int64)
+    if not torch.is_tensor(lengths):
+        raise TypeError("mnemo_torch.run: lengths must be a [B] integer tensor or a list of integers, got %s"
+                        % type(lengths).__name__)
+    if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+        raise TypeError("mnemo_torch.run: lengths must be an integer tensor, got %s" % lengths.dtype)
+    if lengths.device.type != "cpu":
+        raise ValueError("mnemo_torch.run: lengths must be on the cpu (it is on %s)" % lengths.device)
+    if lengths.dim() != 1 or lengths.shape[0] != B:
+        raise ValueError("mnemo_torch.run: lengths has shape %s; expected [B] = [%d], one length per sequence"
+                         % (list(lengths.shape), B))
+    return lengths.detach().to(torch.int64).contiguous()
+
+
+def run(rule, k, v, theta, q=None, eta=None, alpha=None, params=None, momenta=None, ln_g=None, ln_b=None,
+        lengths=None):
     """One run of rule from the initial state params (dict W1, b1, ...:
     [...], [H,...] or [B,H,...]; a missing bias is zero) and momenta (same,
     missing: zero). k [B,H,T,dk], v [B,H,T,dv], q [B,H,T,dk] or None (q = k);
     gates: numbers or tensors that broadcast to [B,H,T] (theta) or [B,H,S]
-    (eta, alpha; None: 0). Differentiable in every tensor argument. Returns a
-    Result: y, loss, grad_norm, clip_scale, skipped, params, momenta."""
+    (eta, alpha; None: 0). ln_g, ln_b: out_norm's scale and shift, [dv],
+    [H,dv] or [B,H,dv] (None: 1 and 0; only for a rule with out_norm).
+    lengths: ragged batches, a [B] integer tensor on the CPU or a list, each
+    from 0 to T (tokens from lengths[b] on are padding: y 0, loss 0, no
+    update, zero gradients); None: every token is real. Differentiable in
+    every tensor argument but lengths. Returns a Result: y, loss, grad_norm,
+    clip_scale, skipped, params, momenta."""
     if not isinstance(rule, Rule):
         rule = Rule(rule)
     if not torch.is_tensor(k) or k.dim() != 4:
@@ -184,10 +257,12 @@ def run(rule, k, v, theta, q=None, eta=None, alpha=None, params=None, momenta=No
     k0 = k
     inputs = [_prep(t, n, k0) for t, n in zip((k, v, q, theta, eta, alpha), INPUTS)]
     names, p, m = _param_lists(rule, inputs[0], inputs[1], params or {}, momenta)
+    outer = _outer_list(rule, inputs[0], inputs[1], ln_g, ln_b)
+    lens = _lengths(lengths, inputs[0])
     if _use_custom_op(inputs + p + m):
-        outs = _custom_run(rule, inputs, p, m)
+        outs = _custom_run(rule, inputs, p, m, outer, lens)
     else:
-        outs = RunFunction.apply(rule, len(names), *(inputs + p + m))
+        outs = RunFunction.apply(rule, len(names), lens, *(inputs + p + m + outer))
     n = len(names)
     return Result(*outs[:5], dict(zip(names, outs[5:5 + n])), dict(zip(names, outs[5 + n:5 + 2 * n])))
 
@@ -210,16 +285,19 @@ def _use_custom_op(tensors):
 if HAVE_CUSTOM_OP:
     from typing import List, Optional
 
+    # ln_g, ln_b: out_norm's outer parameters (None: defaults); lengths: an
+    # int64 CPU tensor [B] or None. Neither changes the outputs' shapes.
     @torch.library.custom_op("mnemo::run", mutates_args=())
     def _op_run(rule_id: int, k: torch.Tensor, v: torch.Tensor, q: Optional[torch.Tensor], theta: torch.Tensor,
                 eta: Optional[torch.Tensor], alpha: Optional[torch.Tensor], params: List[torch.Tensor],
-                momenta: List[torch.Tensor]) -> List[torch.Tensor]:
+                momenta: List[torch.Tensor], ln_g: Optional[torch.Tensor], ln_b: Optional[torch.Tensor],
+                lengths: Optional[torch.Tensor]) -> List[torch.Tensor]:
         rule = by_op_id(rule_id)
         m = [t if t.numel() else None for t in momenta] if momenta else [None] * len(params)
-        return forward_tensors(rule, [k, v, q, theta, eta, alpha], list(params), m)
+        return forward_tensors(rule, [k, v, q, theta, eta, alpha], list(params), m, [ln_g, ln_b], lengths)
 
     @_op_run.register_fake
-    def _op_run_fake(rule_id, k, v, q, theta, eta, alpha, params, momenta):
+    def _op_run_fake(rule_id, k, v, q, theta, eta, alpha, params, momenta, ln_g, ln_b, lengths):
         rule = by_op_id(rule_id)
         B, H, T, dk = k.shape
         dv = v.shape[3]
@@ -230,50 +308,57 @@ if HAVE_CUSTOM_OP:
         finals = [k.new_empty((B, H) + tuple(p.shape[p.dim() - nd:])) for p, nd in zip(params, ndims)]
         return outs + finals + [f.new_empty(f.shape) for f in finals]
 
+    # Gradients in the order inputs (6), params, momenta, outer (ln_g, ln_b).
     @torch.library.custom_op("mnemo::run_backward", mutates_args=())
     def _op_run_backward(rule_id: int, inputs: List[Optional[torch.Tensor]], params: List[torch.Tensor],
-                         momenta: List[torch.Tensor], upstream: List[Optional[torch.Tensor]],
+                         momenta: List[torch.Tensor], outer: List[Optional[torch.Tensor]],
+                         lengths: Optional[torch.Tensor], upstream: List[Optional[torch.Tensor]],
                          wanted: List[bool]) -> List[torch.Tensor]:
         rule = by_op_id(rule_id)
         m = [t if t.numel() else None for t in momenta] if momenta else [None] * len(params)
-        grads = backward_tensors(rule, list(inputs), list(params), m, list(upstream), list(wanted))
-        given = list(inputs) + list(params) + list(m)
+        grads = backward_tensors(rule, list(inputs), list(params), m, list(upstream), list(wanted),
+                                 list(outer), lengths)
+        given = list(inputs) + list(params) + list(m) + list(outer)
         # the op returns a tensor for every slot: zeros-sized where not wanted
         return [g if g is not None else (t.new_zeros(0) if t is not None else inputs[0].new_zeros(0))
                 for g, t in zip(grads, given)]
 
     @_op_run_backward.register_fake
-    def _op_run_backward_fake(rule_id, inputs, params, momenta, upstream, wanted):
-        given = list(inputs) + list(params) + (list(momenta) if momenta else [None] * len(params))
+    def _op_run_backward_fake(rule_id, inputs, params, momenta, outer, lengths, upstream, wanted):
+        given = (list(inputs) + list(params) + (list(momenta) if momenta else [None] * len(params))
+                 + list(outer))
         return [t.new_empty(t.shape) if (t is not None and w) else inputs[0].new_empty(0)
                 for t, w in zip(given, wanted)]
 
     def _setup_context(ctx, inputs, output):
-        rule_id, k, v, q, theta, eta, alpha, params, momenta = inputs
+        rule_id, k, v, q, theta, eta, alpha, params, momenta, ln_g, ln_b, lengths = inputs
         ctx.rule_id = rule_id
         ctx.nparams = len(params)
         ctx.has_momenta = bool(momenta)
-        ctx.given = [t is not None for t in (k, v, q, theta, eta, alpha)]
-        saved = [t if t is not None else k.new_empty(0) for t in (k, v, q, theta, eta, alpha)]
+        opt = (k, v, q, theta, eta, alpha, ln_g, ln_b, lengths)
+        ctx.given = [t is not None for t in opt]
+        saved = [t if t is not None else k.new_empty(0) for t in opt]
         ctx.save_for_backward(*(saved + list(params) + list(momenta)))
 
     def _backward(ctx, douts):
         n = ctx.nparams
         saved = list(ctx.saved_tensors)
-        inputs = [t if g else None for t, g in zip(saved[:6], ctx.given)]
-        params = saved[6:6 + n]
-        momenta = saved[6 + n:] if ctx.has_momenta else []
+        opt = [t if g else None for t, g in zip(saved[:9], ctx.given)]
+        inputs, outer, lengths = opt[:6], opt[6:8], opt[8]
+        params = saved[9:9 + n]
+        momenta = saved[9 + n:] if ctx.has_momenta else []
         upstream = [douts[0], douts[1]] + list(douts[5:5 + 2 * n])
-        wanted = [g for g in ctx.given] + [True] * n + [ctx.has_momenta] * n
-        grads = _op_run_backward(ctx.rule_id, inputs, params, momenta, upstream, wanted)
+        wanted = ctx.given[:6] + [True] * n + [ctx.has_momenta] * n + ctx.given[6:8]
+        grads = _op_run_backward(ctx.rule_id, inputs, params, momenta, outer, lengths, upstream, wanted)
         gi = [g if w and g.numel() else None for g, w in zip(grads[:6], wanted[:6])]
         gp = list(grads[6:6 + n])
-        gm = list(grads[6 + n:]) if ctx.has_momenta else []
-        return (None, *gi, gp, gm)
+        gm = list(grads[6 + n:6 + 2 * n]) if ctx.has_momenta else []
+        go = [g if w and g.numel() else None for g, w in zip(grads[6 + 2 * n:], wanted[6 + 2 * n:])]
+        return (None, *gi, gp, gm, *go, None)
 
     _op_run.register_autograd(_backward, setup_context=_setup_context)
 
-    def _custom_run(rule, inputs, params, momenta):
+    def _custom_run(rule, inputs, params, momenta, outer, lengths):
         # the op's schema takes every parameter: a missing bias is zeros (as
         # the engine makes it), a missing weight the engine's own error
         names = _bias_shapes(rule, inputs, params)
@@ -284,11 +369,11 @@ if HAVE_CUSTOM_OP:
         m = [] if all(t is None for t in momenta) else [
             t if t is not None else torch.zeros_like(pp) for t, pp in zip(momenta, p)]
         k, v, q, theta, eta, alpha = inputs
-        return _op_run(rule._op_id, k, v, q, theta, eta, alpha, p, m)
+        return _op_run(rule._op_id, k, v, q, theta, eta, alpha, p, m, outer[0], outer[1], lengths)
 
     def _bias_shapes(rule, inputs, params):
         dims = _dims(rule, inputs[0], inputs[1], params)
         return rule.params(dims[3], dims[4], dims[5])
 else:
-    def _custom_run(rule, inputs, params, momenta):  # pragma: no cover - torch < 2.4
+    def _custom_run(rule, inputs, params, momenta, outer, lengths):  # pragma: no cover - torch < 2.4
         raise RuntimeError("mnemo_torch: torch.library custom ops need torch >= 2.4 (this is %s)" % torch.__version__)

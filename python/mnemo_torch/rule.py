@@ -103,6 +103,7 @@ class Rule:
         self.layers, self.hidden, self.step, self.nparams = (v.value for v in vals)
         self.bias = bool(self.attrs().get("bias", 0))
         self.glu = bool(self.attrs().get("glu", 0))
+        self.out_norm = self.attrs().get("out_norm", "none")  # ln_g, ln_b are run()'s only with one
         # params() is plain Python, so that torch.compile traces run() without
         # a call into the library; it must agree with the engine's layout
         for dims in ((3, 5, 7), (2, 2, 4)):

@@ -192,29 +192,34 @@ typedef struct call {
     int np;
     mn_segment_inputs in;
     mn_tensor params[MN_MAX_PARAMS], momenta[MN_MAX_PARAMS];
+    mn_tensor outer[MN_OUTER_COUNT]; /* out_norm's ln_g, ln_b as given (empty: defaults) */
 } call;
 
 static void call_free(call *c)
 {
-    mn_tensor *ts[] = {&c->in.k, &c->in.v, &c->in.q, &c->in.theta, &c->in.eta, &c->in.alpha};
+    mn_tensor *ts[] = {&c->in.k, &c->in.v, &c->in.q, &c->in.theta, &c->in.eta, &c->in.alpha, &c->in.lengths};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) mn_tensor_release(ts[i]);
     for (int p = 0; p < MN_MAX_PARAMS; p++) {
         mn_tensor_release(&c->params[p]);
         mn_tensor_release(&c->momenta[p]);
     }
+    for (int j = 0; j < MN_OUTER_COUNT; j++) mn_tensor_release(&c->outer[j]);
     mn_rule_free(&c->rule);
 }
 
-/* inputs: k, v, q, theta, eta, alpha (q, eta, alpha may be absent). */
+/* inputs: k, v, q, theta, eta, alpha, lengths (q, eta, alpha, lengths may
+ * be absent; lengths is an int64 cpu tensor [B]); outer: ln_g, ln_b (absent:
+ * the defaults 1 and 0 of an out_norm rule). */
 static mn_status call_init(call *c, const mn_rule *r, const int64_t *dims6, const mnt_arg *inputs,
-                           const mnt_arg *params, const mnt_arg *momenta)
+                           const mnt_arg *params, const mnt_arg *momenta, const mnt_arg *outer)
 {
     memset(c, 0, sizeof *c);
     MN_TRY(rule_for_call(r, dims6, &c->rule, &c->dims));
     c->np = mn_rule_param_count(&c->rule);
-    static const char *const names[] = {"k", "v", "q", "theta", "eta", "alpha"};
-    mn_tensor *slots[] = {&c->in.k, &c->in.v, &c->in.q, &c->in.theta, &c->in.eta, &c->in.alpha};
-    for (int i = 0; i < 6; i++) MN_TRY(wrap(slots[i], &inputs[i], names[i]));
+    static const char *const names[] = {"k", "v", "q", "theta", "eta", "alpha", "lengths"};
+    mn_tensor *slots[] = {&c->in.k, &c->in.v, &c->in.q, &c->in.theta, &c->in.eta, &c->in.alpha, &c->in.lengths};
+    for (int i = 0; i < 7; i++) MN_TRY(wrap(slots[i], &inputs[i], names[i]));
+    for (int j = 0; j < MN_OUTER_COUNT; j++) MN_TRY(wrap(&c->outer[j], &outer[j], mn_outer_name(j)));
     c->in.want_y = true;
     for (int p = 0; p < c->np; p++) {
         char name[16], what[24];
@@ -227,12 +232,14 @@ static mn_status call_init(call *c, const mn_rule *r, const int64_t *dims6, cons
 }
 
 
-/* Forward of one run from the initial state. outputs: y, loss, grad_norm,
+/* Forward of one run from the initial state. inputs, outer: as for
+ * call_init (ln_g, ln_b set after the state is made: mn_memory_set_outer
+ * names one given to a rule without out_norm). outputs: y, loss, grad_norm,
  * clip_scale, skipped (given tensors of the engine's shapes, filled);
  * final_params / final_momenta: [B,H,...] tensors filled with W^(S), S^(S).
  * device: the inputs' device; stream: the caller's cudaStream_t (or NULL). */
 int mnt_forward(const mn_rule *r, const int64_t *dims6, int device, void *stream, const mnt_arg *inputs,
-                const mnt_arg *params, const mnt_arg *momenta, const mnt_arg *outputs,
+                const mnt_arg *params, const mnt_arg *momenta, const mnt_arg *outer, const mnt_arg *outputs,
                 const mnt_arg *final_params, const mnt_arg *final_momenta)
 {
     mn_clear_error();
@@ -242,7 +249,7 @@ int mnt_forward(const mn_rule *r, const int64_t *dims6, int device, void *stream
     mn_segment_outputs out;
     memset(&out, 0, sizeof out);
     bool have_state = false;
-    mn_status s = call_init(&c, r, dims6, inputs, params, momenta);
+    mn_status s = call_init(&c, r, dims6, inputs, params, momenta, outer);
 #ifdef MN_HAVE_CUDA
     /* The engine's CUDA work (tensor ops, the per-memory kernels) goes to
      * the caller's stream for this call, so it is ordered after what the
@@ -261,6 +268,7 @@ int mnt_forward(const mn_rule *r, const int64_t *dims6, int device, void *stream
         s = mn_memory_create(&st, &c.rule, &c.dims, c.params, c.momenta, (mn_device)device);
         have_state = s == MN_OK;
     }
+    if (s == MN_OK) s = mn_memory_set_outer(&st, c.outer);
     if (s == MN_OK) s = mn_segment_run(&st, &c.in, &out);
     static const char *const onames[] = {"y", "loss", "grad_norm", "clip_scale", "skipped"};
     mn_tensor *otensors[] = {&out.y, &out.loss, &out.grad_norm, &out.clip_scale, &out.skipped};
@@ -281,12 +289,13 @@ int mnt_forward(const mn_rule *r, const int64_t *dims6, int device, void *stream
     return s;
 }
 
-/* Backward (SPEC.md section 7) on the cpu. upstream: dy, dloss, then
- * dparams[np], dmomenta[np] (absent: zero). grads: k, v, q, theta, eta,
- * alpha, then params[np], momenta[np]: each given tensor is filled with the
- * gradient summed to its shape (that of the matching input). */
+/* Backward (SPEC.md section 7) on the cpu. inputs, outer as for
+ * mnt_forward. upstream: dy, dloss, then dparams[np], dmomenta[np] (absent:
+ * zero). grads: k, v, q, theta, eta, alpha, then params[np], momenta[np],
+ * then ln_g, ln_b: each given tensor is filled with the gradient summed to
+ * its shape (that of the matching input). */
 int mnt_backward(const mn_rule *r, const int64_t *dims6, const mnt_arg *inputs, const mnt_arg *params,
-                 const mnt_arg *momenta, const mnt_arg *upstream, const mnt_arg *grads)
+                 const mnt_arg *momenta, const mnt_arg *outer, const mnt_arg *upstream, const mnt_arg *grads)
 {
     mn_clear_error();
     call c;
@@ -295,7 +304,7 @@ int mnt_backward(const mn_rule *r, const int64_t *dims6, const mnt_arg *inputs, 
     mn_run_grads g;
     memset(&g, 0, sizeof g);
     bool have_grads = false;
-    mn_status s = call_init(&c, r, dims6, inputs, params, momenta);
+    mn_status s = call_init(&c, r, dims6, inputs, params, momenta, outer);
     if (s == MN_OK) s = wrap(&up.dy, &upstream[0], "dy");
     if (s == MN_OK) s = wrap(&up.dloss, &upstream[1], "dloss");
     for (int p = 0; p < c.np && s == MN_OK; p++) {
@@ -303,18 +312,20 @@ int mnt_backward(const mn_rule *r, const int64_t *dims6, const mnt_arg *inputs, 
         if (s == MN_OK) s = wrap(&up.dmomenta[p], &upstream[2 + c.np + p], "dmomenta");
     }
     if (s == MN_OK) {
-        s = mn_run_backward(&c.rule, &c.dims, c.params, c.momenta, NULL, &c.in, &up, 0, NULL, &g);
+        s = mn_run_backward(&c.rule, &c.dims, c.params, c.momenta, c.outer, &c.in, &up, 0, NULL, &g);
         have_grads = s == MN_OK;
         if (s != MN_OK) mn_fail_context(s, "backward: ");
     }
     static const char *const names[] = {"k", "v", "q", "theta", "eta", "alpha"};
     const mn_tensor *full[] = {&g.k, &g.v, &g.q, &g.theta, &g.eta, &g.alpha};
-    for (int i = 0; i < 6 + 2 * c.np && s == MN_OK; i++) {
+    for (int i = 0; i < 6 + 2 * c.np + MN_OUTER_COUNT && s == MN_OK; i++) {
         const mnt_arg *dst = &grads[i];
         if (!dst->data) continue;
-        const mn_tensor *src = i < 6 ? full[i] : i < 6 + c.np ? &g.params[i - 6] : &g.momenta[i - 6 - c.np];
+        const mn_tensor *src = i < 6 ? full[i] : i < 6 + c.np ? &g.params[i - 6]
+                             : i < 6 + 2 * c.np ? &g.momenta[i - 6 - c.np] : &g.outer[i - 6 - 2 * c.np];
         char what[32];
         if (i < 6) snprintf(what, sizeof what, "grad of %s", names[i]);
+        else if (i >= 6 + 2 * c.np) snprintf(what, sizeof what, "grad of %s", mn_outer_name(i - 6 - 2 * c.np));
         else {
             char name[16];
             mn_rule_param_name(&c.rule, (i - 6) % c.np, name, sizeof name);

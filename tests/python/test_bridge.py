@@ -8,14 +8,20 @@
     (tests/reference/mnemo_ref.py, SPEC.md section 3's fp32 bound); for files
     with /upstream, the op's gradients through torch.autograd against
     `mnemo run`'s /grads and against the reference's float64 autograd;
+    SPEC v2's out_norm (ln_g, ln_b as the file gives them, or defaulted)
+    and lengths included;
   - the gradients of every input against central finite differences in
     float32, on awkward shapes (T not a multiple of the step, odd widths);
+    those of out_norm's ln_g, ln_b the same way, on a ragged batch;
+  - lengths: padded tokens give y 0, loss 0 and zero gradients, and a
+    sequence equals itself run alone, cut to its length;
   - a rule from a dict equals the same rule from the file; rule:save at the
     prompt gives a file the bridge loads;
   - examples/titans_torch.py: training through the op and through
     torch.autograd.grad in the forward pass gives the same losses;
   - errors: an unknown key, a bad expression, a missing file or group, a
-    parameter the rule lacks, a shape that does not fit, each one exception
+    parameter the rule lacks, a shape that does not fit, ln_g / ln_b
+    without out_norm or of a wrong shape, bad lengths, each one exception
     naming it; other dtypes and layouts are converted with a warning.
 Prints PASS/FAIL/SKIP lines. Environment: MNEMO (the binary), BUILD (where
 libmnemo_torch.so is), MNEMO_BRIDGE_COUNT (random rules, default 24)."""
@@ -114,10 +120,16 @@ def bridge_call(rule, cfg, requires_grad):
     v = leaf("v", inp["v"])
     q = leaf("q", inp["q"]) if "q" in inp else None
     gate = {g: (leaf(g, gates[g]) if g in gates else None) for g in ("theta", "eta", "alpha")}
-    params = {n: leaf(n, a) for n, a in init.items() if not n.startswith("S_")}
+    # out_norm's ln_g, ln_b as the file gives them (absent: the defaults)
+    outer = {n: leaf(n, init[n]) for n in ("ln_g", "ln_b") if n in init}
+    params = {n: leaf(n, a) for n, a in init.items() if not n.startswith("S_") and n not in outer}
     momenta = {n[2:]: leaf(n, a) for n, a in init.items() if n.startswith("S_")}
+    # lengths: a tensor or a list, alternately, to run both paths
+    lengths = inp.get("lengths")
+    if lengths is not None:
+        lengths = torch.from_numpy(lengths) if len(leaves) % 2 else [int(x) for x in lengths]
     res = mt.run(rule, k, v, gate["theta"], q=q, eta=gate["eta"], alpha=gate["alpha"],
-                 params=params, momenta=momenta or None)
+                 params=params, momenta=momenta or None, lengths=lengths, **outer)
     return res, leaves
 
 
@@ -147,21 +159,18 @@ def bridge_grads(res, leaves, upstream):
 
 
 def random_rules(workdir, count):
-    n_done = n_grads = 0
+    """Returns the counts of rules run, with gradients, with out_norm's
+    ln_g or ln_b given and their gradients checked, and with lengths."""
+    n_done = n_grads = n_outer = n_lengths = 0
     i = -1
     while n_done < count and i < 20 * count:
         i += 1
         cfg = gen_experiments.make_config(7, i, max_T=24)
         if not all_finite(cfg):
             continue  # non-finite inputs: the conformance suite's business
-        if cfg["rule"].get("out_norm", "none") != "none":
-            continue  # the bridge does not pass out_norm's ln_g, ln_b yet
         label = "bridge/random/%03d" % i
-        if "lengths" in cfg["inputs"]:
-            # SPEC v2's ragged batches: mt.run has no lengths argument yet
-            print("SKIP %s: the bridge does not take lengths (ragged batches) yet" % label)
-            continue
         n_done += 1
+        n_lengths += "lengths" in cfg["inputs"]
         path = os.path.join(workdir, "exp_%03d.h5" % i)
         gen_experiments.write_config(path, cfg)
         try:
@@ -234,6 +243,7 @@ def random_rules(workdir, count):
         if not want_grads:
             continue
         n_grads += 1
+        n_outer += "ln_g" in cfg["init"] or "ln_b" in cfg["init"]
         try:
             ours_g = bridge_grads(res, leaves, cfg["upstream"])
         except (mt.MnemoError, RuntimeError) as e:
@@ -254,7 +264,7 @@ def random_rules(workdir, count):
                     rows.append("%s: relative error %.3g against mnemo run's /grads"
                                 % (name, grad_err(g, cli_grads[name])))
         report(not rows, label + "/grads", "; ".join(rows) + "\n    config: " + cfg["desc"])
-    return n_done, n_grads
+    return n_done, n_grads, n_outer, n_lengths
 
 
 def finite_differences():
@@ -295,6 +305,124 @@ def finite_differences():
         err = abs(fd - an) / max(abs(fd), abs(an), 1e-3)
         report(err < 2e-2, "bridge/fd/%s" % name,
                "directional derivative %.6g, finite differences %.6g (relative %.2g)" % (an, fd, err))
+
+
+def outer_parameters():
+    """out_norm's ln_g, ln_b: their gradients against central finite
+    differences in float32 (layernorm and rmsnorm; ln_g [H,dv], ln_b
+    [B,H,dv], on a ragged batch), and the defaults (None) equal to ones and
+    zeros given."""
+    for norm in ("layernorm", "rmsnorm"):
+        torch.manual_seed(11)
+        rule = mt.Rule({"layers": 2, "hidden": 5, "step": 2, "activation": "gelu", "out_norm": norm})
+        B, H, T, dk, dv = 2, 2, 7, 3, 5
+        base = {"ln_g": 1 + 0.3 * torch.randn(H, dv), "ln_b": 0.2 * torch.randn(B, H, dv)}
+        fixed = {"k": torch.randn(B, H, T, dk), "v": torch.randn(B, H, T, dv),
+                 "W1": 0.4 * torch.randn(5, dk), "W2": 0.4 * torch.randn(dv, 5)}
+        up = {"y": torch.randn(B, H, T, dv), "loss": torch.randn(B, H, T), "W2": torch.randn(B, H, dv, 5)}
+
+        def objective(x):
+            r = mt.run(rule, fixed["k"], fixed["v"], 0.3, eta=0.6, alpha=0.02,
+                       params={"W1": fixed["W1"], "W2": fixed["W2"]}, ln_g=x["ln_g"], ln_b=x["ln_b"],
+                       lengths=[T, 4])
+            return ((r.y.double() * up["y"]).sum() + (r.loss.double() * up["loss"]).sum()
+                    + (r.params["W2"].double() * up["W2"]).sum())
+
+        x = {n: t.clone().requires_grad_(True) for n, t in base.items()}
+        grads = torch.autograd.grad(objective(x), list(x.values()))
+        for (name, t), g in zip(base.items(), grads):
+            rows = [] if g.shape == t.shape else ["gradient has shape %s, %s has %s" % (list(g.shape), name,
+                                                                                      list(t.shape))]
+            for trial in range(2):
+                d = torch.randn(t.shape)
+                h = 1e-2
+                with torch.no_grad():
+                    lp = objective({n: (u + h * d if n == name else u) for n, u in base.items()})
+                    lm = objective({n: (u - h * d if n == name else u) for n, u in base.items()})
+                fd = float((lp - lm) / (2 * h))
+                an = float((g.double() * d).sum())
+                err = abs(fd - an) / max(abs(fd), abs(an), 1e-3)
+                if not err < 2e-2:
+                    rows.append("directional derivative %.6g, finite differences %.6g (relative %.2g)"
+                                % (an, fd, err))
+            report(not rows, "bridge/outer/%s/fd_%s" % (norm, name), "; ".join(rows))
+        # None: the defaults 1 and 0, the same run as ones and zeros given
+        k, v = fixed["k"], fixed["v"]
+        p = {"W1": fixed["W1"], "W2": fixed["W2"]}
+        a = mt.run(rule, k, v, 0.3, params=p)
+        b = mt.run(rule, k, v, 0.3, params=p, ln_g=torch.ones(dv), ln_b=torch.zeros(H, dv))
+        c = mt.run(rule, k, v, 0.3, params=p, ln_g=base["ln_g"])
+        ok = torch.equal(a.y, b.y) and torch.equal(a.loss, b.loss) and not torch.equal(a.y, c.y)
+        report(ok, "bridge/outer/%s/defaults" % norm,
+               "ln_g, ln_b None differ from ones and zeros, or a given ln_g changes nothing")
+
+
+def ragged_batches():
+    """lengths (SPEC v2): padded tokens have y 0, loss 0 and zero gradients;
+    a sequence whose length is a multiple of the step gives what it gives
+    run alone, cut to its length (outputs, final weights, gradients; one cut
+    inside a step does not: with retrieve = after its last real tokens read
+    the weights before their step, SPEC.md section 2, where the cut sequence
+    ends with a short step); a list equals a tensor; lengths all T equals
+    none given."""
+    torch.manual_seed(5)
+    step = 2
+    rule = mt.Rule({"layers": 2, "hidden": 4, "step": step, "bias": 1})
+    B, H, T, dk, dv = 4, 2, 7, 3, 4
+    lengths = [7, 4, 3, 0]
+    base = {"k": torch.randn(B, H, T, dk), "v": torch.randn(B, H, T, dv), "q": torch.randn(B, H, T, dk),
+            "theta": 0.2 + 0.1 * torch.rand(B, H, T), "W1": 0.4 * torch.randn(B, H, 4, dk),
+            "W2": 0.4 * torch.randn(B, H, dv, 4)}
+    up = {"y": torch.randn(B, H, T, dv), "loss": torch.randn(B, H, T), "W2": torch.randn(B, H, dv, 4)}
+
+    def call(x, lens, lo=0, hi=B, T_=T):
+        cut = lambda t: t[lo:hi, :, :T_].contiguous()  # noqa: E731
+        r = mt.run(rule, cut(x["k"]), cut(x["v"]), cut(x["theta"]), q=cut(x["q"]), eta=0.5, alpha=0.01,
+                   params={"W1": x["W1"][lo:hi], "W2": x["W2"][lo:hi]}, lengths=lens)
+        L = ((r.y * up["y"][lo:hi, :, :T_]).sum() + (r.loss * up["loss"][lo:hi, :, :T_]).sum()
+             + (r.params["W2"] * up["W2"][lo:hi]).sum())
+        return r, L
+
+    x = {n: t.clone().requires_grad_(True) for n, t in base.items()}
+    res, L = call(x, torch.tensor(lengths))
+    grads = dict(zip(x, torch.autograd.grad(L, list(x.values()))))
+    rows = []
+    for b, n in enumerate(lengths):
+        if bool((res.y[b, :, n:] != 0).any()) or bool((res.loss[b, :, n:] != 0).any()):
+            rows.append("sequence %d: y or loss not 0 on its padding" % b)
+        for name in ("k", "v", "q", "theta"):
+            if bool((grads[name][b, :, n:] != 0).any()):
+                rows.append("sequence %d: gradient of %s not 0 on its padding" % (b, name))
+        if n == 0:
+            fin = {nm: res.params[nm][b] for nm in ("W1", "W2")}
+            if not all(torch.equal(fin[nm], base[nm][b]) for nm in fin):
+                rows.append("sequence %d (length 0): final weights moved" % b)
+            continue
+        if n % step and n != T:
+            continue
+        # the sequence alone, cut to its length
+        xb = {nm: t.clone().requires_grad_(True) for nm, t in base.items()}
+        rb, Lb = call(xb, None, b, b + 1, n)
+        gb = dict(zip(xb, torch.autograd.grad(Lb, list(xb.values()))))
+        pairs = [("y", res.y[b:b + 1, :, :n], rb.y), ("loss", res.loss[b:b + 1, :, :n], rb.loss)]
+        pairs += [("final " + nm, res.params[nm][b:b + 1], rb.params[nm]) for nm in ("W1", "W2", "b1", "b2")]
+        pairs += [("grad " + nm, grads[nm][b:b + 1, :, :n], gb[nm][b:b + 1, :, :n])
+                  for nm in ("k", "v", "q", "theta")]
+        pairs += [("grad " + nm, grads[nm][b:b + 1], gb[nm][b:b + 1]) for nm in ("W1", "W2")]
+        for what, got, want in pairs:
+            err = relerr(got.detach().numpy(), want.detach().numpy())
+            if not err < 1e-5:
+                rows.append("sequence %d: %s differs from the sequence run alone (relative %.2g)" % (b, what, err))
+    report(not rows, "bridge/lengths/padding", "; ".join(rows))
+    with torch.no_grad():
+        as_list, _ = call(base, lengths)
+        as_tensor, _ = call(base, torch.tensor(lengths, dtype=torch.int32))
+        full, _ = call(base, [T] * B)
+        none, _ = call(base, None)
+    report(torch.equal(as_list.y, as_tensor.y) and torch.equal(as_list.loss, as_tensor.loss),
+           "bridge/lengths/list", "lengths as a list and as an int32 tensor give different results")
+    report(torch.equal(full.y, none.y) and torch.equal(full.params["W1"], none.params["W1"]),
+           "bridge/lengths/full", "lengths all T differs from no lengths")
 
 
 def expect_error(name, fn, *needles, exc=Exception):
@@ -341,6 +469,32 @@ def errors(workdir):
     expect_error("gate_shape", lambda: mt.run(rule, k, v, torch.ones(5), params={"W1": W1}), "theta",
                  exc=mt.MnemoError)
     expect_error("k_rank", lambda: mt.run(rule, k[0], v, 0.1, params={"W1": W1}), "k", exc=ValueError)
+    # out_norm's ln_g, ln_b and ragged batches' lengths
+    expect_error("ln_g_without_out_norm", lambda: mt.run(rule, k, v, 0.1, params={"W1": W1}, ln_g=torch.ones(3)),
+                 "ln_g", "out_norm", exc=ValueError)
+    expect_error("ln_b_without_out_norm", lambda: mt.run(rule, k, v, 0.1, params={"W1": W1}, ln_b=torch.ones(3)),
+                 "ln_b", "out_norm", exc=ValueError)
+    normed = mt.Rule({"layers": 1, "out_norm": "layernorm"})
+    expect_error("ln_g_shape", lambda: mt.run(normed, k, v, 0.1, params={"W1": W1}, ln_g=torch.ones(4)),
+                 "ln_g", "[4]", exc=ValueError)
+    expect_error("ln_b_shape", lambda: mt.run(normed, k, v, 0.1, params={"W1": W1}, ln_b=torch.ones(2, 1, 3)),
+                 "ln_b", "[2, 1, 3]", exc=ValueError)
+    expect_error("ln_g_number", lambda: mt.run(normed, k, v, 0.1, params={"W1": W1}, ln_g=1.5), "ln_g",
+                 exc=TypeError)
+    expect_error("ln_g_in_params", lambda: mt.run(normed, k, v, 0.1, params={"W1": W1, "ln_g": torch.ones(3)}),
+                 "ln_g", "ln_g=", exc=KeyError)
+    expect_error("lengths_float", lambda: mt.run(rule, k, v, 0.1, params={"W1": W1}, lengths=torch.ones(1)),
+                 "lengths", exc=TypeError)
+    expect_error("lengths_list_float", lambda: mt.run(rule, k, v, 0.1, params={"W1": W1}, lengths=[2.5]),
+                 "lengths", exc=TypeError)
+    expect_error("lengths_shape", lambda: mt.run(rule, k, v, 0.1, params={"W1": W1}, lengths=[2, 3]),
+                 "lengths", "[2]", exc=ValueError)
+    expect_error("lengths_type", lambda: mt.run(rule, k, v, 0.1, params={"W1": W1}, lengths=3),
+                 "lengths", exc=TypeError)
+    expect_error("lengths_range", lambda: mt.run(rule, k, v, 0.1, params={"W1": W1}, lengths=[5]),
+                 "lengths", "5", exc=mt.MnemoError)
+    expect_error("lengths_negative", lambda: mt.run(rule, k, v, 0.1, params={"W1": W1},
+                                                    lengths=torch.tensor([-1])), "lengths", "-1", exc=mt.MnemoError)
     # conversions: float64 and a transposed view give the float32 result, with a warning each
     ref = mt.run(rule, k, v, 0.1, params={"W1": W1})
     with warnings.catch_warnings(record=True) as w:
@@ -388,13 +542,19 @@ def main():
     try:
         if shutil.which(MNEMO) or os.path.exists(MNEMO):
             saved_at_prompt(workdir)
-            n, ng = random_rules(workdir, count)
-            print("# %d random rules, %d with gradients" % (n, ng))
+            n, ng, no, nl = random_rules(workdir, count)
+            print("# %d random rules, %d with gradients, %d of them with ln_g/ln_b given, %d with lengths"
+                  % (n, ng, no, nl))
             if ng == 0:
                 report(False, "bridge/random", "no random rule had /upstream: the gradient check ran on nothing")
+            if count >= 24 and (no == 0 or nl == 0):
+                report(False, "bridge/random/v2", "out_norm's ln_g/ln_b gradients (%d) or lengths (%d) ran on "
+                       "no random rule" % (no, nl))
         else:
             print("SKIP bridge/random: no mnemo binary at %s (set MNEMO)" % MNEMO)
         finite_differences()
+        outer_parameters()
+        ragged_batches()
         errors(workdir)
         example()
     finally:
