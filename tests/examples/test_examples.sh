@@ -47,6 +47,7 @@ expect_out() {
         sweep) echo '^best: eta' ;;
         compare_with_python) echo '(agrees with the PyTorch reference|^skipped: )' ;;
         fit_gates) echo '^held-out recall: .* \(better\)$' ;;
+        ttt_ln_l2) echo '^LN-l2, theta 3( +[01]\.[0-9]+)+$' ;;
         *) echo '' ;;
     esac
 }
@@ -58,6 +59,7 @@ expect_files() {
         sweep) echo 'sweep.h5 sweep.png' ;;
         compare_with_python) echo 'compare_experiment.h5' ;;
         fit_gates) echo 'fit_gates.png' ;;
+        ttt_ln_l2) echo 'ttt_ln_l2.h5 ttt_ln_l2.png' ;;
         *) echo '' ;;
     esac
 }
