@@ -48,6 +48,7 @@ expect_out() {
         compare_with_python) echo '(agrees with the PyTorch reference|^skipped: )' ;;
         fit_gates) echo '^held-out recall: .* \(better\)$' ;;
         ttt_ln_l2) echo '^LN-l2, theta 3( +[01]\.[0-9]+)+$' ;;
+        lact_swiglu) echo '^swiglu\+ns( +[01]\.[0-9]+ \( *[0-9.]+\))+$' ;;
         *) echo '' ;;
     esac
 }
@@ -60,6 +61,7 @@ expect_files() {
         compare_with_python) echo 'compare_experiment.h5' ;;
         fit_gates) echo 'fit_gates.png' ;;
         ttt_ln_l2) echo 'ttt_ln_l2.h5 ttt_ln_l2.png' ;;
+        lact_swiglu) echo 'lact_swiglu.h5 lact_swiglu.png' ;;
         *) echo '' ;;
     esac
 }
