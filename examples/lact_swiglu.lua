@@ -16,7 +16,8 @@
 -- tokens, the chunk's loss averaged over its tokens (token_reduce = "mean",
 -- so theta means the same at every chunk size). Rules:
 --   mlp          silu MLP, plain gradient step
---   swiglu       glu = true, activation = "silu": W2 (silu(W1 x) * (U1 x))
+--   swiglu       glu = true, activation = "silu":
+--                W2 (silu(W1 x + b1) * (U1 x + c1)) + b2
 --   swiglu+ns    the same with precondition = "newton_schulz" (5 iterations)
 -- Each rule at each chunk size takes the best theta of 1, 2, 4, .. 32 on
 -- this text (the table says which). glu and newton_schulz run on the CPU
@@ -143,7 +144,7 @@ for _, r in ipairs(rules) do
   results.best_recall[r.name] = mnemo.tensor(br)
   results.best_theta[r.name] = mnemo.tensor(bt)
   results.recall_by_chunk[r.name] = mnemo.tensor(by_chunk[r.name])
-  results.rules[r.name] = best[r.name][last].rule:attrs()
+  results.rules[r.name] = best[r.name][last].rule:attrs()     -- as run at the largest chunk
 end
 local h5 = outdir .. "/lact_swiglu.h5"
 mnemo.save(h5, results)

@@ -24,7 +24,7 @@
 -- What to expect (full size, measured): at theta 0.3 the memory without
 -- the norm recalls more (0.93 vs 0.84 of 4 pairs, 0.60 vs 0.47 of 16, 0.23
 -- vs 0.12 of 64); at theta 3 it falls apart (0.15 of 4 pairs, 0.03 of 16)
--- while LN-l2 keeps most of its recall (0.61 and 0.27). The norm bounds
+-- while LN-l2 keeps much of its recall (0.61 and 0.27). The norm bounds
 -- the output, so an oversized step cannot blow the memory up: it buys
 -- tolerance to theta, not capacity, on this workload.
 --
