@@ -94,7 +94,8 @@ for _, r in ipairs(rules) do
   end
   print(table.concat(row, " "))
 end
-print(string.format("(recall at the best theta of %s, that theta in brackets; chance %.4f)", table.concat(thetas, ", "), 1 / d.V))
+print(string.format("(recall at the best theta of %s, that theta in brackets; chance %.4f)",
+  table.concat(thetas, ", "), 1 / d.V))
 
 -- recall by chunk of the stream at the largest chunk size
 local last, csize = #steps, steps[#steps]

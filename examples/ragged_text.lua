@@ -114,12 +114,14 @@ for b, len in ipairs(lengths) do
   end
   check.y[b], check.y_last[b], check.loss[b], check.final[b] = dy, dlast, dloss, dW
   print(string.format("%-4d %6d %12.3g %12.3g %12.3g %12.3g%s", b, len, dy, dlast, dloss, dW,
-    multiple and "" or string.format("  (%d = %d x %d + %d: the last y may differ)", len, len // step, step, len % step)))
+    multiple and "" or string.format("  (%d = %d x %d + %d: the last y may differ)",
+                                     len, len // step, step, len % step)))
 end
 local same = worst <= tol
 if same then
   print(string.format("every document equals its lone run (largest difference %.3g); " ..
-    "the last y differs at %d of the %d lengths that are not multiples of %d", worst, last_differs, not_multiple, step))
+    "the last y differs at %d of the %d lengths that are not multiples of %d",
+    worst, last_differs, not_multiple, step))
 else
   print(string.format("MISMATCH: a document differs from its lone run by %.3g (more than %g)", worst, tol))
 end
@@ -130,7 +132,8 @@ for w = 1, nwin do xs[w] = rows.first[w] + (math.min(window, T - rows.first[w] +
 local png = outdir .. "/ragged_text.png"
 local ok, err = pcall(mnemo.plot.curves, {
   title = string.format("Next-word loss vs position, %d ragged documents packed in one batch", B),
-  xlabel = string.format("position in the document (windows of %d)", window), ylabel = "loss (MSE, before the update)",
+  xlabel = string.format("position in the document (windows of %d)", window),
+  ylabel = "loss (MSE, before the update)",
   out = png, { x = xs, y = rows.loss, label = "mean over the documents still running", style = "linespoints" } })
 if ok then print("plot: " .. png) else print("plot skipped: " .. tostring(err)) end
 
