@@ -47,6 +47,9 @@ expect_out() {
         sweep) echo '^best: eta' ;;
         compare_with_python) echo '(agrees with the PyTorch reference|^skipped: )' ;;
         fit_gates) echo '^held-out recall: .* \(better\)$' ;;
+        ttt_ln_l2) echo '^LN-l2, theta 3( +[01]\.[0-9]+)+$' ;;
+        lact_swiglu) echo '^swiglu\+ns( +[01]\.[0-9]+ \( *[0-9.]+\))+$' ;;
+        ragged_text) printf '%s\n' '^every document equals its lone run .*; the last y differs at ([0-9]+) of the \1 lengths' ;;
         *) echo '' ;;
     esac
 }
@@ -58,6 +61,9 @@ expect_files() {
         sweep) echo 'sweep.h5 sweep.png' ;;
         compare_with_python) echo 'compare_experiment.h5' ;;
         fit_gates) echo 'fit_gates.png' ;;
+        ttt_ln_l2) echo 'ttt_ln_l2.h5 ttt_ln_l2.png' ;;
+        lact_swiglu) echo 'lact_swiglu.h5 lact_swiglu.png' ;;
+        ragged_text) echo 'ragged_text.h5 ragged_text.png' ;;
         *) echo '' ;;
     esac
 }
