@@ -12,6 +12,10 @@ global norm clip 1.0, momentum eta 0.9, decay alpha 0.001, theta 0.02):
   P2      one memory (B=H=1), dk=dv=hidden=512, 2 layers, N=2048 tokens, one
           step (c=N)
   P3      P1 at T = 1K, 2K, 4K, 8K, 16K (time per token: linear in T?)
+  P1-qk   P1 with qk_norm = l2 (SPEC v2): keys normalised to unit length
+          before use, inside the timed region on both sides (mnemo
+          normalises them on the device before its kernels; the baselines
+          as their first op). Issue 13's target: within 25% of P1.
 Inputs: keys with RMS 1 per feature (norm sqrt(dk)), so the gelu works in
 its curved range; values a fixed random linear map of the keys per memory
 (RMS ~1) plus noise 0.1, so the memory has something to learn; W ~ N(0,
@@ -90,7 +94,7 @@ Limits of the timing method:
 
 Usage (GPU machine, after tests/gpu/pack.sh here and `. tests/gpu/env.sh`
 there; Python with torch, h5py, numpy):
-  PYTHONUNBUFFERED=1 python3 tests/bench/bench_gpu.py [--cases P1,P1-lin,P1-c16,P2,P3]
+  PYTHONUNBUFFERED=1 python3 tests/bench/bench_gpu.py [--cases P1,P1-lin,P1-c16,P2,P3,P1-qk]
       [--precision fp32|tf32|bf16] [--repeat 5] [--quick] [--out tests/bench/RESULTS.md]
   CPU check of the math (tiny sizes; mnemo's CPU engine, baselines (a), (b)):
   MNEMO=/path/to/mnemo /usr/bin/python3 tests/bench/bench_gpu.py --device cpu --quick
@@ -152,6 +156,7 @@ def make_cases(args):
         "P1": [("P1", dict(p1))],
         "P1-lin": [("P1-lin", dict(p1, layers=1, dh=0))],
         "P1-c16": [("P1-c16", dict(p1, c=16))],
+        "P1-qk": [("P1-qk", dict(p1, qk_norm="l2"))],
         "P2": [("P2", dict(p2))],
         "P3": [("P3-T%d" % T, dict(p1, T=T)) for T in p3_T],
     }
@@ -168,8 +173,9 @@ def describe(cfg):
     mem = "linear %d->%d" % (cfg["dk"], cfg["dv"]) if cfg["layers"] == 1 else \
         "MLP %d-%d-%d gelu" % (cfg["dk"], cfg["dh"], cfg["dv"])
     S = -(-cfg["T"] // cfg["c"])
-    return "B=%d H=%d T=%d %s c=%d r=%d (%d memories x %d steps)" % (
-        cfg["B"], cfg["H"], cfg["T"], mem, cfg["c"], cfg["r"], cfg["B"] * cfg["H"], S)
+    return "B=%d H=%d T=%d %s c=%d r=%d%s (%d memories x %d steps)" % (
+        cfg["B"], cfg["H"], cfg["T"], mem, cfg["c"], cfg["r"],
+        " qk_norm=%s" % cfg["qk_norm"] if cfg.get("qk_norm") else "", cfg["B"] * cfg["H"], S)
 
 
 def layer_dims(cfg):
@@ -266,6 +272,8 @@ def write_experiment(path, cfg, k, v, params, T=None):
                     clip_scope="global")
         if cfg["layers"] >= 2:
             rule["hidden"] = cfg["dh"]
+        if cfg.get("qk_norm"):
+            rule["qk_norm"] = cfg["qk_norm"]
         for key, val in rule.items():
             r.attrs[key] = val
         i = f.create_group("inputs")
@@ -538,8 +546,13 @@ class Baselines:
 
     def runner(self, step):
         def run():
+            kc = self.kc
+            if self.cfg.get("qk_norm") == "l2":
+                # SPEC v2's qk_norm = l2, timed: x / sqrt(sum x^2 + 1e-6)
+                kn = self.k * torch.rsqrt((self.k * self.k).sum(-1, keepdim=True) + 1e-6)
+                kc = chunks(kn, self.cfg["c"])
             with self.autocast():
-                return run_sequence(step, self.cfg, self.W0, self.S0, self.kc, self.vc, self.y, self.loss, self.gn)
+                return run_sequence(step, self.cfg, self.W0, self.S0, kc, self.vc, self.y, self.loss, self.gn)
         return run
 
     def graph_runner(self):
@@ -867,7 +880,7 @@ def main():
     global THETA
     ap = argparse.ArgumentParser(
         description="GPU benchmark: mnemo vs PyTorch baselines of the same rule (see the module docstring)")
-    ap.add_argument("--cases", default="P1,P1-lin,P1-c16,P2,P3")
+    ap.add_argument("--cases", default="P1,P1-lin,P1-c16,P2,P3,P1-qk")
     ap.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default="fp32")
     ap.add_argument("--repeat", type=int, default=5, help="timed repeats per method (after a warm-up)")
     ap.add_argument("--quick", action="store_true", help="smaller T (and, on the CPU, fewer memories)")
