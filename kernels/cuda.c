@@ -378,6 +378,7 @@ static const mn_backend cuda_backend = {
     .matmul = mn_cuda_matmul,
     .copy = mn_cuda_copy,
     .fill = mn_cuda_fill,
+    .rownorm = mn_cuda_rownorm,
 };
 
 bool mn_cuda_register(void)

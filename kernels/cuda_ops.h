@@ -20,6 +20,8 @@ mn_status mn_cuda_reduce_all(mn_op op, const mn_tensor *a, double *result);
 /* dst (any strides, cuda) = src (same shape, any strides, cuda), converting dtype. */
 mn_status mn_cuda_copy(mn_tensor *dst, const mn_tensor *src);
 mn_status mn_cuda_fill(mn_tensor *dst, double value);
+/* The row normalisation of model/rownorm.h (qk_norm's keys): one warp a row. */
+mn_status mn_cuda_rownorm(mn_tensor *out, const mn_tensor *x, bool center, bool sum, double eps);
 /* Batched [batch,m,k] x [batch,k,n] -> out [batch,m,n] contiguous (blas.c). */
 mn_status mn_cuda_matmul(mn_tensor *out, const mn_tensor *a, const mn_tensor *b);
 /* The i64 product (no cuBLAS type for it), same layout as mn_cuda_matmul (ops.cu). */

@@ -406,6 +406,55 @@ extern "C" mn_status mn_cuda_fill(mn_tensor *dst, double value)
     return MN_OK;
 }
 
+/* ---- row normalisation (model/rownorm.h: c = x - mean x or x, c / sqrt(|c|^2 / D + eps)) ----
+ * One warp a row, sums in double as the CPU's loops; memory-bound: one read
+ * of x and one write of out. */
+
+__device__ __forceinline__ double warp_sum_d(double v)
+{
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+__global__ void k_rownorm(float *out, const float *x, int64_t rows, int64_t n, bool center, bool sum, double eps)
+{
+    const int64_t row = (int64_t)blockIdx.x * (THREADS / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const float *xr = x + row * n;
+    float *o = out + row * n;
+    double mu = 0.0;
+    if (center) {
+        double s = 0.0;
+        for (int64_t j = lane; j < n; j += 32) s += xr[j];
+        mu = warp_sum_d(s) / (double)n;
+    }
+    double sq = 0.0;
+    for (int64_t j = lane; j < n; j += 32) {
+        const double c = (double)xr[j] - mu;
+        sq += c * c;
+    }
+    const double sc = 1.0 / sqrt(warp_sum_d(sq) / (sum ? 1.0 : (double)n) + eps);
+    for (int64_t j = lane; j < n; j += 32) o[j] = (float)(((double)xr[j] - mu) * sc);
+}
+
+extern "C" mn_status mn_cuda_rownorm(mn_tensor *out, const mn_tensor *x, bool center, bool sum, double eps)
+{
+    const mn_tensor *t[2] = {out, x};
+    MN_TRY(check_cuda("rownorm", 2, t, true));
+    if (out->dtype != MN_F32 || x->dtype != MN_F32 || !mn_tensor_is_contiguous(out) ||
+        !mn_tensor_is_contiguous(x) || x->ndim < 1)
+        return mn_fail(MN_ERR_ARG, "cuda rownorm: needs contiguous f32 tensors of at least one dimension");
+    const int64_t n = x->shape[x->ndim - 1], numel = mn_tensor_numel(x);
+    if (numel == 0 || n == 0) return MN_OK;
+    const int64_t rows = numel / n, per_block = THREADS / 32;
+    const unsigned nb = (unsigned)((rows + per_block - 1) / per_block);
+    k_rownorm<<<nb, THREADS, 0, MN_STREAM>>>((float *)mn_tensor_data(out), (const float *)mn_tensor_data(x), rows, n,
+                                             center, sum, eps);
+    MN_CUDA_CHECK_LAUNCH();
+    return MN_OK;
+}
+
 /* ---- reductions ----
  * Two accumulation policies: RedD, in double for every dtype (the CPU's
  * reduce_all, and its per-dim float path), and RedI, exact wrapping integers

@@ -96,7 +96,7 @@ static mn_status key_view(mn_tensor *out, const mn_tensor *src, const int64_t *s
     mn_rownorm nm = mn_rule_qk_norm(r);
     if (!nm.on) return input_view(out, src, 4, shape, dev);
     mn_tensor full = {0};
-    MN_TRY(materialize(&full, src, 4, shape, dev));
+    MN_TRY(input_view(&full, src, 4, shape, dev));
     mn_status st = mn_rownorm_tensor(nm, &full, out);
     mn_tensor_release(&full);
     return st;

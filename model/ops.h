@@ -69,6 +69,10 @@ typedef struct mn_backend {
     /* dst (any strides) = src (same shape, any strides), converting dtype. */
     mn_status (*copy)(mn_tensor *dst, const mn_tensor *src);
     mn_status (*fill)(mn_tensor *dst, double value);
+    /* out = the row normalisation of model/rownorm.h on the last dimension
+     * of x, both f32 and contiguous, of one shape (qk_norm's keys on a
+     * device; the CPU runs rownorm.c's loops, so the CPU backend has none). */
+    mn_status (*rownorm)(mn_tensor *out, const mn_tensor *x, bool center, bool sum, double eps);
 } mn_backend;
 
 void mn_register_backend(mn_device dev, const mn_backend *b);

@@ -123,33 +123,23 @@ void mn_rownorm_hvp_acc(mn_rownorm nm, const float *nhat, const float *s, const 
 
 mn_status mn_rownorm_tensor(mn_rownorm nm, const mn_tensor *x, mn_tensor *out)
 {
-    int last = x->ndim - 1;
-    int64_t n = x->shape[last];
+    int64_t n = x->shape[x->ndim - 1];
     mn_device dev = x->storage->device;
     MN_TRY(mn_tensor_empty(out, MN_F32, x->ndim, x->shape, dev));
-    mn_status st = mn_tensor_copy_into(out, x);
-    if (st != MN_OK || !nm.on) goto done;
-    if (dev == MN_CPU) {
-        mn_rownorm_rows_inplace(nm, mn_tensor_data(out), n > 0 ? mn_tensor_numel(out) / n : 0, n);
-        return MN_OK;
-    }
-    /* c = x - mean x (centred norms); s = 1 / sqrt(|c|^2 / D + eps); c s */
-    mn_tensor mu = {0}, c = {0}, sq = {0}, ms = {0}, shifted = {0}, root = {0}, res = {0};
-    if (nm.center) {
-        st = mn_reduce_dim(MN_OP_mean, &mu, out, last, true);
-        if (st == MN_OK) st = mn_binary(MN_OP_sub, &c, out, &mu);
+    const mn_backend *be = dev == MN_CPU ? NULL : mn_backend_for(dev);
+    mn_status st;
+    if (nm.on && dev != MN_CPU) {
+        /* the backend's one-pass kernel: one read of x, one write of out */
+        if (!be || !be->rownorm || !mn_tensor_is_contiguous(x) || x->dtype != MN_F32)
+            st = mn_fail(MN_ERR_UNSUPPORTED, "row normalisation: the %s backend takes contiguous f32 tensors only",
+                         mn_device_name(dev));
+        else
+            st = be->rownorm(out, x, nm.center, nm.sum, MN_ROWNORM_EPS);
     } else {
-        mn_tensor_share(&c, out);
+        st = mn_tensor_copy_into(out, x);
+        if (st == MN_OK && nm.on)
+            mn_rownorm_rows_inplace(nm, mn_tensor_data(out), n > 0 ? mn_tensor_numel(out) / n : 0, n);
     }
-    if (st == MN_OK) st = mn_binary(MN_OP_mul, &sq, &c, &c);
-    if (st == MN_OK) st = mn_reduce_dim(nm.sum ? MN_OP_sum : MN_OP_mean, &ms, &sq, last, true);
-    if (st == MN_OK) st = mn_binary_scalar(MN_OP_add, &shifted, &ms, MN_ROWNORM_EPS, false);
-    if (st == MN_OK) st = mn_unary(MN_OP_sqrt, &root, &shifted);
-    if (st == MN_OK) st = mn_binary(MN_OP_div, &res, &c, &root);
-    if (st == MN_OK) st = mn_tensor_copy_into(out, &res);
-    mn_tensor *tmp[] = {&mu, &c, &sq, &ms, &shifted, &root, &res};
-    for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) mn_tensor_release(tmp[i]);
-done:
     if (st != MN_OK) mn_tensor_release(out);
     return st;
 }

@@ -12,6 +12,7 @@
 #include "check.h"
 #include "ops.h"
 #include "random.h"
+#include "rownorm.h"
 #ifdef MN_HAVE_CUDA
 #include "../../kernels/cuda.h"
 #endif
@@ -612,6 +613,35 @@ static void test_unavailable(void)
     mn_tensor_release(&o);
 }
 
+/* qk_norm's row normalisation (model/rownorm.h) on the device against the
+ * CPU's loops: l2, rms and layernorm rows of odd widths (a width below and
+ * above a warp), and a zero row (c = 0: the eps keeps it 0). */
+static void test_rownorm(void)
+{
+    static const mn_rownorm kinds[] = {{true, false, true}, {true, false, false}, {true, true, false}};
+    static const char *const names[] = {"l2", "rms", "layernorm"};
+    static const int64_t widths[] = {1, 7, 64, 133};
+    for (int k = 0; k < COUNT(kinds); k++)
+        for (int w = 0; w < COUNT(widths); w++) {
+            int64_t shape[3] = {3, 37, widths[w]};
+            mn_tensor x = rand_cpu(MN_F32, 3, shape, -3, 3, false), want = {0}, got = {0};
+            memset(mn_tensor_data(&x), 0, sizeof(float) * (size_t)widths[w]); /* row 0 all zero */
+            mn_tensor dx = to_dev(&x, MN_CUDA);
+            must(mn_rownorm_tensor(kinds[k], &x, &want), "cpu rownorm");
+            mn_status st = mn_rownorm_tensor(kinds[k], &dx, &got);
+            char name[96];
+            snprintf(name, sizeof name, "cuda_ops/rownorm/%s/width%lld", names[k], (long long)widths[w]);
+            if (st != MN_OK) {
+                printf("FAIL %s: %s\n", name, mn_last_error());
+                check_failures_++;
+            } else {
+                check_same(name, &got, &want, 1e-6);
+            }
+            mn_tensor *ts[] = {&x, &want, &got, &dx};
+            for (int i = 0; i < COUNT(ts); i++) mn_tensor_release(ts[i]);
+        }
+}
+
 int main(void)
 {
     test_coverage();
@@ -621,7 +651,7 @@ int main(void)
         char why[512];
         snprintf(why, sizeof why, "no usable CUDA device: %s", mn_cuda_unavailable_reason());
         static const char *const groups[] = {"elementwise", "where", "reduce_all", "reduce_dim", "argreduce",
-                                             "matmul", "copy", "alloc", "oom", "pending"};
+                                             "matmul", "copy", "alloc", "oom", "pending", "rownorm"};
         for (int i = 0; i < COUNT(groups); i++) {
             char name[64];
             snprintf(name, sizeof name, "cuda_ops/%s", groups[i]);
@@ -638,7 +668,8 @@ int main(void)
     test_matmul();
     test_copies();
     test_allocator();
-    test_pending_fault();
+    test_rownorm();
+    test_pending_fault(); /* last: the fault it provokes leaves the context unusable */
     return CHECK_DONE();
 }
 
