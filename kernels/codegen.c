@@ -165,6 +165,9 @@ static mn_status build(text *t, const mn_rule *r, const mn_dims *d, mn_precision
     putf(t, "#define MN_CLIP_MODE %d /* 0 none, 1 scale by mn_hook_clip_scale(norm), 2 mn_hook_clip_elem(g) */\n",
          clip_mode);
     putf(t, "#define MN_CLIP_TENSOR %d\n", r->clip_scope == MN_SCOPE_TENSOR ? 1 : 0);
+    /* SPEC v2's preconditioner (general path only: kernels/plan.c) */
+    putf(t, "#define MN_PRECOND %d\n#define MN_NS_STEPS %d\n", r->precondition == MN_PRECOND_NEWTON_SCHULZ ? 1 : 0,
+         r->ns_steps);
     putf(t, "#define MN_PREC %d /* 0 fp32, 1 tf32, 2 bf16 operands of the products */\n",
          p == MN_PREC_TF32 ? 1 : p == MN_PREC_BF16 ? 2 : 0);
 

@@ -279,9 +279,22 @@ static mn_status cuda_segment_run(mn_memory_state *st, const mn_segment_inputs *
     a.n = n;
     a.nsteps = nsteps;
     a.steps_done = st->steps_done;
-    mn_status s = pl.path == MN_PATH_FUSED
-                      ? launch(mod, mod->k[K_STEP], MN_FUSED_STEP_KERNEL, pl.threads, pl.smem_bytes, memories, &a)
-                      : launch(mod, mod->k[K_STEP], MN_RULE_STEP_KERNEL, MN_RULE_THREADS, 0, memories, &a);
+    /* newton_schulz's iterates (the general path: kernels/plan.c) */
+    void *ns_work = NULL;
+    size_t ns_bytes = 0;
+    mn_status s = MN_OK;
+    if (st->rule.precondition != MN_PRECOND_NONE) {
+        const mn_rule *r = &st->rule;
+        a.ns_doubles = mn_rule_ns_doubles(r->layers, r->bias, st->dims.dk, st->dims.dv, r->layers > 1 ? st->dims.dh : 0);
+        ns_bytes = sizeof(double) * (size_t)a.ns_doubles * (size_t)memories;
+        s = mn_cuda_alloc(ns_bytes, &ns_work);
+        a.ns_work = ns_work;
+    }
+    if (s == MN_OK)
+        s = pl.path == MN_PATH_FUSED
+                ? launch(mod, mod->k[K_STEP], MN_FUSED_STEP_KERNEL, pl.threads, pl.smem_bytes, memories, &a)
+                : launch(mod, mod->k[K_STEP], MN_RULE_STEP_KERNEL, MN_RULE_THREADS, 0, memories, &a);
+    if (ns_work) mn_cuda_free(ns_work, ns_bytes);
     mn_cuda_free(work, work_bytes);
     if (s != MN_OK) return s;
     st->steps_done += nsteps;

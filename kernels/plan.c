@@ -117,12 +117,24 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
     if (d->dv > big) big = d->dv;
     if (r->layers > 1 && d->dh > big) big = d->dh;
 
+    /* What only the general path runs in this version: the fast paths never see it. */
+    char only_general[160] = "";
+    if (r->precondition != MN_PRECOND_NONE)
+        snprintf(only_general, sizeof only_general, "precondition %s: the general path runs it",
+                 mn_part_name(&mn_precond_set, r->precondition));
+    if (only_general[0]) {
+        fused = 0;
+        snprintf(nofuse, sizeof nofuse, "%s", only_general);
+    }
+
     const char *force = getenv("MNEMO_CUDA_PATH");
     if (force && *force && strcmp(force, "auto") != 0) {
         out->forced = true;
         if (strcmp(force, "general") == 0) {
             out->path = MN_PATH_GENERAL;
             snprintf(out->why, sizeof out->why, "MNEMO_CUDA_PATH=general");
+        } else if (only_general[0] && (strcmp(force, "fused") == 0 || strcmp(force, "large") == 0)) {
+            return mn_fail(MN_ERR_UNSUPPORTED, "MNEMO_CUDA_PATH=%s: %s, not the %s path", force, only_general, force);
         } else if (strcmp(force, "fused") == 0) {
             if (!fused) return mn_fail(MN_ERR_UNSUPPORTED, "MNEMO_CUDA_PATH=fused: %s", nofuse);
             out->path = MN_PATH_FUSED;
@@ -139,7 +151,7 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
                  "%d layer%s, dk=%lld, dv=%lld%s: the weights stay in shared memory (%ld KB with %d-row chunks)",
                  r->layers, r->layers == 1 ? "" : "s", (long long)d->dk, (long long)d->dv,
                  r->layers > 1 ? ", hidden within 4 d" : "", smem / 1024, rows);
-    } else if (big >= 256) {
+    } else if (big >= 256 && !only_general[0]) {
         out->path = MN_PATH_LARGE;
         snprintf(out->why, sizeof out->why, "a dimension of %ld >= 256 (%s): cuBLAS products, steps from a CUDA graph",
                  big, nofuse);

@@ -43,6 +43,8 @@ typedef struct mn_rule_kargs {
     float *loss, *grad_norm, *clip_scale, *skipped, *step_loss, *weight_norm;
     float *work;                           /* workspace, work_floats per block */
     long long work_floats;
+    double *ns_work;                       /* newton_schulz: ns_doubles per block, else NULL */
+    long long ns_doubles;
     long long n, nsteps, steps_done;
 } mn_rule_kargs;
 
@@ -60,6 +62,21 @@ typedef struct mn_rule_layout {
 #ifndef __CUDACC_RTC__
 #include "../model/param_layout.h"
 #endif
+
+/* newton_schulz's doubles per block: two iterates of the largest matrix and
+ * two square products of its smaller side (model/precond.c's X, A, B). */
+MN_SHARED_FN long long mn_rule_ns_doubles(int layers, int bias, long long dk, long long dv, long long dh)
+{
+    long long most = 0;
+    for (int p = 0; p < mn_param_count(layers, bias); p++) {
+        if (mn_param_is_bias(bias, p)) continue;
+        int layer = mn_param_layer(bias, p);
+        long long rows = mn_layer_out(layer, layers, dv, dh), cols = mn_layer_in(layer, dk, dh);
+        long long small = rows < cols ? rows : cols, need = 2 * rows * cols + 2 * small * small;
+        if (need > most) most = need;
+    }
+    return most;
+}
 
 MN_SHARED_FN long long mn_rule_chunk_rows(long long step)
 {
@@ -239,6 +256,66 @@ __device__ void mn_backward(float *const *P, const float *x, int rows, const mn_
     __syncthreads();
 }
 
+#if MN_PRECOND
+/* SPEC.md section 2's newton_schulz on one matrix's clipped gradient g
+ * [rows x cols], in place, as model/precond.c computes it (double): X_0 =
+ * Gt / (|Gt| + 1e-7), transposed to wide; MN_NS_STEPS times X <- a X +
+ * (b A + c A^2) X with A = X X^T; then Gt = X |Gt| / |X|; a zero Gt stays 0.
+ * ns: the block's 2 m n + 2 m^2 doubles. The block's threads share the
+ * products; ends with a barrier. */
+__device__ void mn_newton_schulz(float *g, int rows, int cols, double *ns)
+{
+    const bool wide = rows <= cols;
+    const int m = wide ? rows : cols, n = wide ? cols : rows, tid = threadIdx.x;
+    double *X = ns, *Xn = ns + (long long)m * n, *A = Xn + (long long)m * n, *Bm = A + (long long)m * m;
+    double acc = 0.0;
+    for (int e = tid; e < m * n; e += MN_RULE_THREADS) {
+        const int a = e / n, b = e % n;
+        const double x = wide ? g[e] : g[(long long)b * cols + a];
+        X[e] = x;
+        acc += x * x;
+    }
+    const double nu = sqrt(mn_block_sum(acc));
+    if (!(nu > 0.0)) return; /* every thread sees the same nu */
+    for (int e = tid; e < m * n; e += MN_RULE_THREADS) X[e] /= nu + 1e-7;
+    __syncthreads();
+    for (int it = 0; it < MN_NS_STEPS; it++) {
+        for (int e = tid; e < m * m; e += MN_RULE_THREADS) {
+            const double *xi = X + (long long)(e / m) * n, *xj = X + (long long)(e % m) * n;
+            double s = 0.0;
+            for (int l = 0; l < n; l++) s += xi[l] * xj[l];
+            A[e] = s;
+        }
+        __syncthreads();
+        for (int e = tid; e < m * m; e += MN_RULE_THREADS) {
+            const int i = e / m, j = e % m;
+            double s = 0.0;
+            for (int l = 0; l < m; l++) s += A[i * m + l] * A[l * m + j];
+            Bm[e] = -4.7750 * A[e] + 2.0315 * s;
+        }
+        __syncthreads();
+        for (int e = tid; e < m * n; e += MN_RULE_THREADS) {
+            const int i = e / n, j = e % n;
+            double s = 0.0;
+            for (int l = 0; l < m; l++) s += Bm[i * m + l] * X[(long long)l * n + j];
+            Xn[e] = 3.4445 * X[e] + s;
+        }
+        __syncthreads();
+        double *t = X;
+        X = Xn;
+        Xn = t;
+    }
+    acc = 0.0;
+    for (int e = tid; e < m * n; e += MN_RULE_THREADS) acc += X[e] * X[e];
+    const double rho = sqrt(mn_block_sum(acc)), scale = rho > 0.0 ? nu / rho : 0.0;
+    for (int e = tid; e < m * n; e += MN_RULE_THREADS) {
+        const int a = e / n, b = e % n;
+        g[wide ? e : (long long)b * cols + a] = (float)(X[e] * scale);
+    }
+    __syncthreads();
+}
+#endif
+
 /* Pointers to memory m's slice of each parameter tensor. */
 __device__ __forceinline__ void mn_memory_params(float *const *base, long long m, float **out)
 {
@@ -340,6 +417,27 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kerne
             double scale[MN_NPARAMS];
             ctl.clip_scale = mn_clip_scales<MN_NPARAMS>(sumsq, ctl.gnorm, scale);
             const float e_s = eta[sl], keep = 1.0f - alpha[sl];
+#if MN_PRECOND
+            /* SPEC.md section 2's order: the clip, each matrix's Newton-Schulz, then momentum and decay */
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++) {
+                const float fs = (float)scale[p];
+                for (long long e = tid; e < MN_NUMEL(p); e += MN_RULE_THREADS) ws.g[p][e] = mn_clip_elem(ws.g[p][e], fs);
+            }
+            __syncthreads();
+            double *ns = a.ns_work + m * a.ns_doubles;
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++)
+                if (!mn_param_is_bias(MN_BIAS, p))
+                    mn_newton_schulz(ws.g[p], MN_OUT(mn_param_layer(MN_BIAS, p)), MN_IN(mn_param_layer(MN_BIAS, p)), ns);
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++)
+                for (long long e = tid; e < MN_NUMEL(p); e += MN_RULE_THREADS) {
+                    const float w = mn_momentum_elem(ws.g[p][e], e_s, keep, &Sm[p][e], W[p][e]);
+                    W[p][e] = w;
+                    wsq += (double)w * w;
+                }
+#else
 #pragma unroll
             for (int p = 0; p < MN_NPARAMS; p++) {
                 const float fs = (float)scale[p];
@@ -349,6 +447,7 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kerne
                     wsq += (double)w * w;
                 }
             }
+#endif
         } else {
 #pragma unroll
             for (int p = 0; p < MN_NPARAMS; p++)

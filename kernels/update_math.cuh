@@ -62,10 +62,9 @@ __device__ __forceinline__ void mn_step_outputs(float *step_loss, float *grad_no
     clip_scale[o] = (float)c.clip_scale;
 }
 
-/* One element of a parameter: its gradient g clipped (times its tensor's
- * scale fs, or through the elementwise hook), then S = eta_s S - g into *s,
- * and the new W = (1 - alpha_s) W + S returned (keep = 1 - alpha_s). */
-__device__ __forceinline__ float mn_update_elem(float g, float fs, float e_s, float keep, float *s, float w)
+/* One element's gradient g clipped: times its tensor's scale fs, or
+ * through the elementwise hook. */
+__device__ __forceinline__ float mn_clip_elem(float g, float fs)
 {
 #if MN_CLIP_MODE == 1
     g *= fs;
@@ -73,8 +72,21 @@ __device__ __forceinline__ float mn_update_elem(float g, float fs, float e_s, fl
     g = mn_hook_clip_elem(g);
 #endif
     (void)fs;
+    return g;
+}
+
+/* S = eta_s S - g into *s, and the new W = (1 - alpha_s) W + S returned
+ * (keep = 1 - alpha_s), for an already clipped (and preconditioned) g. */
+__device__ __forceinline__ float mn_momentum_elem(float g, float e_s, float keep, float *s, float w)
+{
     *s = e_s * *s - g;
     return keep * w + *s;
+}
+
+/* One element of a parameter: clip, then momentum and decay. */
+__device__ __forceinline__ float mn_update_elem(float g, float fs, float e_s, float keep, float *s, float w)
+{
+    return mn_momentum_elem(mn_clip_elem(g, fs), e_s, keep, s, w);
 }
 
 #endif /* __CUDACC_RTC__ */

@@ -48,9 +48,9 @@ Environment (all optional):
                               its files; 0: the same files without them.
                               Default: 1 on the cpu; on cuda the options
                               the CUDA engine runs (CUDA_V2 below)
-The CUDA engine of this version runs qk_norm and refuses the other v2
-options with a one-line error (the cpu engine runs them all), so on cuda
-the files are by default those with qk_norm only: every configuration then
+The CUDA engine of this version runs qk_norm and precondition and refuses
+the other v2 options with a one-line error (the cpu engine runs them all),
+so on cuda the files are by default those with only these two: every configuration then
 runs on the GPU, and the other options are held to the reference by the cpu
 run (CI). With MNEMO_CONFORMANCE_V2=1 on cuda, a configuration with one of
 them runs with --device cpu in fp32 and its PASS line says so (cuda_pinned
@@ -320,9 +320,9 @@ def regressions():
 # Rule options the CUDA engine does not run yet (MN_PART_CPU_ONLY rows of
 # model/rule.def; mnemo refuses them there, naming the option): attr -> its
 # default.
-CPU_ONLY_ATTRS = {"out_norm": "none", "precondition": "none"}
+CPU_ONLY_ATTRS = {"out_norm": "none"}
 # The v2 options the CUDA engine runs (gen_experiments.V2_OPTIONS).
-CUDA_V2 = ("qk_norm",)
+CUDA_V2 = ("qk_norm", "precondition")
 
 
 def v2_options(device):

@@ -235,8 +235,39 @@ static void test_disk_cache(void)
     unsetenv("MNEMO_CACHE");
 }
 
+/* precondition = newton_schulz: the general path's source carries the
+ * iteration and compiles; the plan sends it to the general path (a tall and a
+ * wide matrix, a layer of 256 that would take the large path otherwise) and
+ * refuses a forced fast path by name. */
+static void test_newton_schulz(void)
+{
+    mn_rule r;
+    mn_rule_init(&r);
+    r.layers = 2;
+    r.bias = true;
+    r.precondition = MN_PRECOND_NEWTON_SCHULZ;
+    r.ns_steps = 3;
+    r.step = 4;
+    mn_dims d = {2, 3, 10, 16, 8, 256, 0};
+    char *src = mn_cuda_rule_source(&r, &d, MN_PREC_TF32);
+    CHECK("codegen/newton_schulz/source", src && strstr(src, "#define MN_PRECOND 1") &&
+                                              strstr(src, "#define MN_NS_STEPS 3") && strstr(src, "mn_newton_schulz"));
+    if (src) compile_line("codegen/nvrtc_sm90/newton_schulz", src);
+    free(src);
+    mn_cuda_plan pl;
+    unsetenv("MNEMO_CUDA_PATH");
+    bool planned = mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK;
+    CHECK("codegen/newton_schulz/plan_general", planned && pl.path == MN_PATH_GENERAL && strstr(pl.why, "newton_schulz"));
+    setenv("MNEMO_CUDA_PATH", "large", 1);
+    CHECK("codegen/newton_schulz/forced_large_refused", mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) != MN_OK &&
+                                                            strstr(mn_last_error(), "newton_schulz"));
+    unsetenv("MNEMO_CUDA_PATH");
+    mn_rule_free(&r);
+}
+
 int main(void)
 {
+    test_newton_schulz();
     test_cache_key();
     test_broken_source();
     test_source_contents();
