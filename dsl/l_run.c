@@ -102,7 +102,7 @@ static void push_gate_env(lua_State *L, int k_idx, int v_idx, int q_idx, const m
  * HDF5 path (its /init, or /final of a result). Tensors are pushed and kept
  * on the stack; params[] point into them (empty where absent). */
 static void resolve_init(lua_State *L, int opts, const mn_rule *r, const mn_dims *d, mn_tensor *params,
-                         mn_tensor *momenta, mn_tensor *outer)
+                         mn_tensor *momenta, mn_tensor *outer, mn_device dev)
 {
     int np = mn_rule_param_count(r);
     lua_getfield(L, opts, "init");
@@ -128,7 +128,8 @@ static void resolve_init(lua_State *L, int opts, const mn_rule *r, const mn_dims
             bool shared = lua_toboolean(L, -1);
             lua_pop(L, 2);
             mn_tensor tmp[MN_MAX_PARAMS] = {0};
-            if (mn_init_params(r, d, scheme, (uint64_t)seed, shared, tmp) != MN_OK) l_raise(L);
+            /* drawn on the run's device: nothing to upload (engine.h) */
+            if (mn_init_params(r, d, scheme, (uint64_t)seed, shared, tmp, dev) != MN_OK) l_raise(L);
             lua_createtable(L, 0, np);
             for (int i = 0; i < np; i++) {
                 char name[16];
@@ -330,7 +331,7 @@ static void segment_inputs(lua_State *L, int rule_idx, int opts, const mn_dims *
 /* What rule:run and rule:experiment share: the inputs of the call table at
  * index 2 (k, v, q, gates) and the initial state, with the guard that owns
  * the C side. Leaves its tensors on the stack. */
-static run_guard *prepare_call(lua_State *L, const l_rule *lr, mn_dims *d, mn_segment_inputs *in)
+static run_guard *prepare_call(lua_State *L, const l_rule *lr, mn_dims *d, mn_segment_inputs *in, mn_device dev)
 {
     luaL_checktype(L, 2, LUA_TTABLE);
     check_options(L, 2, "run", run_options);
@@ -344,7 +345,7 @@ static run_guard *prepare_call(lua_State *L, const l_rule *lr, mn_dims *d, mn_se
         w1 = l_test_tensor(L, -1);
     }
     dims_from(L, &lr->rule, k, v, w1, d);
-    resolve_init(L, 2, &lr->rule, d, g->params, g->momenta, g->outer);
+    resolve_init(L, 2, &lr->rule, d, g->params, g->momenta, g->outer, dev);
     segment_inputs(L, 1, 2, d, lr->rule.step, in);
     return g;
 }
@@ -354,8 +355,10 @@ int l_rule_run(lua_State *L)
     l_rule *lr = check_rule(L, 1);
     mn_dims d;
     mn_segment_inputs in;
-    run_guard *g = prepare_call(L, lr, &d, &in);
     mn_device dev = resolve_device(L, 2);
+    /* a rule the device does not run is refused before its weights are drawn there */
+    if (mn_rule_device_check(&lr->rule, dev) != MN_OK) l_raise(L);
+    run_guard *g = prepare_call(L, lr, &d, &in, dev);
     mn_precision prec = resolve_precision(L, 2);
     if (mn_memory_create(&g->state, &lr->rule, &d, g->params, g->momenta, dev) != MN_OK ||
         mn_memory_set_outer(&g->state, g->outer) != MN_OK)
@@ -378,7 +381,7 @@ int l_rule_experiment(lua_State *L)
     l_rule *lr = check_rule(L, 1);
     mn_dims d;
     mn_segment_inputs in;
-    run_guard *g = prepare_call(L, lr, &d, &in);
+    run_guard *g = prepare_call(L, lr, &d, &in, MN_CPU); /* an experiment is written from the CPU */
     lua_createtable(L, 0, 5);
     lua_pushinteger(L, 1);
     lua_setfield(L, -2, "mnemo_schema");
@@ -451,7 +454,8 @@ int l_rule_memory(lua_State *L)
     if (d.B < 1 || d.H < 1 || d.dk < 1 || d.dv < 1) luaL_error(L, "memory: B, H, dk and dv must be >= 1 (dk is required)");
     if (lr->rule.layers >= 2 && d.dh < 1) luaL_error(L, "memory: the rule has %d layers but no hidden size", lr->rule.layers);
     mn_device dev = resolve_device(L, 2);
-    resolve_init(L, 2, &lr->rule, &d, g->params, g->momenta, g->outer);
+    if (mn_rule_device_check(&lr->rule, dev) != MN_OK) l_raise(L);
+    resolve_init(L, 2, &lr->rule, &d, g->params, g->momenta, g->outer, dev);
     l_memory *m = lua_newuserdatauv(L, sizeof *m, 1);
     memset(m, 0, sizeof *m);
     luaL_setmetatable(L, MEMORY_MT);

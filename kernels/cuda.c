@@ -379,6 +379,7 @@ static const mn_backend cuda_backend = {
     .copy = mn_cuda_copy,
     .fill = mn_cuda_fill,
     .rownorm = mn_cuda_rownorm,
+    .init_fill = mn_cuda_init_fill,
 };
 
 bool mn_cuda_register(void)

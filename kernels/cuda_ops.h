@@ -20,6 +20,8 @@ mn_status mn_cuda_reduce_all(mn_op op, const mn_tensor *a, double *result);
 /* dst (any strides, cuda) = src (same shape, any strides, cuda), converting dtype. */
 mn_status mn_cuda_copy(mn_tensor *dst, const mn_tensor *src);
 mn_status mn_cuda_fill(mn_tensor *dst, double value);
+/* Initial weights drawn on the device (model/random_counter.h; ops.h's init_fill). */
+mn_status mn_cuda_init_fill(mn_tensor *dst, int kind, double scale, uint64_t seed, uint64_t stream, int64_t period);
 /* The row normalisation of model/rownorm.h (qk_norm's keys): one warp a row. */
 mn_status mn_cuda_rownorm(mn_tensor *out, const mn_tensor *x, bool center, bool sum, double eps);
 /* Batched [batch,m,k] x [batch,k,n] -> out [batch,m,n] contiguous (blas.c). */

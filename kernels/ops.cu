@@ -10,6 +10,7 @@
  * walks a geometry whose dims were fused where every operand allows, so a
  * contiguous tensor is one dim and needs no division per element. */
 #include "../model/op_math.h"
+#include "../model/random_counter.h"
 #include "cuda_check.h"
 #include "cuda_ops.h"
 
@@ -451,6 +452,30 @@ extern "C" mn_status mn_cuda_rownorm(mn_tensor *out, const mn_tensor *x, bool ce
     const unsigned nb = (unsigned)((rows + per_block - 1) / per_block);
     k_rownorm<<<nb, THREADS, 0, MN_STREAM>>>((float *)mn_tensor_data(out), (const float *)mn_tensor_data(x), rows, n,
                                              center, sum, eps);
+    MN_CUDA_CHECK_LAUNCH();
+    return MN_OK;
+}
+
+/* ---- initial weights (model/random_counter.h): each element its own draw ---- */
+
+__global__ void k_init_fill(float *d, int64_t n, int kind, double scale, uint64_t seed, uint64_t stream,
+                            int64_t period)
+{
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x)
+        d[e] = mn_rc_init_value(kind, scale, seed, stream, (uint64_t)(period > 0 ? e % period : e));
+}
+
+extern "C" mn_status mn_cuda_init_fill(mn_tensor *dst, int kind, double scale, uint64_t seed, uint64_t stream,
+                                       int64_t period)
+{
+    const mn_tensor *t[1] = {dst};
+    MN_TRY(check_cuda("init_fill", 1, t, false));
+    if (dst->dtype != MN_F32 || !mn_tensor_is_contiguous(dst))
+        return mn_fail(MN_ERR_ARG, "cuda init_fill: needs a contiguous f32 tensor");
+    int64_t n = mn_tensor_numel(dst);
+    if (n == 0) return MN_OK;
+    k_init_fill<<<blocks_for(n), THREADS, 0, MN_STREAM>>>((float *)mn_tensor_data(dst), n, kind, scale, seed, stream,
+                                                         period);
     MN_CUDA_CHECK_LAUNCH();
     return MN_OK;
 }

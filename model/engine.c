@@ -4,6 +4,7 @@
 #include "engine.h"
 #include "ops.h"
 #include "random.h"
+#include "random_counter.h"
 #include "rownorm.h"
 
 #include <math.h>
@@ -389,42 +390,53 @@ mn_status mn_memory_read(const mn_memory_state *st, const mn_tensor *q, mn_tenso
 }
 
 mn_status mn_init_params(const mn_rule *rule, const mn_dims *dims, const char *scheme, uint64_t seed,
-                         bool shared_across_memories, mn_tensor *params)
+                         bool shared_across_memories, mn_tensor *params, mn_device dev)
 {
     enum { NORMAL, XAVIER, ZEROS } kind;
     if (strcmp(scheme, "normal") == 0) kind = NORMAL;
     else if (strcmp(scheme, "xavier") == 0) kind = XAVIER;
     else if (strcmp(scheme, "zeros") == 0) kind = ZEROS;
     else return mn_fail(MN_ERR_ARG, "unknown init '%s' (one of: normal, xavier, zeros)", scheme);
-    mn_rng rng;
-    mn_rng_seed(&rng, seed);
+    const mn_backend *be = dev == MN_CPU ? NULL : mn_backend_for(dev);
+    if (dev != MN_CPU && !be) return MN_ERR_UNSUPPORTED; /* mn_backend_for said why */
     int np = mn_rule_param_count(rule);
-    for (int i = 0; i < np; i++) {
+    mn_status s = MN_OK;
+    for (int i = 0; i < np && s == MN_OK; i++) {
         int64_t pshape[2], full[4] = {dims->B, dims->H};
         int pdim = mn_rule_param_shape(rule, dims, i, pshape);
         memcpy(full + 2, pshape, sizeof pshape);
         int layer;
         bool is_bias;
         mn_rule_param_role(rule, i, &layer, &is_bias);
-        mn_status s = mn_tensor_zeros(&params[i], MN_F32, pdim + 2, full, MN_CPU);
-        if (s != MN_OK) {
-            for (int j = 0; j < i; j++) mn_tensor_release(&params[j]);
-            return s;
-        }
-        if (is_bias || kind == ZEROS) continue;
+        bool zero = is_bias || kind == ZEROS;
         int64_t per = pdim == 2 ? pshape[0] * pshape[1] : pshape[0];
-        int64_t memories = dims->B * dims->H;
-        float *data = mn_tensor_data(&params[i]);
-        double bound = sqrt(6.0 / (double)(pshape[0] + pshape[1]));
-        for (int64_t m = 0; m < memories; m++) {
-            if (shared_across_memories && m > 0) {
-                memcpy(data + m * per, data, sizeof(float) * per);
-                continue;
+        int rk = kind == NORMAL ? MN_RC_NORMAL : MN_RC_UNIFORM;
+        double scale = kind == NORMAL ? 0.02 : sqrt(6.0 / (double)(pshape[0] + pshape[1]));
+        int64_t period = shared_across_memories ? per : 0;
+        if (zero) {
+            s = mn_tensor_zeros(&params[i], MN_F32, pdim + 2, full, dev);
+        } else if (!be || !be->init_fill) {
+            s = mn_tensor_zeros(&params[i], MN_F32, pdim + 2, full, MN_CPU);
+            if (s == MN_OK) {
+                float *data = mn_tensor_data(&params[i]);
+                int64_t n = mn_tensor_numel(&params[i]);
+#pragma omp parallel for schedule(static) if (n > 65536)
+                for (int64_t e = 0; e < n; e++)
+                    data[e] = mn_rc_init_value(rk, scale, seed, (uint64_t)i, (uint64_t)(period > 0 ? e % period : e));
             }
-            for (int64_t e = 0; e < per; e++)
-                data[m * per + e] = (float)(kind == NORMAL ? 0.02 * mn_rng_normal(&rng)
-                                                           : bound * (2 * mn_rng_uniform(&rng) - 1));
+            if (s == MN_OK && dev != MN_CPU) {
+                mn_tensor host = params[i];
+                memset(&params[i], 0, sizeof params[i]);
+                s = mn_tensor_to_device(&params[i], &host, dev);
+                mn_tensor_release(&host);
+            }
+        } else {
+            s = mn_tensor_empty(&params[i], MN_F32, pdim + 2, full, dev);
+            if (s == MN_OK) s = be->init_fill(&params[i], rk, scale, seed, (uint64_t)i, period);
+            if (s != MN_OK) mn_tensor_release(&params[i]);
         }
     }
-    return MN_OK;
+    if (s != MN_OK)
+        for (int j = 0; j < np; j++) mn_tensor_release(&params[j]);
+    return s;
 }

@@ -113,9 +113,12 @@ mn_status mn_memory_read(const mn_memory_state *st, const mn_tensor *q, mn_tenso
 
 /* Deterministic initialisers for parameters (one memory's shape broadcast
  * to all memories, or distinct per memory): "normal" (std 0.02), "xavier"
- * (uniform, Glorot), "zeros"; biases start at zero. Output tensors [B,H,...]. */
+ * (uniform, Glorot), "zeros"; biases start at zero. Output tensors [B,H,...]
+ * on dev, drawn there (model/random_counter.h: parameter i is stream i,
+ * element e of memory m index m * numel + e, or e when shared), so the CPU
+ * and a GPU give the same weights for a seed and nothing is uploaded. */
 mn_status mn_init_params(const mn_rule *rule, const mn_dims *dims, const char *scheme,
-                         uint64_t seed, bool shared_across_memories, mn_tensor *params);
+                         uint64_t seed, bool shared_across_memories, mn_tensor *params, mn_device dev);
 
 /* Progress of a long segment: engines call the installed function from one
  * thread, at most once per step of the first memory they run, with the

@@ -73,6 +73,10 @@ typedef struct mn_backend {
      * of x, both f32 and contiguous, of one shape (qk_norm's keys on a
      * device; the CPU runs rownorm.c's loops, so the CPU backend has none). */
     mn_status (*rownorm)(mn_tensor *out, const mn_tensor *x, bool center, bool sum, double eps);
+    /* Initial weights where they live (model/random_counter.h): dst, f32 and
+     * contiguous, gets element e = mn_rc_init_value(kind, scale, seed,
+     * stream, period > 0 ? e % period : e). NULL: drawn on the CPU. */
+    mn_status (*init_fill)(mn_tensor *dst, int kind, double scale, uint64_t seed, uint64_t stream, int64_t period);
 } mn_backend;
 
 void mn_register_backend(mn_device dev, const mn_backend *b);

@@ -71,7 +71,7 @@ static void case_make(run_case *c, int layers, int64_t T, int step, uint64_t see
     c->theta = scalar(0.1);
     c->eta = scalar(0.5);
     c->alpha = scalar(0.05);
-    mn_init_params(&c->rule, &c->dims, "normal", seed + 1, false, c->init);
+    mn_init_params(&c->rule, &c->dims, "normal", seed + 1, false, c->init, MN_CPU);
     /* larger weights so the MLP is not nearly linear */
     for (int i = 0; i < mn_rule_param_count(&c->rule); i++) {
         mn_tensor scaled = {0};
@@ -125,7 +125,8 @@ static void test_closed_form(void)
                 double y = 0;
                 for (int j = 0; j < 4; j++) y += W[i * 4 + j] * k[t * d + j];
                 double got = ((const float *)mn_tensor_data(&out.y))[(m * T + t) * d + i];
-                worst_y = fmax(worst_y, fabs(got - y) / fmax(1e-3, fabs(y)));
+                /* y is O(1): an entry near 0 is held to an absolute 1e-7, not to a relative 1e-5 of itself */
+                worst_y = fmax(worst_y, fabs(got - y) / fmax(1e-2, fabs(y)));
             }
         }
         const float *wf = (const float *)mn_tensor_data(&st.params[0]) + m * 16;

@@ -2,7 +2,9 @@
  * (reference values from an independent implementation), reseeding, and the
  * moments of uniform and normal draws. */
 #include "check.h"
+#include "engine.h"
 #include "random.h"
+#include "random_counter.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -177,8 +179,75 @@ static void test_tensors(void)
     mn_tensor_release(&t);
 }
 
+/* The counter-based generator of initial weights (random_counter.h). The
+ * reference values come from this independent Python:
+ *   M = (1 << 64) - 1
+ *   def mix(z):
+ *       z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & M
+ *       z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & M
+ *       return z ^ (z >> 31)
+ *   def u64(seed, stream, i):
+ *       k = mix((seed + 0x9e3779b97f4a7c15) & M)
+ *       k = mix(k ^ ((stream * 0xd1b54a32d192ed03 + 0x632be59bd9b4e019) & M))
+ *       return mix(k ^ ((i * 0x9e3779b97f4a7c15 + 0x8cb92ba72f3d8dd7) & M)) */
+static void test_counter(void)
+{
+    CHECK("counter/fixed_42_0_0", mn_rc_u64(42, 0, 0) == 0x951b29f9437dc58bull);
+    CHECK("counter/fixed_42_3_1000", mn_rc_u64(42, 3, 1000) == 0x61592c8393da7a0eull);
+    CHECK("counter/fixed_0_1_7", mn_rc_u64(0, 1, 7) == 0xef7482287cf36ed0ull);
+    CHECK("counter/fixed_big_seed", mn_rc_u64(9223372036854775813ull, 2, 123456789) == 0x4c6c84b95cf94dc6ull);
+    /* moments of 200000 draws, and two streams of one seed uncorrelated */
+    const int n = 200000;
+    double su = 0, suu = 0, sn = 0, snn = 0, cross = 0;
+    for (int i = 0; i < n; i++) {
+        double u = mn_rc_uniform(7, 0, (uint64_t)i), z = mn_rc_normal(7, 0, (uint64_t)i), w = mn_rc_normal(7, 1, (uint64_t)i);
+        su += u;
+        suu += u * u;
+        sn += z;
+        snn += z * z;
+        cross += z * w;
+    }
+    CHECK_NEAR("counter/uniform_mean", su / n, 0.5, 0.005);
+    CHECK_NEAR("counter/uniform_var", suu / n - (su / n) * (su / n), 1.0 / 12, 0.002);
+    CHECK_NEAR("counter/normal_mean", sn / n, 0.0, 0.01);
+    CHECK_NEAR("counter/normal_var", snn / n, 1.0, 0.02);
+    CHECK_NEAR("counter/streams_uncorrelated", cross / n, 0.0, 0.01);
+    /* mn_init_params: xavier within its bound, memories distinct, shared = memory 0 everywhere, biases 0 */
+    mn_rule r;
+    mn_rule_init(&r);
+    r.layers = 2;
+    r.bias = true;
+    mn_dims d = {.B = 2, .H = 3, .T = 1, .dk = 5, .dv = 4, .dh = 7, .S = 1};
+    mn_tensor own[MN_MAX_PARAMS] = {{0}}, shared[MN_MAX_PARAMS] = {{0}};
+    bool made = mn_init_params(&r, &d, "xavier", 11, false, own, MN_CPU) == MN_OK &&
+                mn_init_params(&r, &d, "xavier", 11, true, shared, MN_CPU) == MN_OK;
+    CHECK("counter/init_made", made);
+    if (made) {
+        const float *w = mn_tensor_data(&own[0]), *ws = mn_tensor_data(&shared[0]), *b = mn_tensor_data(&own[1]);
+        double bound = sqrt(6.0 / (7 + 5)), worst = 0;
+        bool distinct = false, same = true;
+        for (int e = 0; e < 6 * 35; e++) worst = fmax(worst, fabs(w[e]));
+        for (int e = 0; e < 35; e++) {
+            distinct = distinct || w[e] != w[35 + e];
+            same = same && ws[e] == ws[5 * 35 + e] && ws[e] == w[e];
+        }
+        CHECK("counter/init_xavier_bound", worst <= bound && worst > 0.5 * bound);
+        CHECK("counter/init_memories_distinct", distinct);
+        CHECK("counter/init_shared_is_memory0", same);
+        CHECK("counter/init_value_is_the_counter_draw",
+              w[35 + 3] == mn_rc_init_value(MN_RC_UNIFORM, bound, 11, 0, 35 + 3));
+        CHECK("counter/init_bias_zero", b[0] == 0.0f && b[6 * 7 - 1] == 0.0f);
+    }
+    for (int p = 0; p < MN_MAX_PARAMS; p++) {
+        mn_tensor_release(&own[p]);
+        mn_tensor_release(&shared[p]);
+    }
+    mn_rule_free(&r);
+}
+
 int main(void)
 {
+    test_counter();
     test_fixed_values();
     test_reseed();
     test_moments();
