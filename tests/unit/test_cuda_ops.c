@@ -10,6 +10,7 @@
  * reported SKIP, and the machine's CPU path and the clear "cuda: <reason>"
  * error are checked instead. */
 #include "check.h"
+#include "engine.h"
 #include "ops.h"
 #include "random.h"
 #include "rownorm.h"
@@ -642,6 +643,43 @@ static void test_rownorm(void)
         }
 }
 
+/* Initial weights drawn on the device equal the CPU's draws for the same
+ * seed (model/random_counter.h): xavier to the bit (integer hashing and one
+ * multiply), normal to float rounding (the device's log and cos). */
+static void test_init_on_device(void)
+{
+    mn_rule r;
+    mn_rule_init(&r);
+    r.layers = 2;
+    r.bias = true;
+    mn_dims d = {.B = 3, .H = 5, .T = 1, .dk = 16, .dv = 8, .dh = 33, .S = 1};
+    static const char *const schemes[] = {"xavier", "normal"};
+    for (int k = 0; k < 2; k++)
+        for (int shared = 0; shared < 2; shared++) {
+            mn_tensor cpu[MN_MAX_PARAMS] = {{0}}, gpu[MN_MAX_PARAMS] = {{0}};
+            char name[96];
+            snprintf(name, sizeof name, "cuda_ops/init/%s%s", schemes[k], shared ? "/shared" : "");
+            bool made = mn_init_params(&r, &d, schemes[k], 77, shared, cpu, MN_CPU) == MN_OK &&
+                        mn_init_params(&r, &d, schemes[k], 77, shared, gpu, MN_CUDA) == MN_OK;
+            if (!made) {
+                printf("FAIL %s: %s\n", name, mn_last_error());
+                check_failures_++;
+            } else {
+                for (int p = 0; p < mn_rule_param_count(&r); p++) {
+                    char pname[128];
+                    snprintf(pname, sizeof pname, "%s/param%d", name, p);
+                    CHECK(pname, gpu[p].storage && gpu[p].storage->device == MN_CUDA);
+                    check_same(pname, &gpu[p], &cpu[p], k == 0 ? 0.0 : 1e-7);
+                }
+            }
+            for (int p = 0; p < MN_MAX_PARAMS; p++) {
+                mn_tensor_release(&cpu[p]);
+                mn_tensor_release(&gpu[p]);
+            }
+        }
+    mn_rule_free(&r);
+}
+
 int main(void)
 {
     test_coverage();
@@ -651,7 +689,7 @@ int main(void)
         char why[512];
         snprintf(why, sizeof why, "no usable CUDA device: %s", mn_cuda_unavailable_reason());
         static const char *const groups[] = {"elementwise", "where", "reduce_all", "reduce_dim", "argreduce",
-                                             "matmul", "copy", "alloc", "oom", "pending", "rownorm"};
+                                             "matmul", "copy", "alloc", "oom", "pending", "rownorm", "init"};
         for (int i = 0; i < COUNT(groups); i++) {
             char name[64];
             snprintf(name, sizeof name, "cuda_ops/%s", groups[i]);
@@ -669,6 +707,7 @@ int main(void)
     test_copies();
     test_allocator();
     test_rownorm();
+    test_init_on_device();
     test_pending_fault(); /* last: the fault it provokes leaves the context unusable */
     return CHECK_DONE();
 }
