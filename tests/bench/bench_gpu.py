@@ -16,6 +16,11 @@ global norm clip 1.0, momentum eta 0.9, decay alpha 0.001, theta 0.02):
           before use, inside the timed region on both sides (mnemo
           normalises them on the device before its kernels; the baselines
           as their first op). Issue 13's target: within 25% of P1.
+  The shapes researchers use (issue 14; r = c in each):
+  H1      B=8, H=8, T=4096, MLP 128-256-128, c=64 (head size 128)
+  H2      B=8, H=8, T=2048, MLP 128-512-128, c=64 (hidden 4x)
+  L1      B=1, H=8, T=16384, MLP 256-512-256, c=1024 (LaCT-style large steps)
+  M1      B=32, H=16, T=1024, MLP 64-128-64, c=8 (many small memories, short steps)
 Inputs: keys with RMS 1 per feature (norm sqrt(dk)), so the gelu works in
 its curved range; values a fixed random linear map of the keys per memory
 (RMS ~1) plus noise 0.1, so the memory has something to learn; W ~ N(0,
@@ -143,12 +148,21 @@ def make_cases(args):
     p1 = dict(B=4, H=32, T=4096, dk=64, dv=64, dh=256, layers=2, c=64, r=64)
     p2 = dict(B=1, H=1, T=2048, dk=512, dv=512, dh=512, layers=2, c=2048, r=2048)
     p3_T = [1024, 2048, 4096, 8192, 16384]
+    h1 = dict(B=8, H=8, T=4096, dk=128, dv=128, dh=256, layers=2, c=64, r=64)
+    h2 = dict(B=8, H=8, T=2048, dk=128, dv=128, dh=512, layers=2, c=64, r=64)
+    l1 = dict(B=1, H=8, T=16384, dk=256, dv=256, dh=512, layers=2, c=1024, r=1024)
+    m1 = dict(B=32, H=16, T=1024, dk=64, dv=64, dh=128, layers=2, c=8, r=8)
     if args.quick and cpu:      # the math at small sizes, in seconds
         p1.update(B=1, H=2, T=256)
         p2.update(T=512, dk=256, dv=256, dh=256, c=512, r=512)
         p3_T = [128, 256, 512]
+        for cfg in (h1, h2, m1):
+            cfg.update(B=1, H=2, T=256)
+        l1.update(H=1, T=2048, c=512, r=512)
     elif args.quick:            # a smoke run on the GPU
         p1.update(T=1024)
+        for cfg in (h1, h2, l1, m1):
+            cfg.update(T=cfg["T"] // 4)
         p3_T = [256, 512, 1024, 2048]
     if args.p3_T:
         p3_T = [int(x) for x in args.p3_T.split(",")]
@@ -159,6 +173,10 @@ def make_cases(args):
         "P1-qk": [("P1-qk", dict(p1, qk_norm="l2"))],
         "P2": [("P2", dict(p2))],
         "P3": [("P3-T%d" % T, dict(p1, T=T)) for T in p3_T],
+        "H1": [("H1", dict(h1))],
+        "H2": [("H2", dict(h2))],
+        "L1": [("L1", dict(l1))],
+        "M1": [("M1", dict(m1))],
     }
     out = []
     for name in args.cases.split(","):
