@@ -16,6 +16,11 @@ global norm clip 1.0, momentum eta 0.9, decay alpha 0.001, theta 0.02):
           before use, inside the timed region on both sides (mnemo
           normalises them on the device before its kernels; the baselines
           as their first op). Issue 13's target: within 25% of P1.
+  P1-glu  P1 with glu (SPEC v2): the hidden layer gated, h = gelu(W1 x + b1) *
+          (U1 x + c1) (the memory has 1.5x P1's weights)
+  P1-ln   P1 with out_norm = layernorm (SPEC v2): the output o = W2 h + b2
+          becomes (o - mean o) / sqrt(var o + 1e-6) (ln_g = 1, ln_b = 0: the
+          defaults); the baselines use F.layer_norm and its hand backward
   The shapes researchers use (issue 14; r = c in each):
   H1      B=8, H=8, T=4096, MLP 128-256-128, c=64 (head size 128)
   H2      B=8, H=8, T=2048, MLP 128-512-128, c=64 (hidden 4x)
@@ -171,6 +176,8 @@ def make_cases(args):
         "P1-lin": [("P1-lin", dict(p1, layers=1, dh=0))],
         "P1-c16": [("P1-c16", dict(p1, c=16))],
         "P1-qk": [("P1-qk", dict(p1, qk_norm="l2"))],
+        "P1-glu": [("P1-glu", dict(p1, glu=True))],
+        "P1-ln": [("P1-ln", dict(p1, out_norm="layernorm"))],
         "P2": [("P2", dict(p2))],
         "P3": [("P3-T%d" % T, dict(p1, T=T)) for T in p3_T],
         "H1": [("H1", dict(h1))],
@@ -191,16 +198,18 @@ def describe(cfg):
     mem = "linear %d->%d" % (cfg["dk"], cfg["dv"]) if cfg["layers"] == 1 else \
         "MLP %d-%d-%d gelu" % (cfg["dk"], cfg["dh"], cfg["dv"])
     S = -(-cfg["T"] // cfg["c"])
+    opts = "".join(" %s=%s" % (key, cfg[key]) for key in ("qk_norm", "out_norm") if cfg.get(key))
+    opts += " glu" if cfg.get("glu") else ""
     return "B=%d H=%d T=%d %s c=%d r=%d%s (%d memories x %d steps)" % (
-        cfg["B"], cfg["H"], cfg["T"], mem, cfg["c"], cfg["r"],
-        " qk_norm=%s" % cfg["qk_norm"] if cfg.get("qk_norm") else "", cfg["B"] * cfg["H"], S)
+        cfg["B"], cfg["H"], cfg["T"], mem, cfg["c"], cfg["r"], opts, cfg["B"] * cfg["H"], S)
 
 
 def layer_dims(cfg):
-    """[(in, out)] per layer."""
+    """[(in, out)] per weight matrix (glu's U1 beside W1, last)."""
     if cfg["layers"] == 1:
         return [(cfg["dk"], cfg["dv"])]
-    return [(cfg["dk"], cfg["dh"]), (cfg["dh"], cfg["dv"])]
+    dims = [(cfg["dk"], cfg["dh"]), (cfg["dh"], cfg["dv"])]
+    return dims + [(cfg["dk"], cfg["dh"])] if cfg.get("glu") else dims
 
 
 def param_numel(cfg):
@@ -224,7 +233,7 @@ def flop_count(cfg):
     128 memories x 64 steps = 86 GFLOP. P2: P = 2*512^2 -> 5.4 GFLOP."""
     dims = layer_dims(cfg)
     P = sum(i * o for i, o in dims)
-    P_dh = P - dims[0][0] * dims[0][1]
+    P_dh = P - sum(i * o for i, o in dims if i == cfg["dk"] and len(dims) > 1)   # no dx for W1, U1
     T, c, r = cfg["T"], cfg["c"], cfg["r"]
     total = 0
     for s in range(-(-T // c)):
@@ -253,7 +262,10 @@ def byte_count(cfg):
 # ---------------------------------------------------------------------------
 
 def param_names(cfg):
-    return ["W1"] if cfg["layers"] == 1 else ["W1", "b1", "W2", "b2"]
+    """In the engine's order (model/param_layout.h): glu's U1, c1 last."""
+    if cfg["layers"] == 1:
+        return ["W1"]
+    return ["W1", "b1", "W2", "b2"] + (["U1", "c1"] if cfg.get("glu") else [])
 
 
 def make_data(cfg, dev, seed):
@@ -274,6 +286,8 @@ def make_data(cfg, dev, seed):
     else:
         params = [randn(BH, dh, dk) / math.sqrt(dk), 0.1 * randn(BH, dh),
                   randn(BH, dv, dh) / math.sqrt(dh), 0.1 * randn(BH, dv)]
+        if cfg.get("glu"):   # the gate near 1 at the start: c1 ~ 1 + N(0, 0.01)
+            params += [randn(BH, dh, dk) / math.sqrt(dk), 1.0 + 0.1 * randn(BH, dh)]
     return k, v, params
 
 
@@ -290,8 +304,11 @@ def write_experiment(path, cfg, k, v, params, T=None):
                     clip_scope="global")
         if cfg["layers"] >= 2:
             rule["hidden"] = cfg["dh"]
-        if cfg.get("qk_norm"):
-            rule["qk_norm"] = cfg["qk_norm"]
+        for key in ("qk_norm", "out_norm"):
+            if cfg.get(key):
+                rule[key] = cfg[key]
+        if cfg.get("glu"):
+            rule["glu"] = 1
         for key, val in rule.items():
             r.attrs[key] = val
         i = f.create_group("inputs")
@@ -419,10 +436,11 @@ def measure_ceilings(dev):
 # PyTorch baselines
 # ---------------------------------------------------------------------------
 
-def make_rule_fns(layers, dv):
+def make_rule_fns(layers, dv, glu=False, out_norm=None):
     """The rule's pieces as functions of tensors (constants closed over), so
     that torch.compile and graph capture see plain tensor code. Parameter
-    lists: [W1] (linear) or [W1, b1, W2, b2]; tensors [BH, ...]."""
+    lists: [W1] (linear) or [W1, b1, W2, b2] (+ [U1, c1] with glu); tensors
+    [BH, ...]. out_norm: None or "layernorm" (g = 1, beta = 0)."""
     theta, eta, alpha, cmax = THETA, ETA, ALPHA, CLIP_MAX
     dy_scale = 2.0 * theta / dv   # d/dy of theta * mean_j (y - v)^2
 
@@ -431,11 +449,16 @@ def make_rule_fns(layers, dv):
         # stays fp32 (nothing to do in fp32 and tf32)
         return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
 
+    def norm(o):
+        return F.layer_norm(o, (dv,), eps=1e-6) if out_norm else o
+
     def forward(P, x):
         if layers == 1:
             return up(torch.bmm(x, P[0].mT))
-        z = up(torch.baddbmm(P[1].unsqueeze(1), x, P[0].mT))
-        return up(torch.baddbmm(P[3].unsqueeze(1), F.gelu(z), P[2].mT))
+        h = F.gelu(up(torch.baddbmm(P[1].unsqueeze(1), x, P[0].mT)))
+        if glu:
+            h = h * up(torch.baddbmm(P[5].unsqueeze(1), x, P[4].mT))
+        return norm(up(torch.baddbmm(P[3].unsqueeze(1), h, P[2].mT)))
 
     def grads_manual(P, x, v):
         """y, per-token loss [BH,n] and the step gradient, by hand."""
@@ -444,17 +467,38 @@ def make_rule_fns(layers, dv):
             r = y - v
             dy = r * dy_scale
             return y, r.square().mean(-1), [up(torch.bmm(dy.mT, x))]
-        W1, b1, W2, b2 = P
+        W1, b1, W2, b2 = P[:4]
         z = up(torch.baddbmm(b1.unsqueeze(1), x, W1.mT))
-        h = F.gelu(z)
-        y = up(torch.baddbmm(b2.unsqueeze(1), h, W2.mT))
+        a = F.gelu(z)
+        if glu:
+            u = up(torch.baddbmm(P[5].unsqueeze(1), x, P[4].mT))
+            h = a * u
+        else:
+            h = a
+        o = up(torch.baddbmm(b2.unsqueeze(1), h, W2.mT))
+        if out_norm:   # layer norm and its backward over the dv features
+            mu = o.mean(-1, keepdim=True)
+            rstd = torch.rsqrt((o - mu).square().mean(-1, keepdim=True) + 1e-6)
+            xhat = (o - mu) * rstd
+            y = xhat
+        else:
+            y = o
         r = y - v
         dy = r * dy_scale
-        dW2 = up(torch.bmm(dy.mT, h))
-        dh = up(torch.bmm(dy, W2))
+        if out_norm:
+            do = rstd * (dy - dy.mean(-1, keepdim=True) - xhat * (dy * xhat).mean(-1, keepdim=True))
+        else:
+            do = dy
+        dW2 = up(torch.bmm(do.mT, h))
+        dh = up(torch.bmm(do, W2))
+        if glu:
+            dz = torch.ops.aten.gelu_backward(dh * u, z)
+            du = dh * a
+            return y, r.square().mean(-1), [up(torch.bmm(dz.mT, x)), dz.sum(1), dW2, do.sum(1),
+                                            up(torch.bmm(du.mT, x)), du.sum(1)]
         dz = torch.ops.aten.gelu_backward(dh, z)
         dW1 = up(torch.bmm(dz.mT, x))
-        return y, r.square().mean(-1), [dW1, dz.sum(1), dW2, dy.sum(1)]
+        return y, r.square().mean(-1), [dW1, dz.sum(1), dW2, do.sum(1)]
 
     def update(W, S, G):
         """Global norm clip, momentum, decay, and the non-finite guard
@@ -499,19 +543,24 @@ def make_rule_fns(layers, dv):
 _RULE_FNS, _COMPILED = {}, {}
 
 
-def rule_fns(layers, dv):
+def rule_key(cfg):
+    return cfg["layers"], cfg["dv"], bool(cfg.get("glu")), cfg.get("out_norm")
+
+
+def rule_fns(cfg):
     """make_rule_fns, one set per rule shape: the same function objects for
     every case of that shape, so torch.compile's guards (on the closures)
     keep holding and P3's lengths reuse P1's compiled step."""
-    if (layers, dv) not in _RULE_FNS:
-        _RULE_FNS[layers, dv] = make_rule_fns(layers, dv)
-    return _RULE_FNS[layers, dv]
+    key = rule_key(cfg)
+    if key not in _RULE_FNS:
+        _RULE_FNS[key] = make_rule_fns(*key)
+    return _RULE_FNS[key]
 
 
 def compiled_step(cfg, mode):
-    key = (cfg["layers"], cfg["dv"], mode)
+    key = rule_key(cfg) + (mode,)
     if key not in _COMPILED:
-        _COMPILED[key] = torch.compile(rule_fns(cfg["layers"], cfg["dv"])[0], mode=mode, dynamic=False)
+        _COMPILED[key] = torch.compile(rule_fns(cfg)[0], mode=mode, dynamic=False)
     return _COMPILED[key]
 
 
@@ -554,7 +603,7 @@ class Baselines:
         self.loss = torch.empty(BH, T, device=dev)
         self.gn = torch.empty(BH, -(-T // cfg["c"]), device=dev)
         self.kc, self.vc = chunks(k, cfg["c"]), chunks(v, cfg["c"])
-        self.step_manual, self.step_autograd = rule_fns(cfg["layers"], cfg["dv"])
+        self.step_manual, self.step_autograd = rule_fns(cfg)
         self.prec = prec
 
     def autocast(self):
