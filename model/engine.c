@@ -67,10 +67,11 @@ static mn_status materialize(mn_tensor *out, const mn_tensor *src, int ndim, con
     return st;
 }
 
-/* src as a new contiguous CPU tensor of dtype dt (lengths: i64). */
-static mn_status materialize_as(mn_tensor *out, const mn_tensor *src, mn_dtype dt, int ndim, const int64_t *shape)
+/* src as a new contiguous tensor of dtype dt on dev (lengths: i64). */
+static mn_status materialize_as(mn_tensor *out, const mn_tensor *src, mn_dtype dt, int ndim, const int64_t *shape,
+                                mn_device dev)
 {
-    MN_TRY(mn_tensor_empty(out, dt, ndim, shape, MN_CPU));
+    MN_TRY(mn_tensor_empty(out, dt, ndim, shape, dev));
     mn_status st = mn_tensor_copy_into(out, src);
     if (st != MN_OK) mn_tensor_release(out);
     return st;
@@ -341,12 +342,7 @@ mn_status mn_segment_run(mn_memory_state *st, const mn_segment_inputs *in, mn_se
         if (in->alpha.storage) s = input_view(&mat.alpha, &in->alpha, 3, sshape, dev);
         else s = mn_tensor_zeros(&mat.alpha, MN_F32, 3, sshape, dev);
     }
-    if (s == MN_OK && in->lengths.storage) {
-        if (dev != MN_CPU)
-            s = mn_fail(MN_ERR_UNSUPPORTED, "lengths (ragged batches) are run by the cpu engine only in this "
-                                            "version: use device cpu");
-        else s = materialize_as(&mat.lengths, &in->lengths, MN_I64, 1, &d->B);
-    }
+    if (s == MN_OK && in->lengths.storage) s = materialize_as(&mat.lengths, &in->lengths, MN_I64, 1, &d->B, dev);
     /* Every output row at its shape (MN_SEGMENT_OUTPUTS); y only when wanted. */
 #define ALLOC_TOKEN_DV(t) (in->want_y ? mn_tensor_empty((t), MN_F32, 4, vshape, dev) : MN_OK)
 #define ALLOC_TOKEN(t) mn_tensor_empty((t), MN_F32, 3, tshape, dev)
