@@ -107,6 +107,8 @@ done
 for path in general fused large; do
     run_one "lua/test_rule_table.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_rule_table.lua
     run_one "lua/test_norm.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_norm.lua
+    # lengths and newton_schulz: the general path runs them, the others refuse them by name
+    run_one "lua/test_ragged_precond.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_ragged_precond.lua
 done
 
 # ---- the rule engine from Lua: cuda against cpu ----
