@@ -288,10 +288,10 @@ static mn_status cuda_segment_run(mn_memory_state *st, const mn_segment_inputs *
         }
         a.lengths = (const long long *)mn_tensor_data(&in->lengths);
         a.heads = st->dims.H;
-        /* They came up from the CPU with cudaMemcpy on the legacy stream,
-         * which may return before its DMA lands: a caller's stream (the
-         * PyTorch bridge's, often non-blocking) must not start the kernel
-         * before it does. */
+        /* They came up from the CPU with one cudaMemcpy on the legacy
+         * stream (model/engine.c), which may return before its DMA lands: a
+         * caller's stream (the PyTorch bridge's, often non-blocking) must
+         * not start the kernel before it does. */
         if (mn_cuda_get_stream()) {
             mn_status ls = MN_CUDA_ST(cudaStreamSynchronize(cudaStreamLegacy));
             if (ls != MN_OK) {

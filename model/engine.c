@@ -67,13 +67,26 @@ static mn_status materialize(mn_tensor *out, const mn_tensor *src, int ndim, con
     return st;
 }
 
-/* src as a new contiguous tensor of dtype dt on dev (lengths: i64). */
-static mn_status materialize_as(mn_tensor *out, const mn_tensor *src, mn_dtype dt, int ndim, const int64_t *shape,
-                                mn_device dev)
+/* src as a new contiguous CPU tensor of dtype dt (lengths: i64). */
+static mn_status materialize_as(mn_tensor *out, const mn_tensor *src, mn_dtype dt, int ndim, const int64_t *shape)
 {
-    MN_TRY(mn_tensor_empty(out, dt, ndim, shape, dev));
+    MN_TRY(mn_tensor_empty(out, dt, ndim, shape, MN_CPU));
     mn_status st = mn_tensor_copy_into(out, src);
     if (st != MN_OK) mn_tensor_release(out);
+    return st;
+}
+
+/* lengths (a CPU tensor, mn_lengths_check) as the backends read them: i64
+ * [B] on dev. Made on the CPU and uploaded in one copy, straight into the
+ * device tensor, so that no device-side copy on another stream follows the
+ * upload (kernels/engine_cuda.c waits for it before its launch). */
+static mn_status lengths_view(mn_tensor *out, const mn_tensor *src, int64_t B, mn_device dev)
+{
+    if (dev == MN_CPU) return materialize_as(out, src, MN_I64, 1, &B);
+    mn_tensor host = {0};
+    MN_TRY(materialize_as(&host, src, MN_I64, 1, &B));
+    mn_status st = mn_tensor_to_device(out, &host, dev);
+    mn_tensor_release(&host);
     return st;
 }
 
@@ -342,7 +355,7 @@ mn_status mn_segment_run(mn_memory_state *st, const mn_segment_inputs *in, mn_se
         if (in->alpha.storage) s = input_view(&mat.alpha, &in->alpha, 3, sshape, dev);
         else s = mn_tensor_zeros(&mat.alpha, MN_F32, 3, sshape, dev);
     }
-    if (s == MN_OK && in->lengths.storage) s = materialize_as(&mat.lengths, &in->lengths, MN_I64, 1, &d->B, dev);
+    if (s == MN_OK && in->lengths.storage) s = lengths_view(&mat.lengths, &in->lengths, d->B, dev);
     /* Every output row at its shape (MN_SEGMENT_OUTPUTS); y only when wanted. */
 #define ALLOC_TOKEN_DV(t) (in->want_y ? mn_tensor_empty((t), MN_F32, 4, vshape, dev) : MN_OK)
 #define ALLOC_TOKEN(t) mn_tensor_empty((t), MN_F32, 3, tshape, dev)
