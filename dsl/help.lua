@@ -200,8 +200,8 @@ rule:run{k =, v = [, q =] [, lengths =] [, theta =, eta =, alpha =] [, init =] [
   batches; tokens at and after l_b of sequence b are padding (no gradient,
   not counted, y = 0, loss = 0; a step that starts there changes nothing).
   device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there (not
-  yet with glu, out_norm or lengths: refused by name; the cpu runs those;
-  qk_norm and precondition = "newton_schulz" run on both).
+  yet with glu or out_norm: refused by name; the cpu runs those; qk_norm,
+  precondition = "newton_schulz" and lengths run on both).
   grad = true keeps what res:backward{...} needs (help("Result:backward")).]],
   ["Result:backward"] = [[
 res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block =]} -> gradients
@@ -278,7 +278,7 @@ rule:kernel_info([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32",
   one. Prints as a table.
   e.g. rule:kernel_info{dk = 128, precision = "bf16"}]],
   ["Rule:plan"] = [[
-rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =}]) -> a plan
+rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =, lengths =}]) -> a plan
   Which CUDA path would run the rule at those sizes, and why:
     fused    one thread block per memory keeps the weights in shared
              memory for the whole sequence, products on tensor cores
@@ -289,7 +289,8 @@ rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =
   Fields: path, why, forced, rows (token rows per chunk), threads,
   smem_bytes, kernel, memories, precision, arch, device.
   MNEMO_CUDA_PATH=general, fused or large forces a path (for tests and
-  benchmarks). Needs no GPU.
+  benchmarks). lengths = true: the plan of a run with lengths (ragged
+  batches: the general path). Needs no GPU.
   e.g. print(rule:plan{dk = 64, hidden = 256, B = 4, H = 32})]],
   ["Memory:write"] = [[
 mem:write(k, v [, gates]) or mem:write{k =, v =, theta =, ...} -> per-step table

@@ -171,23 +171,34 @@ static int kernel_info_tostring(lua_State *L)
     return 1;
 }
 
-/* The options of rule:kernel_info and rule:plan: sizes, precision, arch. */
+/* The options of rule:kernel_info and rule:plan: sizes, precision, arch;
+ * and for rule:plan (ragged not NULL) lengths = true, a run with lengths. */
 static void kernel_opts(lua_State *L, const mn_rule *r, int opts, const char *who, mn_dims *dp, mn_precision *precp,
-                        int *archp)
+                        int *archp, bool *ragged)
 {
     mn_dims d = {1, 1, 1, 64, 0, 0, 1};
     mn_precision prec = MN_PREC_FP32;
     int arch = 0;
     if (!lua_isnoneornil(L, opts)) {
         luaL_checktype(L, opts, LUA_TTABLE);
-        static const char *const known[] = {"dk", "dv", "hidden", "B", "H", "precision", "arch", NULL};
+        static const char *const known[] = {"dk", "dv", "hidden", "B", "H", "precision", "arch", "lengths", NULL};
         lua_pushnil(L);
         while (lua_next(L, opts)) {
             bool ok = false;
-            for (int i = 0; known[i] && !ok; i++) ok = lua_type(L, -2) == LUA_TSTRING && !strcmp(lua_tostring(L, -2), known[i]);
+            for (int i = 0; known[i] && !ok; i++)
+                ok = lua_type(L, -2) == LUA_TSTRING && !strcmp(lua_tostring(L, -2), known[i]) &&
+                     (ragged || strcmp(known[i], "lengths") != 0);
             if (!ok)
-                luaL_error(L, "%s: unknown option '%s' (dk, dv, hidden, B, H, precision, arch)", who,
-                           luaL_tolstring(L, -2, NULL));
+                luaL_error(L, "%s: unknown option '%s' (dk, dv, hidden, B, H, precision, arch%s)", who,
+                           luaL_tolstring(L, -2, NULL), ragged ? ", lengths" : "");
+            lua_pop(L, 1);
+        }
+        if (ragged) {
+            lua_getfield(L, opts, "lengths");
+            if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
+                luaL_error(L, "%s: lengths must be true or false (whether the run has lengths), got %s", who,
+                           luaL_typename(L, -1));
+            *ragged = lua_toboolean(L, -1);
             lua_pop(L, 1);
         }
         d.dk = opt_int(L, opts, "dk", 64);
@@ -217,7 +228,8 @@ int l_rule_plan(lua_State *L, const mn_rule *r, int opts)
     mn_dims d;
     mn_precision prec;
     int arch;
-    kernel_opts(L, r, opts, "plan", &d, &prec, &arch);
+    bool ragged = false;
+    kernel_opts(L, r, opts, "plan", &d, &prec, &arch, &ragged);
     if (mn_rule_device_check(r, MN_CUDA) != MN_OK) {
         /* a row of the rule table the CUDA engine does not run (rule.def) */
         lua_createtable(L, 0, 2);
@@ -229,7 +241,8 @@ int l_rule_plan(lua_State *L, const mn_rule *r, int opts)
     mn_cuda_plan pl;
     int dev_arch = mn_cuda_arch();
     if (arch == 0) arch = dev_arch;
-    if (mn_cuda_plan_rule(r, &d, prec, d.B * d.H, arch, arch == dev_arch ? mn_cuda_smem_optin() : 0, &pl) != MN_OK)
+    if (mn_cuda_plan_run(r, &d, prec, d.B * d.H, arch, arch == dev_arch ? mn_cuda_smem_optin() : 0, ragged, &pl) !=
+        MN_OK)
         return luaL_error(L, "plan: %s", mn_last_error());
     lua_createtable(L, 0, 10);
     set_str(L, "path", mn_cuda_path_name(pl.path));
@@ -274,7 +287,7 @@ int l_rule_kernel_info(lua_State *L, const mn_rule *r, int opts)
     mn_dims d;
     mn_precision prec;
     int arch;
-    kernel_opts(L, r, opts, "kernel_info", &d, &prec, &arch);
+    kernel_opts(L, r, opts, "kernel_info", &d, &prec, &arch, NULL);
     mn_kernel_set kset, *set = &kset;
     if (mn_cuda_rule_kernel_info(r, &d, prec, arch, set) != MN_OK)
         return luaL_error(L, "kernel_info: %s", mn_last_error());

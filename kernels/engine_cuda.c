@@ -27,11 +27,12 @@ static const char *const general_kernels[] = {MN_RULE_STEP_KERNEL, MN_RULE_READ_
 static const char *const fused_kernels[] = {MN_FUSED_STEP_KERNEL, NULL};
 enum { K_STEP = 0, K_READ = 1 }; /* the fused module's K_STEP is its step kernel */
 
-/* The plan for a rule on this device. */
-static mn_status device_plan(const mn_rule *r, const mn_dims *d, mn_precision p, mn_cuda_plan *pl)
+/* The plan for a rule on this device; ragged: a run with lengths (the
+ * general path runs those). */
+static mn_status device_plan(const mn_rule *r, const mn_dims *d, mn_precision p, bool ragged, mn_cuda_plan *pl)
 {
     MN_TRY(mn_cuda_ensure_device());
-    return mn_cuda_plan_rule(r, d, p, d->B * d->H, mn_cuda_arch(), mn_cuda_smem_optin(), pl);
+    return mn_cuda_plan_run(r, d, p, d->B * d->H, mn_cuda_arch(), mn_cuda_smem_optin(), ragged, pl);
 }
 
 /* The module for a rule at the given dims and precision, on the plan's path
@@ -83,7 +84,7 @@ mn_status mn_cuda_rule_kernel_occupancy(const mn_rule *r, const mn_dims *d, mn_p
 {
     mn_cuda_module *m;
     mn_cuda_plan pl;
-    MN_TRY(device_plan(r, d, p, &pl));
+    MN_TRY(device_plan(r, d, p, false, &pl));
     MN_TRY(rule_module(r, d, p, &pl, &m));
     mn_cuda_module *gm = m;
     if (pl.path == MN_PATH_FUSED) MN_TRY(rule_module(r, d, p, NULL, &gm)); /* reads run the general module */
@@ -240,7 +241,7 @@ static mn_status cuda_segment_run(mn_memory_state *st, const mn_segment_inputs *
         return MN_OK;
     }
     mn_cuda_plan pl;
-    MN_TRY(device_plan(&st->rule, &st->dims, st->precision, &pl));
+    MN_TRY(device_plan(&st->rule, &st->dims, st->precision, in->lengths.storage != NULL, &pl));
     /* it keeps the step count and reports progress itself */
     if (pl.path == MN_PATH_LARGE) {
         /* the large path runs on a stream of its own and waits for it:
@@ -279,6 +280,26 @@ static mn_status cuda_segment_run(mn_memory_state *st, const mn_segment_inputs *
     a.n = n;
     a.nsteps = nsteps;
     a.steps_done = st->steps_done;
+    /* ragged batches: the engine gives lengths as i64 on this device (model/engine.c) */
+    if (in->lengths.storage) {
+        if (in->lengths.dtype != MN_I64 || in->lengths.storage->device != MN_CUDA) {
+            mn_cuda_free(work, work_bytes);
+            return mn_fail(MN_ERR_ARG, "cuda engine: lengths must come as i64 on cuda");
+        }
+        a.lengths = (const long long *)mn_tensor_data(&in->lengths);
+        a.heads = st->dims.H;
+        /* They came up from the CPU with one cudaMemcpy on the legacy
+         * stream (model/engine.c), which may return before its DMA lands: a
+         * caller's stream (the PyTorch bridge's, often non-blocking) must
+         * not start the kernel before it does. */
+        if (mn_cuda_get_stream()) {
+            mn_status ls = MN_CUDA_ST(cudaStreamSynchronize(cudaStreamLegacy));
+            if (ls != MN_OK) {
+                mn_cuda_free(work, work_bytes);
+                return ls;
+            }
+        }
+    }
     /* newton_schulz's iterates (the general path: kernels/plan.c) */
     void *ns_work = NULL;
     size_t ns_bytes = 0;
@@ -307,7 +328,7 @@ static mn_status cuda_read(const mn_memory_state *st, const mn_tensor *q, mn_ten
     int64_t memories = st->dims.B * st->dims.H, rows = q->shape[2];
     if (rows == 0 || memories == 0) return MN_OK;
     mn_cuda_plan pl;
-    MN_TRY(device_plan(&st->rule, &st->dims, st->precision, &pl));
+    MN_TRY(device_plan(&st->rule, &st->dims, st->precision, false, &pl));
     if (pl.path == MN_PATH_LARGE) return mn_cuda_large_read(st, q, y);
     mn_cuda_module *mod;
     MN_TRY(rule_module(&st->rule, &st->dims, st->precision, NULL, &mod));

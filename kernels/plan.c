@@ -94,6 +94,12 @@ static long smem_of_arch(int arch)
 mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, int64_t memories, int arch,
                             long smem_limit, mn_cuda_plan *out)
 {
+    return mn_cuda_plan_run(r, d, p, memories, arch, smem_limit, false, out);
+}
+
+mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, int64_t memories, int arch,
+                           long smem_limit, bool ragged, mn_cuda_plan *out)
+{
     (void)p;
     memset(out, 0, sizeof *out);
     if (arch <= 0) arch = 90;
@@ -122,6 +128,12 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
     if (r->precondition != MN_PRECOND_NONE)
         snprintf(only_general, sizeof only_general, "precondition %s: the general path runs it",
                  mn_part_name(&mn_precond_set, r->precondition));
+    /* lengths are an input, not a rule field: the caller says whether the run has them */
+    if (ragged) {
+        size_t used = strlen(only_general);
+        snprintf(only_general + used, sizeof only_general - used, "%slengths (ragged batches): the general path runs them",
+                 used ? "; " : "");
+    }
     if (only_general[0]) {
         fused = 0;
         snprintf(nofuse, sizeof nofuse, "%s", only_general);

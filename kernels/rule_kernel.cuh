@@ -45,6 +45,9 @@ typedef struct mn_rule_kargs {
     long long work_floats;
     double *ns_work;                       /* newton_schulz: ns_doubles per block, else NULL */
     long long ns_doubles;
+    const long long *lengths;              /* ragged batches (SPEC v2): [B] real tokens from the segment's
+                                            * start, or NULL (every token real); memory m is sequence m / heads */
+    long long heads;
     long long n, nsteps, steps_done;
 } mn_rule_kargs;
 
@@ -330,6 +333,16 @@ __device__ __forceinline__ void mn_memory_params(float *const *base, long long m
  * only the helpers above and brings its own step kernel. */
 #ifndef MN_FUSED_ROWS
 
+/* Ragged batches: padding tokens [from, to) of a memory have y = 0 and
+ * loss = 0 (y_out NULL: no retrieval). No barrier: nothing else in the step
+ * writes these rows. */
+__device__ void mn_zero_padding(float *y_out, float *loss_out, long long from, long long to)
+{
+    for (long long t = from + threadIdx.x; t < to; t += MN_RULE_THREADS) loss_out[t] = 0.0f;
+    if (y_out)
+        for (long long e = from * MN_DV + threadIdx.x; e < to * MN_DV; e += MN_RULE_THREADS) y_out[e] = 0.0f;
+}
+
 /* One segment: every step of memory blockIdx.x (model/engine_cpu.c run_memory). */
 extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kernel(const mn_rule_kargs a)
 {
@@ -347,6 +360,8 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kerne
     float *y_out = a.y ? a.y + m * n * MN_DV : 0;
     float *loss_out = a.loss + m * n;
     const double R = MN_FEATURE_SCALE;
+    /* Ragged batches: tokens at and after real are padding (SPEC.md section 2). */
+    const long long real = a.lengths ? a.lengths[m / a.heads] : n;
 
     for (long long sl = 0; sl < nsteps; sl++) {
         const long long s_global = a.steps_done + sl, t0 = sl * MN_STEP;
@@ -363,15 +378,37 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kerne
             }
             P = A;
         }
-        const double tscale = MN_TOKEN_MEAN ? 1.0 / (double)rows : 1.0;
+        /* A step that starts in the padding leaves S and W as they are; the
+         * others take their grows real rows (gradient, loss, retrieval). */
+        const int grows = (int)(t0 >= real ? 0 : (t0 + rows <= real ? rows : real - t0));
+        if (grows == 0) {
+            mn_zero_padding(y_out, loss_out, t0, t0 + rows);
+            double wsq = 0.0;
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++)
+                for (long long e = tid; e < MN_NUMEL(p); e += MN_RULE_THREADS) wsq += (double)W[p][e] * W[p][e];
+            wsq = mn_block_sum(wsq);
+            if (tid == 0) {
+                const long long o = m * nsteps + sl;
+                a.step_loss[o] = 0.0f;
+                a.grad_norm[o] = 0.0f;
+                a.skipped[o] = 0.0f;
+                a.clip_scale[o] = 1.0f;
+                a.weight_norm[o] = (float)sqrt(wsq);
+            }
+            continue;
+        }
+        if (grows < rows) mn_zero_padding(y_out, loss_out, t0 + grows, t0 + rows);
+        const double tscale = MN_TOKEN_MEAN ? 1.0 / (double)grows : 1.0;
         const int before_rows = MN_RETRIEVE_BEFORE ? rows : rows - 1;
+        const int before_real = before_rows < grows ? before_rows : grows;
 #pragma unroll
         for (int p = 0; p < MN_NPARAMS; p++)
             for (long long e = tid; e < MN_NUMEL(p); e += MN_RULE_THREADS) ws.g[p][e] = 0.0f;
         __syncthreads();
 
-        for (int r0 = 0; r0 < rows; r0 += MN_ROWS) {
-            const int cr = rows - r0 < MN_ROWS ? rows - r0 : MN_ROWS;
+        for (int r0 = 0; r0 < grows; r0 += MN_ROWS) {
+            const int cr = grows - r0 < MN_ROWS ? grows - r0 : MN_ROWS;
             const long long t = t0 + r0;
             const float *x = k + t * MN_DK;
             mn_forward(P, x, cr, ws.y, &ws);
@@ -404,10 +441,10 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kerne
         }
         mn_step_control ctl = mn_step_control_of<MN_NPARAMS>(sumsq);
         /* retrieval at W^(s) where the forward above was not at W^(s) on q */
-        if (y_out && before_rows > 0 && (q || !at_current)) {
+        if (y_out && before_real > 0 && (q || !at_current)) {
             const float *xq = q ? q : k;
-            for (int r0 = 0; r0 < before_rows; r0 += MN_ROWS) {
-                const int cr = before_rows - r0 < MN_ROWS ? before_rows - r0 : MN_ROWS;
+            for (int r0 = 0; r0 < before_real; r0 += MN_ROWS) {
+                const int cr = before_real - r0 < MN_ROWS ? before_real - r0 : MN_ROWS;
                 mn_forward(W, xq + (t0 + r0) * MN_DK, cr, y_out + (t0 + r0) * MN_DV, &ws);
             }
         }
@@ -457,11 +494,11 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kerne
         if (tid == 0) {
             const long long o = m * nsteps + sl;
             double lsum = 0.0;
-            for (int r = 0; r < rows; r++) lsum += loss_out[t0 + r];
-            mn_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, o, lsum, rows, ctl);
+            for (int r = 0; r < grows; r++) lsum += loss_out[t0 + r];
+            mn_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, o, lsum, grows, ctl);
             a.weight_norm[o] = (float)sqrt(wsq);
         }
-        if (y_out && !MN_RETRIEVE_BEFORE) {
+        if (y_out && !MN_RETRIEVE_BEFORE && grows == rows) { /* a padding last token keeps y = 0 */
             const long long last = t0 + rows - 1;
             mn_forward(W, (q ? q : k) + last * MN_DK, 1, y_out + last * MN_DV, &ws);
         }

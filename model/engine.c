@@ -76,6 +76,20 @@ static mn_status materialize_as(mn_tensor *out, const mn_tensor *src, mn_dtype d
     return st;
 }
 
+/* lengths (a CPU tensor, mn_lengths_check) as the backends read them: i64
+ * [B] on dev. Made on the CPU and uploaded in one copy, straight into the
+ * device tensor, so that no device-side copy on another stream follows the
+ * upload (kernels/engine_cuda.c waits for it before its launch). */
+static mn_status lengths_view(mn_tensor *out, const mn_tensor *src, int64_t B, mn_device dev)
+{
+    if (dev == MN_CPU) return materialize_as(out, src, MN_I64, 1, &B);
+    mn_tensor host = {0};
+    MN_TRY(materialize_as(&host, src, MN_I64, 1, &B));
+    mn_status st = mn_tensor_to_device(out, &host, dev);
+    mn_tensor_release(&host);
+    return st;
+}
+
 /* A segment input as the engines read it (they never write their inputs):
  * src itself when it already is a contiguous f32 tensor of the full shape
  * on dev, which for resident k and v saves two passes over them; else a
@@ -341,12 +355,7 @@ mn_status mn_segment_run(mn_memory_state *st, const mn_segment_inputs *in, mn_se
         if (in->alpha.storage) s = input_view(&mat.alpha, &in->alpha, 3, sshape, dev);
         else s = mn_tensor_zeros(&mat.alpha, MN_F32, 3, sshape, dev);
     }
-    if (s == MN_OK && in->lengths.storage) {
-        if (dev != MN_CPU)
-            s = mn_fail(MN_ERR_UNSUPPORTED, "lengths (ragged batches) are run by the cpu engine only in this "
-                                            "version: use device cpu");
-        else s = materialize_as(&mat.lengths, &in->lengths, MN_I64, 1, &d->B);
-    }
+    if (s == MN_OK && in->lengths.storage) s = lengths_view(&mat.lengths, &in->lengths, d->B, dev);
     /* Every output row at its shape (MN_SEGMENT_OUTPUTS); y only when wanted. */
 #define ALLOC_TOKEN_DV(t) (in->want_y ? mn_tensor_empty((t), MN_F32, 4, vshape, dev) : MN_OK)
 #define ALLOC_TOKEN(t) mn_tensor_empty((t), MN_F32, 3, tshape, dev)

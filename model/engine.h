@@ -40,7 +40,8 @@ typedef struct mn_segment_inputs {
     bool want_y;                  /* retrieval outputs wanted */
     mn_tensor lengths;            /* (SPEC v2) ragged batches: [B] integers 0..n counted from the
                                    * segment's start, or empty (every token real); tokens at and
-                                   * after lengths_b are padding. Backends get it as i64. */
+                                   * after lengths_b are padding. Backends get it as i64 on the
+                                   * state's device. */
 } mn_segment_inputs;
 
 /* Outputs of one segment, allocated by the engine (f32, on the state's

@@ -8,7 +8,7 @@
 out_norm's scale and shift go as run(..., ln_g=g, ln_b=b) ([dv], [H,dv] or
 [B,H,dv]; default 1 and 0; differentiable, never updated), a ragged batch's
 lengths as run(..., lengths=[...]) (a [B] integer tensor on the CPU or a
-list; not differentiable).
+list, with CPU or CUDA k and v; not differentiable).
 
 The native part (libmnemo_torch.so, `make python`) is the engine library and
 a C shim called through ctypes; no Lua at run time."""

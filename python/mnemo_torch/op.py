@@ -5,7 +5,8 @@ memory (CPU, or CUDA in the caller's stream order) and, through a
 torch.autograd.Function, the engine's backward of SPEC.md section 7 for k, v,
 q, the gates, the initial parameters and momenta, and out_norm's ln_g, ln_b.
 lengths (ragged batches) is an int64 CPU tensor beside them, not
-differentiable. With torch >= 2.4 the
+differentiable; with CUDA tensors the engine copies it to the GPU for each
+call (so a ragged call is not one a CUDA graph can capture). With torch >= 2.4 the
 same forward and backward are also registered as custom ops (mnemo::run,
 mnemo::run_backward) with fake implementations, so torch.compile(fullgraph=
 True) traces a model that calls run()."""

@@ -107,6 +107,8 @@ done
 for path in general fused large; do
     run_one "lua/test_rule_table.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_rule_table.lua
     run_one "lua/test_norm.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_norm.lua
+    # lengths and newton_schulz: the general path runs them, the others refuse them by name
+    run_one "lua/test_ragged_precond.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_ragged_precond.lua
 done
 
 # ---- the rule engine from Lua: cuda against cpu ----
@@ -173,6 +175,12 @@ fi
 if [ -n "$PYTHON" ] && [ -x "$SANITIZER" ]; then
     # --v1: out_norm and qk_norm run on the cpu only (model/rule.def)
     "$PYTHON" tests/reference/gen_experiments.py --seed 4 --count 9 --v1 --out "$WORK/san" > /dev/null 2>&1
+    # a ragged batch (lengths 0, inside a step, T) on the general kernel
+    "$MNEMO" -e "local m = mnemo; m.seed(3)
+      local r = m.rule { layers = 2, hidden = 6, step = 4, refresh = 8, retrieve = 'after', token_reduce = 'mean',
+                         theta = 0.2, eta = 0.5 }
+      m.save('$WORK/san/ragged.h5', r:experiment { k = m.randn(3, 2, 22, 5), v = m.randn(3, 2, 22, 4),
+                                                  lengths = { 0, 9, 22 } })" > /dev/null 2>&1
     san() { # tool file
         tool=$1; f=$2; name=sanitizer/$tool/$(basename "$f" .h5)
         "$SANITIZER" --tool "$tool" --error-exitcode 9 "$MNEMO" run "$f" -o "$WORK/san_$tool.h5" --device cuda \
@@ -193,6 +201,7 @@ if [ -n "$PYTHON" ] && [ -x "$SANITIZER" ]; then
         for f in "$WORK"/san/exp_0000[67].h5; do san racecheck "$f"; done
         for f in "$WORK"/san/exp_0000[78].h5; do san initcheck "$f"; done
         san synccheck "$WORK/san/exp_00008.h5"
+        for tool in memcheck racecheck initcheck; do san $tool "$WORK/san/ragged.h5"; done
     } > "$LOGS/sanitizer.log" 2>&1
     count sanitizer "$LOGS/sanitizer.log" 0
 else

@@ -2,7 +2,8 @@
 """test_bridge_gpu.py: the PyTorch bridge (python/mnemo_torch) on a GPU.
 
   - cuda tensors against the same call on cpu tensors (outputs, final state,
-    gradients; the backward runs on CPU copies for now, with one warning);
+    gradients; the backward runs on CPU copies for now, with one warning),
+    and the same with lengths (ragged batches: padding outputs 0);
   - the caller's stream: the op on a side stream right after a long kernel
     that writes its input there, and its output read on that stream;
   - torch.compile(fullgraph=True) of a small model that calls the op
@@ -83,6 +84,37 @@ def main():
                "no warning that the backward ran on CPU copies")
     except Exception as e:  # one failure line, not a traceback, per part
         report(False, "bridge_gpu/forward", "%s: %s" % (type(e).__name__, e))
+
+    # ---- lengths (ragged batches) with cuda tensors: a cpu int64 [B] beside
+    # them, run by the engine on the GPU (the general path) ----
+    try:
+        lens = torch.tensor([T, 6])  # 6: inside the second step of 4
+
+        def rcall(x):
+            return mt.run(rule, x["k"], x["v"], x["theta"], q=x["q"], eta=x["eta"], alpha=x["alpha"],
+                          params={"W1": x["W1"], "W2": x["W2"]}, lengths=lens)
+
+        xc = {n: t.clone().requires_grad_(True) for n, t in cpu.items()}
+        xg = {n: t.cuda().requires_grad_(True) for n, t in cpu.items()}
+        rc, rg = rcall(xc), rcall(xg)
+        rows = ["%s %.2g" % (n, rel(getattr(rg, n), getattr(rc, n))) for n in mt.OUTPUTS
+                if rel(getattr(rg, n), getattr(rc, n)) > 1e-4]
+        rows += ["final %s %.2g" % (n, rel(rg.params[n], rc.params[n]))
+                 for n in rc.params if rel(rg.params[n], rc.params[n]) > 1e-4]
+        if float(rg.y[1, :, 6:].abs().max()) != 0 or float(rg.loss[1, :, 6:].abs().max()) != 0:
+            rows.append("padding y or loss not 0")
+        report(not rows and rg.y.is_cuda, "bridge_gpu/lengths/forward", "; ".join(rows) or "y not on cuda")
+        up = torch.randn(B, H, T, dv)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            (rg.y * up.cuda() + rg.loss.unsqueeze(-1)).sum().backward()
+        (rc.y * up + rc.loss.unsqueeze(-1)).sum().backward()
+        rows = ["%s %.2g" % (n, rel(xg[n].grad, xc[n].grad)) for n in cpu if rel(xg[n].grad, xc[n].grad) > 1e-4]
+        if float(xg["k"].grad[1, :, 6:].abs().max()) != 0:
+            rows.append("padding keys have a gradient")
+        report(not rows, "bridge_gpu/lengths/backward", "; ".join(rows))
+    except Exception as e:
+        report(False, "bridge_gpu/lengths", "%s: %s" % (type(e).__name__, e))
 
     # ---- the caller's stream ----
     try:

@@ -7,8 +7,11 @@
 --     errors that name lengths.
 --   newton_schulz: a one-step run's momentum is -NS(G) with G from the same
 --     run without it and NS computed here from its definition with tensor
---     ops; a rank-one G is left as it is; ns_steps is checked; the cuda
---     engine refuses it by name (rule:plan says why).
+--     ops; a rank-one G is left as it is; ns_steps is checked.
+--   cuda (both, on the general path; skipped without a GPU): a run equals the
+--     cpu's (lengths: every output, the final state, the gradients, padding
+--     exactly 0, a memory fed in pieces); with MNEMO_CUDA_PATH=fused or
+--     large both are refused by name (tests/gpu/run_gpu_tests.sh).
 -- Run from the repository root: mnemo tests/lua/test_ragged_precond.lua
 local T = dofile("tests/lua/check.lua")
 local m = mnemo
@@ -163,17 +166,30 @@ local row
 for _, p in ipairs(voc.parts.precondition or {}) do if p.name == "newton_schulz" then row = p end end
 T.ok("vocabulary: newton_schulz is a row that runs (not planned)", row ~= nil and not row.flags.planned)
 
+-- The CUDA engine: tests/gpu/run_gpu_tests.sh runs this file with the
+-- planned path and with each path forced (MNEMO_CUDA_PATH). newton_schulz
+-- and lengths run on the general path only: a forced fused or large path
+-- refuses them by name.
+local forced = os.getenv("MNEMO_CUDA_PATH")
+local fast_forced = forced == "fused" or forced == "large"
+
 -- newton_schulz runs on cuda's general path: rule:plan says so (without a
 -- CUDA build: the cpu), and a cuda run equals the cpu's
 local nsrule = m.rule { layers = 2, hidden = 4, precondition = "newton_schulz", theta = 0.1 }
-local plan = nsrule:plan { dk = 4, dv = 3 }
-if plan.why:find("no CUDA", 1, true) then
+local okp, plan = pcall(nsrule.plan, nsrule, { dk = 4, dv = 3 })
+if okp and plan.why:find("no CUDA", 1, true) then
   T.ok("cuda: rule:plan in a build without CUDA: the cpu engine runs it", plan.path == "cpu")
+elseif fast_forced then
+  T.ok(("cuda: rule:plan with MNEMO_CUDA_PATH=%s refuses newton_schulz by name"):format(forced),
+    not okp and tostring(plan):find("newton_schulz", 1, true) ~= nil, tostring(plan))
 else
-  T.ok("cuda: rule:plan takes the general path for newton_schulz: " .. plan.why,
-    plan.path == "general" and plan.why:find("newton_schulz", 1, true) ~= nil)
+  T.ok("cuda: rule:plan takes the general path for newton_schulz: " .. tostring(okp and plan.why or plan),
+    okp and plan.path == "general" and (forced == "general" or plan.why:find("newton_schulz", 1, true) ~= nil))
 end
-if m.cuda_available() then
+if m.cuda_available() and fast_forced then
+  T.raises(("cuda: a newton_schulz run with MNEMO_CUDA_PATH=%s is refused by name"):format(forced), function()
+    return nsrule:run { k = k, v = v, device = "cuda" } end, "newton_schulz")
+elseif m.cuda_available() then
   for _, opts in ipairs({ { layers = 2, hidden = 5, step = 2 }, { layers = 1, step = 3, clip = "norm", clip_max = 0.05 },
                           { layers = 3, hidden = 6, step = 4, ns_steps = 2, retrieve = "before" },
                           -- one token a step: G has rank 1, and the iteration multiplies the
@@ -196,10 +212,166 @@ else
   T.raises("cuda: without a GPU a newton_schulz run fails for that reason, not for newton_schulz", function()
     return nsrule:run { k = k, v = v, device = "cuda" } end, "cuda")
 end
-if m.cuda_available() then
-  T.raises("cuda: a ragged run on cuda is refused", function()
-    return rule:run { k = k, v = v, lengths = lengths, device = "cuda" } end, "lengths (ragged batches) are run by the cpu engine only")
+
+---------------------------------------------------------------- lengths on cuda
+-- A ragged run on cuda takes the general path (rule:plan{lengths = true}
+-- says so) and equals the cpu run: y and loss (the retrieval of the real
+-- tokens of a step that has padding included), grad_norm, clip_scale,
+-- skipped, the trace, the final weights and momenta, and the gradients of
+-- grad = true (computed by the cpu from the call's lengths); its padding
+-- outputs are exactly 0. Lengths of each kind: 0, shorter than a step, a
+-- multiple of the step, inside a step, inside the last (short) step, T.
+local rrule = m.rule { layers = 2, hidden = 8, step = 4, theta = 0.1 }
+local okr, rplan = pcall(rrule.plan, rrule, { dk = 8, lengths = true })
+if okr and rplan.why:find("no CUDA", 1, true) then
+  T.ok("cuda/lengths: rule:plan{lengths = true} in a build without CUDA: the cpu engine runs it", rplan.path == "cpu")
+elseif fast_forced then
+  T.ok(("cuda/lengths: rule:plan{lengths = true} with MNEMO_CUDA_PATH=%s is refused naming lengths"):format(forced),
+    not okr and tostring(rplan):find("lengths (ragged batches)", 1, true) ~= nil, tostring(rplan))
 else
-  T.skip("cuda: a ragged run on cuda is refused", "no usable CUDA device")
+  T.ok("cuda/lengths: rule:plan{lengths = true} takes the general path: " .. tostring(okr and rplan.why or rplan),
+    okr and rplan.path == "general" and (forced == "general" or rplan.why:find("lengths", 1, true) ~= nil))
+  local fast = rrule:plan { dk = 8 }
+  T.ok("cuda/lengths: without lengths the same rule keeps its fast path", forced == "general" or fast.path == "fused",
+    fast.path)
+end
+
+m.seed(21)
+local RB, RH, RT = 6, 2, 14
+local rk, rv, rq = m.randn(RB, RH, RT, dk) * 0.5, m.randn(RB, RH, RT, dv), m.randn(RB, RH, RT, dk) * 0.5
+local rtheta = m.rand(RB, RH, RT) * 0.4 + 0.1
+local rinit1 = { W1 = m.randn(RH, dv, dk) * 0.4 }
+local rinit2 = { W1 = m.randn(RH, dh, dk) * 0.4, W2 = m.randn(RH, dv, dh) * 0.4 }
+local lens4 = { 0, 2, 8, 11, 13, 14 } -- step 4: 0, short, 2 steps, inside step 3, inside the last (2-token) step, T
+local lens3 = { 13, 0, 9, 2, 14, 7 }  -- step 3: inside the last step, 0, 3 steps, short, T, inside step 3
+
+-- every output of a ragged gpu run against the cpu's, and its padding
+local function check_ragged(name, cpu, gpu, lens, c_, Tn_, tol)
+  for _, o in ipairs({ "y", "loss", "grad_norm", "clip_scale" }) do
+    local d = rel(gpu.outputs[o]:cpu(), cpu.outputs[o])
+    T.ok(("%s: %s as the cpu's"):format(name, o), d < tol, ("rel %.3g"):format(d))
+  end
+  T.eq(name .. ": skipped as the cpu's", (gpu.outputs.skipped:cpu() - cpu.outputs.skipped):abs():max(), 0)
+  for _, o in ipairs({ "step_loss", "weight_norm" }) do
+    local d = rel(gpu.trace[o]:cpu(), cpu.trace[o])
+    T.ok(("%s: trace %s as the cpu's"):format(name, o), d < tol, ("rel %.3g"):format(d))
+  end
+  local worst, at = 0, ""
+  for pname, t in pairs(cpu.final) do
+    local d = rel(gpu.final[pname]:cpu(), t)
+    if d > worst then worst, at = d, pname end
+  end
+  T.ok(name .. ": final weights and momenta as the cpu's", worst < tol, ("worst rel %.3g (%s)"):format(worst, at))
+  local S = (Tn_ + c_ - 1) // c_
+  local bad = {}
+  for b, len in ipairs(lens) do
+    if len < Tn_ then
+      local pad = Tn_ - len
+      if gpu.outputs.y:cpu()[{ b }]:narrow(2, len + 1, pad):abs():max() ~= 0 then bad[#bad + 1] = b .. ":y" end
+      if gpu.outputs.loss:cpu()[{ b }]:narrow(2, len + 1, pad):abs():max() ~= 0 then bad[#bad + 1] = b .. ":loss" end
+      local first = (len + c_ - 1) // c_ + 1 -- the first step that starts in the padding
+      if first <= S then
+        local n = S - first + 1
+        if gpu.outputs.grad_norm:cpu()[{ b }]:narrow(2, first, n):abs():max() ~= 0 then bad[#bad + 1] = b .. ":grad_norm" end
+        if gpu.outputs.clip_scale:cpu()[{ b }]:narrow(2, first, n):min() ~= 1 or
+          gpu.outputs.clip_scale:cpu()[{ b }]:narrow(2, first, n):max() ~= 1 then bad[#bad + 1] = b .. ":clip_scale" end
+        if gpu.outputs.skipped:cpu()[{ b }]:narrow(2, first, n):abs():max() ~= 0 then bad[#bad + 1] = b .. ":skipped" end
+      end
+    end
+  end
+  T.ok(name .. ": padding outputs exactly 0 (clip_scale 1)", #bad == 0, table.concat(bad, " "))
+end
+
+local cases = {
+  { "layers 1, mean, retrieve after", { layers = 1, step = 4, token_reduce = "mean", retrieve = "after" }, lens4 },
+  { "layers 2, sum, retrieve before, refresh 2c, q, clip norm",
+    { layers = 2, hidden = dh, step = 4, retrieve = "before", refresh = 8, clip = "norm", clip_max = 0.3 }, lens4, true },
+  { "layers 2, bias, mean, retrieve after, refresh 0, q, softvalue",
+    { layers = 2, hidden = dh, bias = true, step = 3, token_reduce = "mean", retrieve = "after", refresh = 0,
+      clip = "softvalue", clip_max = 0.2 }, lens3, true },
+  { "layers 1, mean, retrieve before, refresh 2c (y at W, not the anchor)",
+    { layers = 1, step = 4, token_reduce = "mean", retrieve = "before", refresh = 8 }, lens4 },
+  { "layers 2, retrieve after, refresh 2c, q", { layers = 2, hidden = dh, step = 4, retrieve = "after", refresh = 8 }, lens4,
+    true },
+}
+if m.cuda_available() and fast_forced then
+  local r = m.rule { layers = 2, hidden = dh, step = 4, theta = 0.3 }
+  T.raises(("cuda/lengths: a ragged run with MNEMO_CUDA_PATH=%s is refused naming lengths"):format(forced), function()
+    return r:run { k = rk, v = rv, lengths = lens4, init = rinit2, device = "cuda" } end,
+    ("MNEMO_CUDA_PATH=%s: lengths (ragged batches)"):format(forced))
+  local mem = r:memory { B = RB, H = RH, dk = dk, dv = dv, init = rinit2, device = "cuda" }
+  T.raises(("cuda/lengths: a ragged memory write with MNEMO_CUDA_PATH=%s is refused naming lengths"):format(forced),
+    function() return mem:write { k = rk, v = rv, lengths = lens4 } end, "lengths (ragged batches)")
+elseif m.cuda_available() then
+  for _, case in ipairs(cases) do
+    local cname, opts, lens, with_q = case[1], case[2], case[3], case[4]
+    opts.eta, opts.alpha = 0.6, 0.02
+    local r = m.rule(opts)
+    local init = opts.layers == 1 and rinit1 or rinit2
+    local function args(dev)
+      return { k = rk, v = rv, q = with_q and rq or nil, theta = rtheta, lengths = lens, init = init, device = dev,
+               grad = true }
+    end
+    local cpu, gpu = r:run(args("cpu")), r:run(args("cuda"))
+    local name = "cuda/lengths: " .. cname
+    check_ragged(name, cpu, gpu, lens, opts.step, RT, 1e-4)
+    -- gradients: the cpu's backward from the cuda run's inputs and lengths
+    local up = { dy = m.randn(RB, RH, RT, dv), dloss = m.randn(RB, RH, RT), dW1 = cpu.final.W1 * 0.5 }
+    local gc, gg = cpu:backward(up), gpu:backward(up)
+    local worst, at = 0, ""
+    for _, gname in ipairs({ "k", "v", "q", "theta", "eta", "alpha" }) do
+      if gc[gname] then
+        local d = rel(gg[gname]:cpu(), gc[gname])
+        if d > worst then worst, at = d, gname end
+      end
+    end
+    for pname, t in pairs(gc.init) do
+      local d = rel(gg.init[pname]:cpu(), t)
+      if d > worst then worst, at = d, "init." .. pname end
+    end
+    T.ok(name .. ": gradients (grad = true) as the cpu's", worst < 1e-4, ("worst rel %.3g (%s)"):format(worst, at))
+    local gk, padk = gg.k:cpu(), 0
+    for b, len in ipairs(lens) do
+      if len < RT then padk = math.max(padk, gk[{ b }]:narrow(2, len + 1, RT - len):abs():max()) end
+    end
+    T.eq(name .. ": no gradient for the padding keys", padk, 0)
+  end
+
+  -- steps longer than a chunk of the kernel (64 rows): real rows spanning chunks
+  m.seed(22)
+  local LT, lensl = 150, { 65, 140, 0, 150, 100 }
+  local lk, lv = m.randn(5, 1, LT, dk) * 0.5, m.randn(5, 1, LT, dv)
+  local lr = m.rule { layers = 2, hidden = dh, step = 70, token_reduce = "mean", retrieve = "after", theta = 0.2,
+                      eta = 0.5 }
+  local linit = { W1 = m.randn(dh, dk) * 0.4, W2 = m.randn(dv, dh) * 0.4 }
+  check_ragged("cuda/lengths: steps of 70 (chunks of 64)", lr:run { k = lk, v = lv, lengths = lensl, init = linit },
+    lr:run { k = lk, v = lv, lengths = lensl, init = linit, device = "cuda" }, lensl, 70, LT, 1e-4)
+
+  -- a memory fed in two pieces on cuda, lengths counted from each piece's
+  -- start, ends as the cpu's ragged run (piece 1: 8 tokens, 2 steps, a
+  -- whole refresh block)
+  local r = m.rule(cases[2][2])
+  local whole = r:run { k = rk, v = rv, theta = rtheta, lengths = lens4, init = rinit2 }
+  local mem = r:memory { B = RB, H = RH, dk = dk, dv = dv, init = rinit2, device = "cuda" }
+  local function piece(t0, n)
+    local l = {}
+    for b, len in ipairs(lens4) do l[b] = math.max(0, math.min(n, len - t0)) end
+    return mem:run { k = rk:narrow(3, t0 + 1, n), v = rv:narrow(3, t0 + 1, n), theta = rtheta:narrow(3, t0 + 1, n),
+                     lengths = l }
+  end
+  local o1, o2 = piece(0, 8), piece(8, RT - 8)
+  local y = m.cat({ o1.y:cpu(), o2.y:cpu() }, 3)
+  local loss = m.cat({ o1.loss:cpu(), o2.loss:cpu() }, 3)
+  local st = mem:state()
+  T.ok("cuda/lengths: a memory fed in pieces: y as the cpu's ragged run", rel(y, whole.outputs.y) < 1e-4,
+    ("rel %.3g"):format(rel(y, whole.outputs.y)))
+  T.ok("cuda/lengths: a memory fed in pieces: loss as the cpu's ragged run", rel(loss, whole.outputs.loss) < 1e-4)
+  T.ok("cuda/lengths: a memory fed in pieces: final weights and momenta",
+    rel(st.W1:cpu(), whole.final.W1) < 1e-4 and rel(st.W2:cpu(), whole.final.W2) < 1e-4 and
+    rel(st.S_W1:cpu(), whole.final.S_W1) < 1e-4, ("rel %.3g"):format(rel(st.W1:cpu(), whole.final.W1)))
+else
+  T.raises("cuda/lengths: without a GPU a ragged run fails for that reason, not for lengths", function()
+    return m.rule(cases[2][2]):run { k = rk, v = rv, theta = rtheta, lengths = lens4, init = rinit2, device = "cuda" }
+  end, "cuda")
 end
 T.done()

@@ -48,13 +48,15 @@ Environment (all optional):
                               its files; 0: the same files without them.
                               Default: 1 on the cpu; on cuda the options
                               the CUDA engine runs (CUDA_V2 below)
-The CUDA engine of this version runs qk_norm and precondition and refuses
-the other v2 options with a one-line error (the cpu engine runs them all),
-so on cuda the files are by default those with only these two: every configuration then
-runs on the GPU, and the other options are held to the reference by the cpu
-run (CI). With MNEMO_CONFORMANCE_V2=1 on cuda, a configuration with one of
-them runs with --device cpu in fp32 and its PASS line says so (cuda_pinned
-below).
+The CUDA engine of this version runs qk_norm, precondition and lengths
+and refuses the other v2 options with a one-line error (the cpu engine runs
+them all), so on cuda the files are by default those with only these three:
+every configuration then runs on the GPU, and the other options are held to
+the reference by the cpu run (CI). precondition and lengths run on the
+general path only, so with MNEMO_CUDA_PATH=fused or large the files leave
+them out too. With MNEMO_CONFORMANCE_V2=1 on cuda, a configuration with an
+option the engine (or the forced path) does not run runs with --device cpu
+in fp32 and its PASS line says so (cuda_pinned below).
 
 Replay one configuration: gen_experiments.py --seed S --count N+1 --out D
 (with --min-width 16 for one labelled wide16/), then `mnemo run
@@ -322,15 +324,29 @@ def regressions():
 # default.
 CPU_ONLY_ATTRS = {"out_norm": "none"}
 # The v2 options the CUDA engine runs (gen_experiments.V2_OPTIONS).
-CUDA_V2 = ("qk_norm", "precondition")
+CUDA_V2 = ("qk_norm", "precondition", "lengths")
+# Those of them only its general path runs (kernels/plan.c): a forced fused
+# or large path (MNEMO_CUDA_PATH) refuses them by name.
+GENERAL_ONLY_V2 = ("precondition", "lengths")
+
+
+def forced_fast_path():
+    """The fused or large path when MNEMO_CUDA_PATH forces one, else None."""
+    path = os.environ.get("MNEMO_CUDA_PATH", "")
+    return path if path in ("fused", "large") else None
 
 
 def v2_options(device):
     """make_config's v2 for this run: MNEMO_CONFORMANCE_V2, or by default
-    every option on the cpu and those the CUDA engine runs on cuda."""
+    every option on the cpu and those the CUDA engine runs on cuda (on the
+    path MNEMO_CUDA_PATH forces)."""
     if "MNEMO_CONFORMANCE_V2" in os.environ:
         return env_int("MNEMO_CONFORMANCE_V2", 1) != 0
-    return True if device == "cpu" else CUDA_V2
+    if device == "cpu":
+        return True
+    if forced_fast_path():
+        return tuple(o for o in CUDA_V2 if o not in GENERAL_ONLY_V2)
+    return CUDA_V2
 
 
 def describe_v2(v2):
@@ -346,8 +362,12 @@ def cuda_pinned(cfg):
     why = ["%s=%s" % (a, rule.get(a, d)) for a, d in CPU_ONLY_ATTRS.items() if rule.get(a, d) != d]
     if rule.get("glu", 0):
         why.append("glu")
-    if "lengths" in cfg["inputs"]:
-        why.append("lengths")
+    fast = forced_fast_path()
+    if fast:
+        if rule.get("precondition", "none") != "none":
+            why.append("precondition=%s on the forced %s path" % (rule["precondition"], fast))
+        if "lengths" in cfg["inputs"]:
+            why.append("lengths on the forced %s path" % fast)
     return why
 
 

@@ -265,8 +265,48 @@ static void test_newton_schulz(void)
     mn_rule_free(&r);
 }
 
+/* lengths (ragged batches) are a run's input, read by the general kernel at
+ * run time: the source does not change with them, and the plan of a run with
+ * lengths is the general path, whatever the sizes would pick (fused for a
+ * small rule, large for a wide one), with a forced fused or large path
+ * refused by name. Without lengths the same rule keeps its fast path. */
+static void test_ragged_plan(void)
+{
+    mn_rule r;
+    mn_rule_init(&r);
+    r.layers = 2;
+    r.step = 4;
+    mn_dims small = {2, 3, 10, 16, 8, 32, 0}, wide = {1, 1, 10, 256, 256, 64, 0};
+    mn_cuda_plan pl;
+    unsetenv("MNEMO_CUDA_PATH");
+    bool fused = mn_cuda_plan_run(&r, &small, MN_PREC_FP32, 6, 90, 0, false, &pl) == MN_OK && pl.path == MN_PATH_FUSED;
+    CHECK("codegen/lengths/plan_without_lengths_fused", fused);
+    bool planned = mn_cuda_plan_run(&r, &small, MN_PREC_FP32, 6, 90, 0, true, &pl) == MN_OK;
+    CHECK("codegen/lengths/plan_general", planned && pl.path == MN_PATH_GENERAL && strstr(pl.why, "lengths"));
+    planned = mn_cuda_plan_run(&r, &wide, MN_PREC_FP32, 1, 90, 0, true, &pl) == MN_OK;
+    CHECK("codegen/lengths/plan_general_not_large", planned && pl.path == MN_PATH_GENERAL);
+    const char *paths[] = {"fused", "large"};
+    for (int i = 0; i < 2; i++) {
+        char label[64];
+        setenv("MNEMO_CUDA_PATH", paths[i], 1);
+        snprintf(label, sizeof label, "codegen/lengths/forced_%s_refused", paths[i]);
+        CHECK(label, mn_cuda_plan_run(&r, &small, MN_PREC_FP32, 6, 90, 0, true, &pl) != MN_OK &&
+                         strstr(mn_last_error(), "lengths") && strstr(mn_last_error(), paths[i]));
+    }
+    setenv("MNEMO_CUDA_PATH", "general", 1);
+    CHECK("codegen/lengths/forced_general", mn_cuda_plan_run(&r, &small, MN_PREC_FP32, 6, 90, 0, true, &pl) == MN_OK &&
+                                                pl.path == MN_PATH_GENERAL);
+    unsetenv("MNEMO_CUDA_PATH");
+    char *src = mn_cuda_rule_source(&r, &small, MN_PREC_FP32);
+    CHECK("codegen/lengths/general_source_reads_them", src && strstr(src, "a.lengths[m / a.heads]"));
+    if (src) compile_line("codegen/nvrtc_sm90/general_with_lengths", src);
+    free(src);
+    mn_rule_free(&r);
+}
+
 int main(void)
 {
+    test_ragged_plan();
     test_newton_schulz();
     test_cache_key();
     test_broken_source();
