@@ -28,11 +28,11 @@
 -- sequence at the largest chunk size, a PNG plot (recall vs chunk size)
 -- and an HDF5 file with every number (recall for every theta).
 -- What to expect (full size, measured: 8 streams of 1024 words): with
--- chunks of 16 the three are close (mlp 0.50, swiglu 0.49, swiglu+ns
--- 0.48); with 64 Newton-Schulz edges ahead (0.41 against 0.39 and 0.40);
--- with 256 it leads clearly (0.29 against 0.23 and 0.25, at theta 16 where
--- the others do best at 8), and by chunk it recalls 0.34, 0.40, 0.41 of
--- chunks 2-4 where swiglu recalls 0.28, 0.34, 0.36. Bigger chunks recall
+-- chunks of 16 the three are close (mlp 0.50, swiglu 0.48, swiglu+ns
+-- 0.52); with 64 Newton-Schulz leads (0.44 against 0.40 and 0.39); with
+-- 256 it leads clearly (0.30 against 0.22 and 0.24, at theta 16 where
+-- the others do best at 8), and by chunk it recalls 0.35, 0.42, 0.44 of
+-- chunks 2-4 where swiglu recalls 0.28, 0.33, 0.35. Bigger chunks recall
 -- less in all: a chunk cannot read its own words, and a 1024-word stream
 -- has only 4 chunks of 256 (the first reads the initial weights: ~0).
 --
