@@ -122,6 +122,9 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
     if (r->precondition != MN_PRECOND_NONE)
         snprintf(only_general, sizeof only_general, "precondition %s: the general path runs it",
                  mn_part_name(&mn_precond_set, r->precondition));
+    else if (r->out_norm != MN_NORM_NONE)
+        snprintf(only_general, sizeof only_general, "out_norm %s: the general path runs it",
+                 mn_part_name(&mn_norm_set, r->out_norm));
     if (only_general[0]) {
         fused = 0;
         snprintf(nofuse, sizeof nofuse, "%s", only_general);

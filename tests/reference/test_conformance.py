@@ -48,9 +48,10 @@ Environment (all optional):
                               its files; 0: the same files without them.
                               Default: 1 on the cpu; on cuda the options
                               the CUDA engine runs (CUDA_V2 below)
-The CUDA engine of this version runs qk_norm and precondition and refuses
-the other v2 options with a one-line error (the cpu engine runs them all),
-so on cuda the files are by default those with only these two: every configuration then
+The CUDA engine of this version runs out_norm, qk_norm and precondition
+and refuses the other v2 options (glu, lengths) with a one-line error (the
+cpu engine runs them all), so on cuda the files are by default those with
+only these three: every configuration then
 runs on the GPU, and the other options are held to the reference by the cpu
 run (CI). With MNEMO_CONFORMANCE_V2=1 on cuda, a configuration with one of
 them runs with --device cpu in fp32 and its PASS line says so (cuda_pinned
@@ -319,10 +320,10 @@ def regressions():
 
 # Rule options the CUDA engine does not run yet (MN_PART_CPU_ONLY rows of
 # model/rule.def; mnemo refuses them there, naming the option): attr -> its
-# default.
-CPU_ONLY_ATTRS = {"out_norm": "none"}
+# default. None in this version: glu and lengths are not rows (cuda_pinned).
+CPU_ONLY_ATTRS = {}
 # The v2 options the CUDA engine runs (gen_experiments.V2_OPTIONS).
-CUDA_V2 = ("qk_norm", "precondition")
+CUDA_V2 = ("out_norm", "qk_norm", "precondition")
 
 
 def v2_options(device):
