@@ -47,7 +47,9 @@ Environment (all optional):
                               out_norm, qk_norm, precondition, lengths) in
                               its files; 0: the same files without them.
                               Default: 1 on the cpu; on cuda the options
-                              the CUDA engine runs (CUDA_V2 below)
+                              the CUDA engine runs (CUDA_V2 below; with
+                              MNEMO_CUDA_PATH=fused or large, without those
+                              only its general path runs)
 The CUDA engine of this version runs out_norm, qk_norm and precondition
 and refuses the other v2 options (glu, lengths) with a one-line error (the
 cpu engine runs them all), so on cuda the files are by default those with
@@ -324,14 +326,24 @@ def regressions():
 CPU_ONLY_ATTRS = {}
 # The v2 options the CUDA engine runs (gen_experiments.V2_OPTIONS).
 CUDA_V2 = ("out_norm", "qk_norm", "precondition")
+# Of those, the ones only its general path runs (kernels/plan.c): with
+# MNEMO_CUDA_PATH=fused or large mnemo refuses them, naming the option.
+GENERAL_ONLY_ATTRS = {"out_norm": "none", "precondition": "none"}
+
+
+def fast_path_forced():
+    return os.environ.get("MNEMO_CUDA_PATH") in ("fused", "large")
 
 
 def v2_options(device):
     """make_config's v2 for this run: MNEMO_CONFORMANCE_V2, or by default
-    every option on the cpu and those the CUDA engine runs on cuda."""
+    every option on the cpu and those the CUDA engine runs on cuda (on the
+    path forced by MNEMO_CUDA_PATH, if any)."""
     if "MNEMO_CONFORMANCE_V2" in os.environ:
         return env_int("MNEMO_CONFORMANCE_V2", 1) != 0
-    return True if device == "cpu" else CUDA_V2
+    if device == "cpu":
+        return True
+    return tuple(o for o in CUDA_V2 if not (fast_path_forced() and o in GENERAL_ONLY_ATTRS))
 
 
 def describe_v2(v2):
@@ -342,9 +354,11 @@ def describe_v2(v2):
 
 def cuda_pinned(cfg):
     """The SPEC v2 options of a configuration that the cuda engine does not
-    run yet, as 'attr=value' words, or []."""
+    run yet (or not on the path MNEMO_CUDA_PATH forces), as 'attr=value'
+    words, or []."""
     rule = cfg["rule"]
-    why = ["%s=%s" % (a, rule.get(a, d)) for a, d in CPU_ONLY_ATTRS.items() if rule.get(a, d) != d]
+    pinned = dict(CPU_ONLY_ATTRS, **(GENERAL_ONLY_ATTRS if fast_path_forced() else {}))
+    why = ["%s=%s" % (a, rule.get(a, d)) for a, d in pinned.items() if rule.get(a, d) != d]
     if rule.get("glu", 0):
         why.append("glu")
     if "lengths" in cfg["inputs"]:
@@ -396,7 +410,9 @@ def main():
             # configurations the cuda engine does not run: on the cpu, in fp32
             run_device, run_precision = ("cpu", "fp32") if pinned else (device, precision)
             rtol, grad_rtol = RTOL[run_precision], GRAD_RTOL[run_precision]
-            pin_note = ["on the cpu: the cuda engine does not run %s yet" % " or ".join(pinned)] if pinned else []
+            pin_note = ["on the cpu: the cuda engine%s does not run %s" % (
+                " (MNEMO_CUDA_PATH=%s)" % os.environ["MNEMO_CUDA_PATH"] if fast_path_forced() else "",
+                " or ".join(pinned))] if pinned else []
             ref_path = exp_path.replace(".exp.h5", ".ref.h5")
             res_path = exp_path.replace(".exp.h5", ".res.h5")
             try:  # the reference must take every generated file
