@@ -284,7 +284,9 @@ rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =
              memory for the whole sequence, products on tensor cores
              (layers 1-2, dk, dv <= 128, hidden <= 4 d, when they fit)
     large    a dimension >= 256: cuBLAS products, each step from a graph
-    general  everything else (one thread block per memory, plain loops)
+    general  everything else (one thread block per memory, plain loops),
+             and every rule with out_norm or precondition = "newton_schulz"
+             (only this path runs them; forcing another is an error)
   For the GPU here, else for arch (e.g. 80 for sm_80; default sm_90).
   Fields: path, why, forced, rows (token rows per chunk), threads,
   smem_bytes, kernel, memories, precision, arch, device.

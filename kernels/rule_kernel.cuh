@@ -178,7 +178,8 @@ __device__ __forceinline__ void mn_ws_init(mn_ws *ws, float *base)
 
 /* out_norm's slices of the block's workspace and memory m's ln_g, ln_b
  * (the kernels call it after mn_ws_init; nothing without out_norm). */
-__device__ __forceinline__ void mn_ws_out_norm(mn_ws *ws, float *base, const mn_rule_kargs &a, long long m)
+__device__ __forceinline__ void mn_ws_out_norm(mn_ws *ws, float *base, const float *ln_g, const float *ln_b,
+                                               long long m)
 {
 #if MN_OUT_NORM
     mn_rule_layout lo;
@@ -186,10 +187,10 @@ __device__ __forceinline__ void mn_ws_out_norm(mn_ws *ws, float *base, const mn_
     mn_rule_layout_out_norm(&lo, MN_DV, MN_ROWS);
     ws->nhat = base + lo.nhat;
     ws->ns = base + lo.ns;
-    ws->ln_g = a.ln_g + m * MN_DV;
-    ws->ln_b = a.ln_b + m * MN_DV;
+    ws->ln_g = ln_g + m * MN_DV;
+    ws->ln_b = ln_b + m * MN_DV;
 #else
-    (void)ws, (void)base, (void)a, (void)m;
+    (void)ws, (void)base, (void)ln_g, (void)ln_b, (void)m;
 #endif
 }
 
@@ -442,7 +443,7 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kerne
     const int tid = threadIdx.x;
     mn_ws ws;
     mn_ws_init(&ws, a.work + m * a.work_floats);
-    mn_ws_out_norm(&ws, a.work + m * a.work_floats, a, m);
+    mn_ws_out_norm(&ws, a.work + m * a.work_floats, a.ln_g, a.ln_b, m);
     float *W[MN_NPARAMS], *Sm[MN_NPARAMS], *A[MN_NPARAMS];
     mn_memory_params(a.W, m, W);
     mn_memory_params(a.S, m, Sm);
@@ -580,7 +581,7 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_read_kerne
     const long long m = blockIdx.x, n = a.n;
     mn_ws ws;
     mn_ws_init(&ws, a.work + m * a.work_floats);
-    mn_ws_out_norm(&ws, a.work + m * a.work_floats, a, m);
+    mn_ws_out_norm(&ws, a.work + m * a.work_floats, a.ln_g, a.ln_b, m);
     float *W[MN_NPARAMS];
     mn_memory_params(a.W, m, W);
     const float *q = a.q + m * n * MN_DK;
