@@ -200,7 +200,7 @@ rule:run{k =, v = [, q =] [, lengths =] [, theta =, eta =, alpha =] [, init =] [
   batches; tokens at and after l_b of sequence b are padding (no gradient,
   not counted, y = 0, loss = 0; a step that starts there changes nothing).
   device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there (not
-  yet with glu or out_norm: refused by name; the cpu runs those; qk_norm,
+  yet with glu: refused by name; the cpu runs it; qk_norm, out_norm,
   precondition = "newton_schulz" and lengths run on both).
   grad = true keeps what res:backward{...} needs (help("Result:backward")).]],
   ["Result:backward"] = [[
@@ -284,7 +284,9 @@ rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =
              memory for the whole sequence, products on tensor cores
              (layers 1-2, dk, dv <= 128, hidden <= 4 d, when they fit)
     large    a dimension >= 256: cuBLAS products, each step from a graph
-    general  everything else (one thread block per memory, plain loops)
+    general  everything else (one thread block per memory, plain loops),
+             and every rule with out_norm or precondition = "newton_schulz"
+             (only this path runs them; forcing another is an error)
   For the GPU here, else for arch (e.g. 80 for sm_80; default sm_90).
   Fields: path, why, forced, rows (token rows per chunk), threads,
   smem_bytes, kernel, memories, precision, arch, device.

@@ -195,6 +195,17 @@ static mn_status prepare(const mn_memory_state *st, int64_t memories, const mn_c
     mn_rule_layout lo;
     mn_rule_layout_init(&lo, r->layers, r->bias, d->dk, d->dv, r->layers > 1 ? d->dh : 0,
                         mn_rule_chunk_rows(r->step));
+    /* out_norm: its gain and shift (the state's outer tensors, never updated) and its rows in the workspace */
+    if (mn_rule_outer_count(r) > 0) {
+        for (int j = 0; j < MN_OUTER_COUNT; j++)
+            if (!st->outer[j].storage || st->outer[j].storage->device != MN_CUDA ||
+                !mn_tensor_is_contiguous(&st->outer[j]))
+                return mn_fail(MN_ERR_ARG, "cuda engine: the memory state's %s is not contiguous on cuda",
+                               mn_outer_name(j));
+        a->ln_g = f32(&st->outer[0]);
+        a->ln_b = f32(&st->outer[1]);
+        mn_rule_layout_out_norm(&lo, d->dv, mn_rule_chunk_rows(r->step));
+    }
     a->work_floats = pl && pl->path == MN_PATH_FUSED ? mn_fused_work_floats(r, d) : lo.total;
     *work_bytes = sizeof(float) * (size_t)a->work_floats * (size_t)memories;
     return mn_cuda_alloc(*work_bytes, work);

@@ -97,6 +97,13 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
     return mn_cuda_plan_run(r, d, p, memories, arch, smem_limit, false, out);
 }
 
+/* Appends "what value: the general path runs it|them" to the list in buf. */
+static void add_reason(char *buf, size_t len, const char *what, const char *value, const char *pronoun)
+{
+    size_t used = strlen(buf);
+    snprintf(buf + used, len - used, "%s%s %s: the general path runs %s", used ? "; " : "", what, value, pronoun);
+}
+
 mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, int64_t memories, int arch,
                            long smem_limit, bool ragged, mn_cuda_plan *out)
 {
@@ -111,7 +118,7 @@ mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, i
     out->pdk = (int)up16(d->dk);
     out->pdv = (int)up16(d->dv);
     out->pdh = r->layers > 1 ? (int)up16(d->dh) : 0;
-    char nofuse[200];
+    char nofuse[256];
     int rows = 0;
     long smem = 0;
     int fused = fused_fit(r, d, smem_limit, out->threads, nofuse, sizeof nofuse, &rows, &smem);
@@ -124,16 +131,14 @@ mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, i
     if (r->layers > 1 && d->dh > big) big = d->dh;
 
     /* What only the general path runs in this version: the fast paths never see it. */
-    char only_general[160] = "";
+    char only_general[256] = "";
     if (r->precondition != MN_PRECOND_NONE)
-        snprintf(only_general, sizeof only_general, "precondition %s: the general path runs it",
-                 mn_part_name(&mn_precond_set, r->precondition));
+        add_reason(only_general, sizeof only_general, "precondition", mn_part_name(&mn_precond_set, r->precondition),
+                   "it");
+    if (r->out_norm != MN_NORM_NONE)
+        add_reason(only_general, sizeof only_general, "out_norm", mn_part_name(&mn_norm_set, r->out_norm), "it");
     /* lengths are an input, not a rule field: the caller says whether the run has them */
-    if (ragged) {
-        size_t used = strlen(only_general);
-        snprintf(only_general + used, sizeof only_general - used, "%slengths (ragged batches): the general path runs them",
-                 used ? "; " : "");
-    }
+    if (ragged) add_reason(only_general, sizeof only_general, "lengths", "(ragged batches)", "them");
     if (only_general[0]) {
         fused = 0;
         snprintf(nofuse, sizeof nofuse, "%s", only_general);

@@ -48,6 +48,7 @@ typedef struct mn_rule_kargs {
     const long long *lengths;              /* ragged batches (SPEC v2): [B] real tokens from the segment's
                                             * start, or NULL (every token real); memory m is sequence m / heads */
     long long heads;
+    const float *ln_g, *ln_b;              /* out_norm's gain and shift [B,H,dv], else NULL */
     long long n, nsteps, steps_done;
 } mn_rule_kargs;
 
@@ -57,6 +58,7 @@ typedef struct mn_rule_layout {
     long long y;                                            /* model output of the chunk */
     long long da, db;                                       /* backward ping-pong; loss terms */
     long long g[MN_RULE_MAX_PARAMS];                        /* the step's gradient per parameter */
+    long long nhat, ns;                                     /* out_norm: the normalised rows and their 1/rms */
     long long total;
 } mn_rule_layout;
 
@@ -110,7 +112,17 @@ MN_SHARED_FN void mn_rule_layout_init(mn_rule_layout *lo, int layers, int bias, 
         lo->g[p] = off;
         off += mn_param_numel(layers, bias, dk, dv, dh, p);
     }
+    lo->nhat = lo->ns = 0;
     lo->total = (off + 3) & ~3LL; /* every block's slice 16-byte aligned */
+}
+
+/* out_norm's part of the workspace, after the rest: what the backward
+ * through the norm reads (the CPU's nhat and s, model/mlp_cpu.c). */
+MN_SHARED_FN void mn_rule_layout_out_norm(mn_rule_layout *lo, long long dv, long long rows)
+{
+    lo->nhat = lo->total;
+    lo->ns = lo->nhat + rows * dv;
+    lo->total = (lo->ns + rows + 3) & ~3LL;
 }
 
 #endif /* MN_RULE_KERNEL_ARGS */
@@ -147,6 +159,8 @@ __device__ __forceinline__ float mn_round(float x) { return x; }
 /* This block's workspace slices. */
 struct mn_ws {
     float *z[MN_LAYERS], *h[MN_LAYERS], *y, *da, *db, *g[MN_NPARAMS];
+    float *nhat, *ns;          /* out_norm (mn_ws_out_norm), else unset */
+    const float *ln_g, *ln_b;  /* out_norm: this memory's gain and shift [dv] */
 };
 
 __device__ __forceinline__ void mn_ws_init(mn_ws *ws, float *base)
@@ -163,6 +177,24 @@ __device__ __forceinline__ void mn_ws_init(mn_ws *ws, float *base)
     ws->db = base + lo.db;
 #pragma unroll
     for (int p = 0; p < MN_NPARAMS; p++) ws->g[p] = base + lo.g[p];
+}
+
+/* out_norm's slices of the block's workspace and memory m's ln_g, ln_b
+ * (the kernels call it after mn_ws_init; nothing without out_norm). */
+__device__ __forceinline__ void mn_ws_out_norm(mn_ws *ws, float *base, const float *ln_g, const float *ln_b,
+                                               long long m)
+{
+#if MN_OUT_NORM
+    mn_rule_layout lo;
+    mn_rule_layout_init(&lo, MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, MN_ROWS);
+    mn_rule_layout_out_norm(&lo, MN_DV, MN_ROWS);
+    ws->nhat = base + lo.nhat;
+    ws->ns = base + lo.ns;
+    ws->ln_g = ln_g + m * MN_DV;
+    ws->ln_b = ln_b + m * MN_DV;
+#else
+    (void)ws, (void)base, (void)ln_g, (void)ln_b, (void)m;
+#endif
 }
 
 /* Sum of v over the block, returned to every thread. Starts with a barrier,
@@ -184,6 +216,74 @@ __device__ double mn_block_sum(double v)
     return part[0];
 }
 
+#if MN_OUT_NORM
+/* Sum of v over the warp, returned to every lane. */
+__device__ __forceinline__ double mn_warp_sum(double v)
+{
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+/* SPEC.md section 1's out_norm on the rows of the model's output, as
+ * model/rownorm.c and mn_mlp_forward compute it: out holds the last layer's
+ * o (no residual) on entry and y = g nhat + beta (+ x) on exit, with nhat = c
+ * s, c = o - mean o (layernorm, MN_OUT_NORM 1) or o (rmsnorm, 2), s = 1 /
+ * sqrt(|c|^2 / dv + 1e-6); nhat and s stay in ws for mn_out_norm_backward.
+ * One warp per row, sums in double; the products in float, unfused, as the
+ * CPU's loop. Ends with a barrier. */
+__device__ void mn_out_norm_forward(const float *x, int rows, float *out, const mn_ws *ws)
+{
+    const int lane = threadIdx.x & 31;
+    for (int r = threadIdx.x >> 5; r < rows; r += MN_RULE_THREADS / 32) {
+        float *o = out + (long long)r * MN_DV, *nh = ws->nhat + (long long)r * MN_DV;
+        double mu = 0.0, sq = 0.0;
+        if (MN_OUT_NORM == 1) {
+            for (int j = lane; j < MN_DV; j += 32) mu += o[j];
+            mu = mn_warp_sum(mu) / (double)MN_DV;
+        }
+        for (int j = lane; j < MN_DV; j += 32) {
+            const double c = (double)o[j] - mu;
+            sq += c * c;
+        }
+        const double sc = 1.0 / sqrt(mn_warp_sum(sq) / (double)MN_DV + 1e-6);
+        for (int j = lane; j < MN_DV; j += 32) {
+            const float h = (float)(((double)o[j] - mu) * sc);
+            float y = __fadd_rn(__fmul_rn(ws->ln_g[j], h), ws->ln_b[j]);
+            if (MN_RESIDUAL) y = __fadd_rn(y, x[(long long)r * MN_DK + j]);
+            nh[j] = h;
+            o[j] = y;
+        }
+        if (lane == 0) ws->ns[r] = (float)sc;
+    }
+    __syncthreads();
+}
+
+/* dL/do in place of dL/dy (da, rows x dv), after mn_out_norm_forward on these
+ * rows: with a = g dL/dy, do = s (a - nhat <a, nhat> / dv), centred for
+ * layernorm (model/rownorm.c mn_rownorm_vjp, as mn_mlp_backward calls it).
+ * The residual's x holds no parameter. Ends with a barrier. */
+__device__ void mn_out_norm_backward(int rows, float *da, const mn_ws *ws)
+{
+    const int lane = threadIdx.x & 31;
+    const double D = (double)MN_DV;
+    for (int r = threadIdx.x >> 5; r < rows; r += MN_RULE_THREADS / 32) {
+        float *d = da + (long long)r * MN_DV;
+        const float *h = ws->nhat + (long long)r * MN_DV;
+        const double sc = ws->ns[r];
+        double B = 0.0, mean = 0.0;
+        for (int j = lane; j < MN_DV; j += 32) B += (double)__fmul_rn(ws->ln_g[j], d[j]) * h[j];
+        B = mn_warp_sum(B);
+        if (MN_OUT_NORM == 1) {
+            for (int j = lane; j < MN_DV; j += 32) mean += sc * ((double)__fmul_rn(ws->ln_g[j], d[j]) - h[j] * B / D);
+            mean = mn_warp_sum(mean) / D;
+        }
+        for (int j = lane; j < MN_DV; j += 32)
+            d[j] = (float)(sc * ((double)__fmul_rn(ws->ln_g[j], d[j]) - h[j] * B / D) - mean);
+    }
+    __syncthreads();
+}
+#endif
+
 /* out[rows x dv] = M(x[rows x dk]; P), keeping z and h of the hidden layers
  * in the workspace for mn_backward. out may be global (retrieval) or ws->y.
  * Ends with a barrier. */
@@ -204,7 +304,7 @@ __device__ void mn_forward(float *const *P, const float *x, int rows, float *out
             for (int j = 0; j < ni; j++) acc += mn_round(xr[j]) * mn_round(wr[j]);
             if (MN_BIAS) acc += bi[o];
             if (last) {
-                if (MN_RESIDUAL) acc += x[(long long)r * MN_DK + o];
+                if (MN_RESIDUAL && !MN_OUT_NORM) acc += x[(long long)r * MN_DK + o];
                 out[e] = acc;
             } else {
                 ws->z[i][e] = acc;
@@ -214,12 +314,18 @@ __device__ void mn_forward(float *const *P, const float *x, int rows, float *out
         __syncthreads();
         if (!last) in = ws->h[i];
     }
+#if MN_OUT_NORM
+    mn_out_norm_forward(x, rows, out, ws);
+#endif
 }
 
 /* Adds the gradients of this chunk to ws->g, given dL/dy in ws->da (rows x dv)
  * after mn_forward on the same x at the same P. Ends with a barrier. */
 __device__ void mn_backward(float *const *P, const float *x, int rows, const mn_ws *ws)
 {
+#if MN_OUT_NORM
+    mn_out_norm_backward(rows, ws->da, ws);
+#endif
     float *dz = ws->da, *other = ws->db;
 #pragma unroll
     for (int i = MN_LAYERS - 1; i >= 0; i--) {
@@ -350,6 +456,7 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kerne
     const int tid = threadIdx.x;
     mn_ws ws;
     mn_ws_init(&ws, a.work + m * a.work_floats);
+    mn_ws_out_norm(&ws, a.work + m * a.work_floats, a.ln_g, a.ln_b, m);
     float *W[MN_NPARAMS], *Sm[MN_NPARAMS], *A[MN_NPARAMS];
     mn_memory_params(a.W, m, W);
     mn_memory_params(a.S, m, Sm);
@@ -511,6 +618,7 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_read_kerne
     const long long m = blockIdx.x, n = a.n;
     mn_ws ws;
     mn_ws_init(&ws, a.work + m * a.work_floats);
+    mn_ws_out_norm(&ws, a.work + m * a.work_floats, a.ln_g, a.ln_b, m);
     float *W[MN_NPARAMS];
     mn_memory_params(a.W, m, W);
     const float *q = a.q + m * n * MN_DK;

@@ -3,7 +3,8 @@
 
   - cuda tensors against the same call on cpu tensors (outputs, final state,
     gradients; the backward runs on CPU copies for now, with one warning),
-    and the same with lengths (ragged batches: padding outputs 0);
+    the same with lengths (ragged batches: padding outputs 0) and with
+    out_norm (ln_g, ln_b cuda tensors, their gradients too);
   - the caller's stream: the op on a side stream right after a long kernel
     that writes its input there, and its output read on that stream;
   - torch.compile(fullgraph=True) of a small model that calls the op
@@ -115,6 +116,33 @@ def main():
         report(not rows, "bridge_gpu/lengths/backward", "; ".join(rows))
     except Exception as e:
         report(False, "bridge_gpu/lengths", "%s: %s" % (type(e).__name__, e))
+
+    # ---- out_norm (the general path): ln_g, ln_b as cuda tensors ----
+    try:
+        nrule = mt.Rule({"layers": 2, "hidden": 16, "step": 4, "residual": True, "out_norm": "layernorm"})
+        base = dict(cpu, ln_g=1 + 0.3 * torch.randn(H, dv), ln_b=0.2 * torch.randn(dv))
+
+        def ncall(x):
+            return mt.run(nrule, x["k"], x["v"], x["theta"], q=x["q"], eta=x["eta"], alpha=x["alpha"],
+                          params={"W1": x["W1"], "W2": x["W2"]}, ln_g=x["ln_g"], ln_b=x["ln_b"])
+
+        xc = {n: t.clone().requires_grad_(True) for n, t in base.items()}
+        xg = {n: t.cuda().requires_grad_(True) for n, t in base.items()}
+        rc, rg = ncall(xc), ncall(xg)
+        rows = ["%s %.2g" % (n, rel(getattr(rg, n), getattr(rc, n))) for n in mt.OUTPUTS
+                if rel(getattr(rg, n), getattr(rc, n)) > 1e-4]
+        rows += ["final %s %.2g" % (n, rel(rg.params[n], rc.params[n]))
+                 for n in rc.params if rel(rg.params[n], rc.params[n]) > 1e-4]
+        report(not rows and rg.y.is_cuda, "bridge_gpu/out_norm_forward", "; ".join(rows) or "y not on cuda")
+        up = torch.randn(B, H, T, dv)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            (rg.y * up.cuda()).sum().backward()
+        (rc.y * up).sum().backward()
+        rows = ["%s %.2g" % (n, rel(xg[n].grad, xc[n].grad)) for n in base if rel(xg[n].grad, xc[n].grad) > 1e-4]
+        report(not rows, "bridge_gpu/out_norm_backward", "; ".join(rows))
+    except Exception as e:
+        report(False, "bridge_gpu/out_norm", "%s: %s" % (type(e).__name__, e))
 
     # ---- the caller's stream ----
     try:

@@ -4,10 +4,10 @@
 -- formulas of SPEC.md section 1 written here with tensor ops; keys and
 -- queries are used normalised (scaling them changes nothing); ln_g and ln_b
 -- are never updated, take the shapes of init tensors and get gradients that
--- match finite differences; the CUDA engine refuses out_norm's rows by name
--- and rule:plan says why, while qk_norm runs on every engine (the keys are
--- normalised where they live) and a CUDA run equals the CPU's; files carry
--- /init/ln_g and /grads/ln_g.
+-- match finite differences; out_norm runs on the CUDA engine's general path
+-- (rule:plan says why; a forced fast path is refused by name) and qk_norm on
+-- every path (the keys are normalised where they live), a CUDA run equal to
+-- the CPU's, gradients included; files carry /init/ln_g and /grads/ln_g.
 -- Run from the repository root: mnemo tests/lua/test_norm.lua
 local T = dofile("tests/lua/check.lua")
 local m = mnemo or require("mnemo")
@@ -33,8 +33,8 @@ local function normalise(kind, x)
 end
 
 -- Every row of both lists runs on the cpu with finite outputs, and the
--- rows are what the table says (flags: cpu_only for out_norm's normalising
--- rows; qk_norm's run on every engine).
+-- rows are what the table says (flags: none is cpu_only, every row runs on
+-- every engine).
 local rows = 0
 for _, list in ipairs({ "out_norm", "qk_norm" }) do
   for _, p in ipairs(voc.parts[list]) do
@@ -42,7 +42,7 @@ for _, list in ipairs({ "out_norm", "qk_norm" }) do
     local res = m.rule { [list] = p.name, theta = 0.1, step = 2 }:run { k = k, v = v, init = { W1 = W1 } }
     T.ok(("%s %s runs on the cpu with finite outputs"):format(list, p.name),
       res.outputs.y:norm() == res.outputs.y:norm() and res.outputs.skipped:sum() == 0)
-    T.eq(("%s %s: cpu_only flag"):format(list, p.name), p.flags.cpu_only, list == "out_norm" and p.name ~= "none")
+    T.ok(("%s %s: no cpu_only flag"):format(list, p.name), not p.flags.cpu_only)
   end
 end
 T.eq("out_norm and qk_norm have 3 rows each", rows, 6)
@@ -131,17 +131,127 @@ T.raises("ln_g without out_norm is refused", function()
   m.rule { theta = 0.1 }:run { k = k, v = v, init = { W1 = W1, ln_g = g0 } }
 end, "out_norm none")
 
--- The CUDA engine does not run out_norm's rows: a clear error, and plan says why.
-for _, opts in ipairs({ { out_norm = "layernorm" }, { out_norm = "rmsnorm", qk_norm = "rms" } }) do
-  opts.theta = 0.1
-  local rule = m.rule(opts)
-  T.raises("out_norm: device cuda is refused by name", function()
-    rule:run { k = k, v = v, device = "cuda" }
-  end, ("out_norm '%s' is run by the cpu engine only"):format(opts.out_norm))
-  local plan = rule:plan { dk = d, dv = d }
-  T.eq("out_norm: rule:plan takes the cpu", plan.path, "cpu")
-  T.ok("out_norm: rule:plan says why", plan.why:lower():find("cpu", 1, true) ~= nil, plan.why)
+-- out_norm runs on cuda's general path (kernels/rule_kernel.cuh): rule:plan
+-- says so and why; tests/gpu/run_gpu_tests.sh runs this file with each path
+-- forced too (MNEMO_CUDA_PATH), and a forced fused or large path is refused
+-- naming out_norm; a CUDA run equals the cpu's: y, loss, grad_norm, the final
+-- weights and momenta, and the gradients of grad = true (ln_g, ln_b included).
+local forced = os.getenv("MNEMO_CUDA_PATH")
+local fast_forced = forced == "fused" or forced == "large"
+local path_name = forced or "planned"
+for _, on in ipairs({ "layernorm", "rmsnorm" }) do
+  local rule = m.rule { out_norm = on, theta = 0.1 }
+  local what = ("out_norm %s: the general path runs it"):format(on)
+  if fast_forced then
+    T.raises(("out_norm %s: rule:plan with MNEMO_CUDA_PATH=%s is refused naming it"):format(on, forced), function()
+      return rule:plan { dk = d, dv = d }
+    end, what)
+  else
+    local plan = rule:plan { dk = d, dv = d }
+    if plan.why:find("no CUDA", 1, true) then
+      T.ok("out_norm " .. on .. ": rule:plan in a build without CUDA: the cpu engine runs it", plan.path == "cpu")
+    elseif forced == "general" then
+      T.eq("out_norm " .. on .. ": rule:plan with MNEMO_CUDA_PATH=general", plan.path, "general")
+    else
+      T.ok("out_norm " .. on .. ": rule:plan takes the general path and says why: " .. plan.why,
+        plan.path == "general" and plan.why:find(what, 1, true) ~= nil)
+      -- a hidden layer of 256 would take the large path without out_norm
+      local wide = m.rule { out_norm = on, layers = 2, theta = 0.1 }:plan { dk = d, dv = d, hidden = 256 }
+      T.ok("out_norm " .. on .. ": general, not large, at hidden 256: " .. wide.why,
+        wide.path == "general" and wide.why:find(what, 1, true) ~= nil)
+    end
+  end
 end
+
+-- The cases against the cpu: both norms, with and without residual, 1 to 3
+-- layers, bias on and off, ln_g, ln_b given ([dv], [H,dv], [B,H,dv]) or
+-- default, q given or not, both retrieves, a clip, gates; "long" has steps
+-- of 70 tokens (two chunks of the kernel's rows) and dv = 40 (more than a
+-- warp's lanes per row).
+local kl, vl, ql = m.randn(1, 2, 140, 40) * 0.5, m.randn(1, 2, 140, 40), m.randn(1, 2, 140, 40) * 0.5
+local cases = {
+  { name = "layernorm linear", rule = { out_norm = "layernorm", theta = 0.1, step = 2 },
+    init = { W1 = W1, ln_g = g0, ln_b = b0 } },
+  { name = "rmsnorm linear bias residual", rule = { out_norm = "rmsnorm", bias = true, residual = true, theta = 0.1,
+    eta = 0.5, step = 3, retrieve = "before" },
+    init = { W1 = W1, b1 = m.randn(d) * 0.2, ln_g = m.rand(B, H, d) + 0.5, ln_b = m.randn(d) * 0.3 }, q = q },
+  { name = "layernorm mlp2 residual", rule = { out_norm = "layernorm", layers = 2, hidden = 8, residual = true,
+    theta = 0.05, eta = 0.5, alpha = 0.01, step = 2 },
+    init = { W1 = m.randn(8, d) * 0.4, W2 = m.randn(d, 8) * 0.4, ln_g = g0, ln_b = b0 }, q = q },
+  { name = "rmsnorm mlp2 no bias clip", rule = { out_norm = "rmsnorm", layers = 2, hidden = 8, bias = false,
+    activation = "gelu", clip = "norm", clip_max = 0.05, theta = 0.1, step = 3, refresh = 6 },
+    init = { W1 = m.randn(8, d) * 0.4, W2 = m.randn(d, 8) * 0.4, ln_b = b0 } },
+  { name = "layernorm mlp3 default ln", rule = { out_norm = "layernorm", layers = 3, hidden = 6, theta = 0.1,
+    step = 1, retrieve = "before" },
+    init = { W1 = m.randn(6, d) * 0.4, W2 = m.randn(6, 6) * 0.4, W3 = m.randn(d, 6) * 0.4 } },
+  { name = "layernorm mlp2 residual long", rule = { out_norm = "layernorm", layers = 2, hidden = 16,
+    residual = true, theta = 0.02, eta = 0.5, step = 70 },
+    init = { W1 = m.randn(16, 40) * 0.2, W2 = m.randn(40, 16) * 0.2, ln_g = m.rand(40) + 0.5,
+      ln_b = m.randn(40) * 0.3 }, k = kl, v = vl, q = ql },
+  { name = "rmsnorm linear long", rule = { out_norm = "rmsnorm", theta = 0.02, step = 70, retrieve = "before" },
+    init = { W1 = m.randn(40, 40) * 0.2, ln_g = m.rand(2, 40) + 0.5 }, k = kl, v = vl },
+}
+for _, c in ipairs(cases) do
+  local rule = m.rule(c.rule)
+  local ck, cv = c.k or k, c.v or v
+  local label = ("out_norm on cuda (%s path), %s"):format(path_name, c.name)
+  if not m.cuda_available() then
+    local ok, err = pcall(rule.run, rule, { k = ck, v = cv, init = c.init, device = "cuda" })
+    err = tostring(err)
+    T.ok(label .. ": without a GPU, device cuda fails for that reason, not for out_norm",
+      not ok and err:lower():find("cuda", 1, true) ~= nil and not err:find("out_norm", 1, true), err)
+  elseif fast_forced then
+    T.raises(label .. ": refused naming out_norm", function()
+      rule:run { k = ck, v = cv, init = c.init, device = "cuda" }
+    end, ("out_norm %s: the general path runs it"):format(c.rule.out_norm))
+  else
+    local cpu = rule:run { k = ck, v = cv, q = c.q, init = c.init, grad = true }
+    local gpu = rule:run { k = ck, v = cv, q = c.q, init = c.init, device = "cuda", grad = true }
+    local worst, where = 0, "-"
+    for _, name in ipairs({ "y", "loss", "grad_norm", "clip_scale", "skipped" }) do
+      local e = rel(gpu.outputs[name]:cpu(), cpu.outputs[name])
+      if not (e <= worst) then worst, where = e, name end
+    end
+    local finals = 0
+    for name, t in pairs(cpu.final) do
+      finals = finals + 1
+      local e = gpu.final[name] and rel(gpu.final[name]:cpu(), t) or math.huge
+      if not (e <= worst) then worst, where = e, "final." .. name end
+    end
+    -- every weight and momentum compared: W_i, S_W_i (and b_i, S_b_i with bias)
+    local layers = c.rule.layers or 1
+    local bias = c.rule.bias
+    if bias == nil then bias = layers >= 2 end
+    T.ok(label .. ": outputs, final weights and momenta as the cpu's",
+      worst < 1e-4 and finals == 2 * layers * (bias and 2 or 1),
+      ("worst %s: %.3g; %d final tensors"):format(where, worst, finals))
+    local Tc = ck.shape[3]
+    local up = { dy = m.randn(ck.shape[1], ck.shape[2], Tc, cv.shape[4]), dloss = m.randn(ck.shape[1], ck.shape[2], Tc) }
+    local gc, gg = cpu:backward(up), gpu:backward(up)
+    worst, where = 0, "-"
+    for _, name in ipairs({ "k", "v", "theta" }) do
+      local e = rel(gg[name]:cpu(), gc[name])
+      if not (e <= worst) then worst, where = e, name end
+    end
+    for name, t in pairs(gc.init) do
+      local e = gg.init[name] and rel(gg.init[name]:cpu(), t) or math.huge
+      if not (e <= worst) then worst, where = e, "init." .. name end
+    end
+    T.ok(label .. ": gradients (grad = true) as the cpu's, ln_g and ln_b included",
+      worst < 1e-4 and gg.init.ln_g ~= nil and gg.init.ln_b ~= nil, ("worst %s: %.3g"):format(where, worst))
+  end
+end
+
+-- A memory on cuda: writes, then reads (the read kernel) with ln_g, ln_b.
+if m.cuda_available() and not fast_forced then
+  local cpu_mem = ttt:memory { B = B, H = H, dk = d, init = tinit }
+  local gpu_mem = ttt:memory { B = B, H = H, dk = d, init = tinit, device = "cuda" }
+  cpu_mem:write(k, v)
+  gpu_mem:write(k, v)
+  T.ok(("out_norm on cuda (%s path): a memory's write then read as the cpu's"):format(path_name),
+    rel(gpu_mem:read(q):cpu(), cpu_mem:read(q)) < 1e-4, rel(gpu_mem:read(q):cpu(), cpu_mem:read(q)))
+end
+
 -- qk_norm runs on cuda (every path): the same run as the cpu's, gradients
 -- of a CUDA run included (they are computed by the cpu engine for now).
 for _, qn in ipairs({ "l2", "rms" }) do

@@ -47,16 +47,18 @@ Environment (all optional):
                               out_norm, qk_norm, precondition, lengths) in
                               its files; 0: the same files without them.
                               Default: 1 on the cpu; on cuda the options
-                              the CUDA engine runs (CUDA_V2 below)
-The CUDA engine of this version runs qk_norm, precondition and lengths
-and refuses the other v2 options with a one-line error (the cpu engine runs
-them all), so on cuda the files are by default those with only these three:
-every configuration then runs on the GPU, and the other options are held to
-the reference by the cpu run (CI). precondition and lengths run on the
-general path only, so with MNEMO_CUDA_PATH=fused or large the files leave
-them out too. With MNEMO_CONFORMANCE_V2=1 on cuda, a configuration with an
-option the engine (or the forced path) does not run runs with --device cpu
-in fp32 and its PASS line says so (cuda_pinned below).
+                              the CUDA engine runs (CUDA_V2 below; with
+                              MNEMO_CUDA_PATH=fused or large, without those
+                              only its general path runs)
+The CUDA engine of this version runs out_norm, qk_norm, precondition and
+lengths and refuses glu with a one-line error (the cpu engine runs them
+all), so on cuda the files are by default those without glu: every
+configuration then runs on the GPU, and glu is held to the reference by the
+cpu run (CI). out_norm, precondition and lengths run on the general path
+only, so with MNEMO_CUDA_PATH=fused or large the files leave them out too.
+With MNEMO_CONFORMANCE_V2=1 on cuda, a configuration with an option the
+engine (or the forced path) does not run runs with --device cpu in fp32 and
+its PASS line says so (cuda_pinned below).
 
 Replay one configuration: gen_experiments.py --seed S --count N+1 --out D
 (with --min-width 16 for one labelled wide16/), then `mnemo run
@@ -321,13 +323,13 @@ def regressions():
 
 # Rule options the CUDA engine does not run yet (MN_PART_CPU_ONLY rows of
 # model/rule.def; mnemo refuses them there, naming the option): attr -> its
-# default.
-CPU_ONLY_ATTRS = {"out_norm": "none"}
+# default. None in this version: glu and lengths are not rows (cuda_pinned).
+CPU_ONLY_ATTRS = {}
 # The v2 options the CUDA engine runs (gen_experiments.V2_OPTIONS).
-CUDA_V2 = ("qk_norm", "precondition", "lengths")
+CUDA_V2 = ("out_norm", "qk_norm", "precondition", "lengths")
 # Those of them only its general path runs (kernels/plan.c): a forced fused
 # or large path (MNEMO_CUDA_PATH) refuses them by name.
-GENERAL_ONLY_V2 = ("precondition", "lengths")
+GENERAL_ONLY_V2 = ("out_norm", "precondition", "lengths")
 
 
 def forced_fast_path():
@@ -357,15 +359,17 @@ def describe_v2(v2):
 
 def cuda_pinned(cfg):
     """The SPEC v2 options of a configuration that the cuda engine does not
-    run yet, as 'attr=value' words, or []."""
+    run yet (or not on the path MNEMO_CUDA_PATH forces), as 'attr=value'
+    words, or []."""
     rule = cfg["rule"]
     why = ["%s=%s" % (a, rule.get(a, d)) for a, d in CPU_ONLY_ATTRS.items() if rule.get(a, d) != d]
     if rule.get("glu", 0):
         why.append("glu")
     fast = forced_fast_path()
     if fast:
-        if rule.get("precondition", "none") != "none":
-            why.append("precondition=%s on the forced %s path" % (rule["precondition"], fast))
+        for attr in ("out_norm", "precondition"):
+            if rule.get(attr, "none") != "none":
+                why.append("%s=%s on the forced %s path" % (attr, rule[attr], fast))
         if "lengths" in cfg["inputs"]:
             why.append("lengths on the forced %s path" % fast)
     return why
@@ -415,7 +419,9 @@ def main():
             # configurations the cuda engine does not run: on the cpu, in fp32
             run_device, run_precision = ("cpu", "fp32") if pinned else (device, precision)
             rtol, grad_rtol = RTOL[run_precision], GRAD_RTOL[run_precision]
-            pin_note = ["on the cpu: the cuda engine does not run %s yet" % " or ".join(pinned)] if pinned else []
+            pin_note = ["on the cpu: the cuda engine%s does not run %s" % (
+                " (MNEMO_CUDA_PATH=%s)" % os.environ["MNEMO_CUDA_PATH"] if forced_fast_path() else "",
+                " or ".join(pinned))] if pinned else []
             ref_path = exp_path.replace(".exp.h5", ".ref.h5")
             res_path = exp_path.replace(".exp.h5", ".res.h5")
             try:  # the reference must take every generated file

@@ -4,7 +4,8 @@
  * both retrieve modes, refresh 0 / c / a multiple, long steps (chunked rows)
  * and the three precisions; constants are folded into literals; the cache
  * key changes with each of its inputs; a broken source fails with NVRTC's
- * log; and the disk cache writes and reads a CUBIN. */
+ * log; the disk cache writes and reads a CUBIN; newton_schulz and out_norm
+ * sources compile and plan to the general path. */
 #include "check.h"
 
 #ifdef MN_HAVE_CUDA
@@ -304,9 +305,83 @@ static void test_ragged_plan(void)
     mn_rule_free(&r);
 }
 
+/* out_norm (layernorm, rmsnorm): the general path's source carries the norm
+ * and compiles in each precision (1 to 3 layers, bias and residual on and
+ * off, a step longer than a chunk); a rule without it says 0; the plan sends
+ * it to the general path, where it would be fused (small) or large (a hidden
+ * layer of 256), with the reason, and refuses a forced fused or large path
+ * by name. */
+static void test_out_norm(void)
+{
+    static const struct {
+        const char *name;
+        mn_norm norm;
+        int layers, bias, residual, step;
+        mn_precision prec;
+        int64_t dk, dv, dh;
+    } cases[] = {
+        {"layernorm_mlp2_residual_fp32", MN_NORM_LAYERNORM, 2, 1, 1, 70, MN_PREC_FP32, 8, 8, 12},
+        {"rmsnorm_linear_tf32", MN_NORM_RMSNORM, 1, 0, 0, 3, MN_PREC_TF32, 6, 5, 0},
+        {"layernorm_mlp3_bf16", MN_NORM_LAYERNORM, 3, 0, 0, 2, MN_PREC_BF16, 4, 40, 7},
+        {"rmsnorm_mlp2_residual_bias_bf16", MN_NORM_RMSNORM, 2, 1, 1, 1, MN_PREC_BF16, 33, 33, 9},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        mn_rule r;
+        mn_rule_init(&r);
+        r.layers = cases[i].layers;
+        r.bias = cases[i].bias;
+        r.residual = cases[i].residual;
+        r.step = cases[i].step;
+        r.out_norm = cases[i].norm;
+        mn_dims d = {2, 3, 10, cases[i].dk, cases[i].dv, cases[i].dh, 0};
+        char *src = mn_cuda_rule_source(&r, &d, cases[i].prec);
+        char label[120], define[40];
+        snprintf(define, sizeof define, "#define MN_OUT_NORM %d", cases[i].norm == MN_NORM_LAYERNORM ? 1 : 2);
+        snprintf(label, sizeof label, "codegen/out_norm/source/%s", cases[i].name);
+        CHECK(label, src && strstr(src, define) && strstr(src, "mn_out_norm_backward"));
+        snprintf(label, sizeof label, "codegen/nvrtc_sm90/out_norm/%s", cases[i].name);
+        if (src) compile_line(label, src);
+        free(src);
+        mn_rule_free(&r);
+    }
+    mn_rule r;
+    mn_rule_init(&r);
+    mn_dims small = {2, 3, 10, 8, 8, 0, 0}, wide = {2, 3, 10, 16, 16, 256, 0};
+    char *src = mn_cuda_rule_source(&r, &small, MN_PREC_FP32);
+    CHECK("codegen/out_norm/none_is_0", src && strstr(src, "#define MN_OUT_NORM 0"));
+    free(src);
+    mn_cuda_plan pl;
+    unsetenv("MNEMO_CUDA_PATH");
+    bool fused = mn_cuda_plan_rule(&r, &small, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK && pl.path == MN_PATH_FUSED;
+    r.out_norm = MN_NORM_LAYERNORM;
+    bool planned = mn_cuda_plan_rule(&r, &small, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK;
+    CHECK("codegen/out_norm/plan_general_not_fused",
+          fused && planned && pl.path == MN_PATH_GENERAL && strstr(pl.why, "out_norm layernorm: the general path runs it"));
+    r.layers = 2;
+    r.bias = true;
+    r.out_norm = MN_NORM_RMSNORM;
+    planned = mn_cuda_plan_rule(&r, &wide, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK;
+    CHECK("codegen/out_norm/plan_general_not_large",
+          planned && pl.path == MN_PATH_GENERAL && strstr(pl.why, "out_norm rmsnorm: the general path runs it"));
+    const char *forced[] = {"fused", "large"};
+    for (int i = 0; i < 2; i++) {
+        char label[80];
+        setenv("MNEMO_CUDA_PATH", forced[i], 1);
+        snprintf(label, sizeof label, "codegen/out_norm/forced_%s_refused", forced[i]);
+        CHECK(label, mn_cuda_plan_rule(&r, &small, MN_PREC_TF32, 6, 90, 0, &pl) != MN_OK &&
+                         strstr(mn_last_error(), "out_norm rmsnorm"));
+    }
+    setenv("MNEMO_CUDA_PATH", "general", 1);
+    CHECK("codegen/out_norm/forced_general_taken",
+          mn_cuda_plan_rule(&r, &small, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK && pl.path == MN_PATH_GENERAL);
+    unsetenv("MNEMO_CUDA_PATH");
+    mn_rule_free(&r);
+}
+
 int main(void)
 {
     test_ragged_plan();
+    test_out_norm();
     test_newton_schulz();
     test_cache_key();
     test_broken_source();

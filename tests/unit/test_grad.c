@@ -767,9 +767,10 @@ static void test_shared_program(void)
     }
 }
 
-/* The rows that only the CPU engine runs (MN_PART_CPU_ONLY, out_norm's): a
- * CUDA memory is refused by name before anything runs; the outer parameters take their
- * shapes as initial tensors do and are refused without an out_norm. */
+/* out_norm and qk_norm on every engine: a CUDA memory is made (its ln_g,
+ * ln_b on the device), or refused for want of a device, never for the norm;
+ * the outer parameters take their shapes as initial tensors do and are
+ * refused without an out_norm. */
 static void test_norm_rows_and_outer(void)
 {
     gcase c = {"outer", BASE, .out_norm = MN_NORM_LAYERNORM, .qk_norm = MN_QKNORM_L2};
@@ -781,8 +782,10 @@ static void test_norm_rows_and_outer(void)
     }
     mn_memory_state st;
     mn_status s = mn_memory_create(&st, &pb.rule, &pb.dims, pb.init, pb.mom, MN_CUDA);
-    CHECK("norm/cuda_refused", s == MN_ERR_UNSUPPORTED && strstr(mn_last_error(), "out_norm 'layernorm'") &&
-                                   strstr(mn_last_error(), "use device cpu"));
+    CHECK("norm/cuda_takes_out_norm",
+          s == MN_OK ? st.outer[0].storage && st.outer[0].storage->device == MN_CUDA && st.outer[1].storage &&
+                           st.outer[1].storage->device == MN_CUDA
+                     : !strstr(mn_last_error(), "out_norm"));
     if (s == MN_OK) mn_memory_free(&st);
     /* qk_norm alone runs on every engine: a CUDA memory is made, or refused
      * for want of a device, never for qk_norm */
