@@ -122,6 +122,11 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
     if (r->precondition != MN_PRECOND_NONE)
         snprintf(only_general, sizeof only_general, "precondition %s: the general path runs it",
                  mn_part_name(&mn_precond_set, r->precondition));
+    if (r->glu) {
+        size_t used = strlen(only_general);
+        snprintf(only_general + used, sizeof only_general - used, "%sglu: the general path runs it",
+                 used ? "; " : "");
+    }
     if (only_general[0]) {
         fused = 0;
         snprintf(nofuse, sizeof nofuse, "%s", only_general);
