@@ -107,6 +107,8 @@ done
 for path in general fused large; do
     run_one "lua/test_rule_table.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_rule_table.lua
     run_one "lua/test_norm.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_norm.lua
+    # glu runs on the general path; forced fused or large, it is refused by name
+    run_one "lua/test_glu.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_glu.lua
 done
 
 # ---- the rule engine from Lua: cuda against cpu ----

@@ -47,10 +47,12 @@ Environment (all optional):
                               out_norm, qk_norm, precondition, lengths) in
                               its files; 0: the same files without them.
                               Default: 1 on the cpu; on cuda the options
-                              the CUDA engine runs (CUDA_V2 below)
-The CUDA engine of this version runs qk_norm and precondition and refuses
+                              the CUDA engine runs (CUDA_V2 below; with
+                              MNEMO_CUDA_PATH=fused or large, those that
+                              path runs: not glu, not precondition)
+The CUDA engine of this version runs glu, qk_norm and precondition and refuses
 the other v2 options with a one-line error (the cpu engine runs them all),
-so on cuda the files are by default those with only these two: every configuration then
+so on cuda the files are by default those with only these three: every configuration then
 runs on the GPU, and the other options are held to the reference by the cpu
 run (CI). With MNEMO_CONFORMANCE_V2=1 on cuda, a configuration with one of
 them runs with --device cpu in fp32 and its PASS line says so (cuda_pinned
@@ -322,15 +324,23 @@ def regressions():
 # default.
 CPU_ONLY_ATTRS = {"out_norm": "none"}
 # The v2 options the CUDA engine runs (gen_experiments.V2_OPTIONS).
-CUDA_V2 = ("qk_norm", "precondition")
+CUDA_V2 = ("glu", "qk_norm", "precondition")
+# Of those, the ones only the general path runs (kernels/plan.c refuses a
+# forced fused or large path for them, by name).
+GENERAL_ONLY_V2 = ("glu", "precondition")
 
 
 def v2_options(device):
     """make_config's v2 for this run: MNEMO_CONFORMANCE_V2, or by default
-    every option on the cpu and those the CUDA engine runs on cuda."""
+    every option on the cpu and those the CUDA engine runs on cuda (with a
+    fast path forced by MNEMO_CUDA_PATH, those that path runs)."""
     if "MNEMO_CONFORMANCE_V2" in os.environ:
         return env_int("MNEMO_CONFORMANCE_V2", 1) != 0
-    return True if device == "cpu" else CUDA_V2
+    if device == "cpu":
+        return True
+    if os.environ.get("MNEMO_CUDA_PATH") in ("fused", "large"):
+        return tuple(o for o in CUDA_V2 if o not in GENERAL_ONLY_V2)
+    return CUDA_V2
 
 
 def describe_v2(v2):
@@ -344,8 +354,6 @@ def cuda_pinned(cfg):
     run yet, as 'attr=value' words, or []."""
     rule = cfg["rule"]
     why = ["%s=%s" % (a, rule.get(a, d)) for a, d in CPU_ONLY_ATTRS.items() if rule.get(a, d) != d]
-    if rule.get("glu", 0):
-        why.append("glu")
     if "lengths" in cfg["inputs"]:
         why.append("lengths")
     return why
