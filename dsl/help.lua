@@ -200,8 +200,8 @@ rule:run{k =, v = [, q =] [, lengths =] [, theta =, eta =, alpha =] [, init =] [
   batches; tokens at and after l_b of sequence b are padding (no gradient,
   not counted, y = 0, loss = 0; a step that starts there changes nothing).
   device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there (not
-  yet with glu, out_norm or lengths: refused by name; the cpu runs those;
-  qk_norm and precondition = "newton_schulz" run on both).
+  yet with out_norm or lengths: refused by name; the cpu runs those;
+  glu, qk_norm and precondition = "newton_schulz" run on both).
   grad = true keeps what res:backward{...} needs (help("Result:backward")).]],
   ["Result:backward"] = [[
 res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block =]} -> gradients
