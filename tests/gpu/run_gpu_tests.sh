@@ -173,7 +173,7 @@ fi
 
 # ---- compute-sanitizer on a few runs ----
 if [ -n "$PYTHON" ] && [ -x "$SANITIZER" ]; then
-    # --v1: out_norm and qk_norm run on the cpu only (model/rule.def)
+    # --v1: no SPEC v2 option (out_norm and lengths run on the cpu only)
     "$PYTHON" tests/reference/gen_experiments.py --seed 4 --count 9 --v1 --out "$WORK/san" > /dev/null 2>&1
     # and one glu file (the general path's gated layers, newton_schulz on U_i)
     cat > "$WORK/glu_exp.lua" <<'EOF'
