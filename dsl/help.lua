@@ -199,9 +199,9 @@ rule:run{k =, v = [, q =] [, lengths =] [, theta =, eta =, alpha =] [, init =] [
   lengths = {l_1, ..., l_B} (or a [B] tensor, integers 0..T): ragged
   batches; tokens at and after l_b of sequence b are padding (no gradient,
   not counted, y = 0, loss = 0; a step that starts there changes nothing).
-  device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there (not
-  yet with glu: refused by name; the cpu runs it; qk_norm, out_norm,
-  precondition = "newton_schulz" and lengths run on both).
+  device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there
+  (every SPEC v2 option too: glu, out_norm, precondition and lengths on its
+  general path, qk_norm on every path).
   grad = true keeps what res:backward{...} needs (help("Result:backward")).]],
   ["Result:backward"] = [[
 res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block =]} -> gradients

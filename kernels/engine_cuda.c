@@ -183,6 +183,9 @@ static mn_status prepare(const mn_memory_state *st, int64_t memories, const mn_c
         return mn_fail(MN_ERR_UNSUPPORTED, "cuda engine: %lld memories (B x H) exceed one launch's grid",
                        (long long)memories);
     memset(a, 0, sizeof *a);
+    if (st->nparams > MN_RULE_MAX_PARAMS)
+        return mn_fail(MN_ERR_UNSUPPORTED, "cuda engine: %d parameters, the kernel takes at most %d", st->nparams,
+                       MN_RULE_MAX_PARAMS);
     for (int p = 0; p < st->nparams; p++) {
         const mn_tensor *ts[3] = {&st->params[p], &st->momenta[p], &st->anchor[p]};
         for (int j = 0; j < 3; j++)
@@ -193,7 +196,7 @@ static mn_status prepare(const mn_memory_state *st, int64_t memories, const mn_c
         a->A[p] = f32(&st->anchor[p]);
     }
     mn_rule_layout lo;
-    mn_rule_layout_init(&lo, r->layers, r->bias, d->dk, d->dv, r->layers > 1 ? d->dh : 0,
+    mn_rule_layout_init(&lo, r->layers, r->bias, r->glu && r->layers > 1, d->dk, d->dv, r->layers > 1 ? d->dh : 0,
                         mn_rule_chunk_rows(r->step));
     /* out_norm: its gain and shift (the state's outer tensors, never updated) and its rows in the workspace */
     if (mn_rule_outer_count(r) > 0) {

@@ -97,11 +97,12 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
     return mn_cuda_plan_run(r, d, p, memories, arch, smem_limit, false, out);
 }
 
-/* Appends "what value: the general path runs it|them" to the list in buf. */
+/* Appends "what[ value]: the general path runs it|them" to the list in buf. */
 static void add_reason(char *buf, size_t len, const char *what, const char *value, const char *pronoun)
 {
     size_t used = strlen(buf);
-    snprintf(buf + used, len - used, "%s%s %s: the general path runs %s", used ? "; " : "", what, value, pronoun);
+    snprintf(buf + used, len - used, "%s%s%s%s: the general path runs %s", used ? "; " : "", what, value ? " " : "",
+             value ? value : "", pronoun);
 }
 
 mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, int64_t memories, int arch,
@@ -135,6 +136,7 @@ mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, i
     if (r->precondition != MN_PRECOND_NONE)
         add_reason(only_general, sizeof only_general, "precondition", mn_part_name(&mn_precond_set, r->precondition),
                    "it");
+    if (r->glu) add_reason(only_general, sizeof only_general, "glu", NULL, "it");
     if (r->out_norm != MN_NORM_NONE)
         add_reason(only_general, sizeof only_general, "out_norm", mn_part_name(&mn_norm_set, r->out_norm), "it");
     /* lengths are an input, not a rule field: the caller says whether the run has them */

@@ -20,7 +20,7 @@
 #define MN_RULE_KERNEL_ARGS
 
 #define MN_RULE_MAX_LAYERS 8
-#define MN_RULE_MAX_PARAMS 16
+#define MN_RULE_MAX_PARAMS 32 /* 4 L - 2 with glu and bias at 8 layers (param_layout.h) */
 #ifndef MN_RULE_THREADS
 #define MN_RULE_THREADS 256 /* a multiple of 32 (block sums go by warps) */
 #endif
@@ -55,6 +55,7 @@ typedef struct mn_rule_kargs {
 /* Offsets (in floats) within one block's workspace slice. */
 typedef struct mn_rule_layout {
     long long z[MN_RULE_MAX_LAYERS], h[MN_RULE_MAX_LAYERS]; /* hidden layers: pre-activation, phi(z) */
+    long long u[MN_RULE_MAX_LAYERS];                        /* glu: the gate U h + c (h = phi(z) u) */
     long long y;                                            /* model output of the chunk */
     long long da, db;                                       /* backward ping-pong; loss terms */
     long long g[MN_RULE_MAX_PARAMS];                        /* the step's gradient per parameter */
@@ -69,7 +70,8 @@ typedef struct mn_rule_layout {
 #endif
 
 /* newton_schulz's doubles per block: two iterates of the largest matrix and
- * two square products of its smaller side (model/precond.c's X, A, B). */
+ * two square products of its smaller side (model/precond.c's X, A, B).
+ * glu's U_i have W_i's shapes, so the layers' weights bound them too. */
 MN_SHARED_FN long long mn_rule_ns_doubles(int layers, int bias, long long dk, long long dv, long long dh)
 {
     long long most = 0;
@@ -88,17 +90,21 @@ MN_SHARED_FN long long mn_rule_chunk_rows(long long step)
     return step < MN_RULE_CHUNK_MAX ? step : MN_RULE_CHUNK_MAX;
 }
 
-MN_SHARED_FN void mn_rule_layout_init(mn_rule_layout *lo, int layers, int bias, long long dk, long long dv,
-                                      long long dh, long long rows)
+MN_SHARED_FN void mn_rule_layout_init(mn_rule_layout *lo, int layers, int bias, int glu, long long dk,
+                                      long long dv, long long dh, long long rows)
 {
     long long off = 0, wide = dk > dv ? dk : dv;
     if (layers > 1 && dh > wide) wide = dh;
-    for (int i = 0; i < MN_RULE_MAX_LAYERS; i++) lo->z[i] = lo->h[i] = 0;
+    for (int i = 0; i < MN_RULE_MAX_LAYERS; i++) lo->z[i] = lo->h[i] = lo->u[i] = 0;
     for (int i = 0; i + 1 < layers; i++) {
         lo->z[i] = off;
         off += rows * dh;
         lo->h[i] = off;
         off += rows * dh;
+        if (glu) {
+            lo->u[i] = off;
+            off += rows * dh;
+        }
     }
     lo->y = off;
     off += rows * dv;
@@ -106,11 +112,11 @@ MN_SHARED_FN void mn_rule_layout_init(mn_rule_layout *lo, int layers, int bias, 
     off += rows * wide;
     lo->db = off;
     off += rows * wide;
-    int np = layers * (bias ? 2 : 1);
+    int np = mn_param_count_glu(layers, bias, glu);
     for (int p = 0; p < MN_RULE_MAX_PARAMS; p++) lo->g[p] = 0;
     for (int p = 0; p < np; p++) {
         lo->g[p] = off;
-        off += mn_param_numel(layers, bias, dk, dv, dh, p);
+        off += mn_param_numel_glu(layers, bias, dk, dv, dh, p);
     }
     lo->nhat = lo->ns = 0;
     lo->total = (off + 3) & ~3LL; /* every block's slice 16-byte aligned */
@@ -130,7 +136,9 @@ MN_SHARED_FN void mn_rule_layout_out_norm(mn_rule_layout *lo, long long dv, long
 #ifdef __CUDACC_RTC__
 
 #define MN_PER (MN_BIAS ? 2 : 1)
-#define MN_NPARAMS (MN_LAYERS * MN_PER)
+/* glu's U_i, c_i of the hidden layers follow the layers' W_i, b_i (param_layout.h) */
+#define MN_NPARAMS (MN_LAYERS * MN_PER + (MN_GLU ? (MN_LAYERS - 1) * MN_PER : 0))
+#define MN_GATE(i) (MN_LAYERS * MN_PER + (i) * MN_PER) /* index of hidden layer i's U (c the next) */
 #define MN_IN(i) mn_layer_in((i), MN_DK, MN_DH)
 #define MN_OUT(i) mn_layer_out((i), MN_LAYERS, MN_DV, MN_DH)
 #define MN_ROWS (MN_STEP < MN_RULE_CHUNK_MAX ? MN_STEP : MN_RULE_CHUNK_MAX)
@@ -158,7 +166,7 @@ __device__ __forceinline__ float mn_round(float x) { return x; }
 
 /* This block's workspace slices. */
 struct mn_ws {
-    float *z[MN_LAYERS], *h[MN_LAYERS], *y, *da, *db, *g[MN_NPARAMS];
+    float *z[MN_LAYERS], *h[MN_LAYERS], *u[MN_LAYERS], *y, *da, *db, *g[MN_NPARAMS];
     float *nhat, *ns;          /* out_norm (mn_ws_out_norm), else unset */
     const float *ln_g, *ln_b;  /* out_norm: this memory's gain and shift [dv] */
 };
@@ -166,11 +174,12 @@ struct mn_ws {
 __device__ __forceinline__ void mn_ws_init(mn_ws *ws, float *base)
 {
     mn_rule_layout lo;
-    mn_rule_layout_init(&lo, MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, MN_ROWS);
+    mn_rule_layout_init(&lo, MN_LAYERS, MN_BIAS, MN_GLU, MN_DK, MN_DV, MN_DH, MN_ROWS);
 #pragma unroll
     for (int i = 0; i < MN_LAYERS; i++) {
         ws->z[i] = base + lo.z[i];
         ws->h[i] = base + lo.h[i];
+        ws->u[i] = base + lo.u[i];
     }
     ws->y = base + lo.y;
     ws->da = base + lo.da;
@@ -285,8 +294,8 @@ __device__ void mn_out_norm_backward(int rows, float *da, const mn_ws *ws)
 #endif
 
 /* out[rows x dv] = M(x[rows x dk]; P), keeping z and h of the hidden layers
- * in the workspace for mn_backward. out may be global (retrieval) or ws->y.
- * Ends with a barrier. */
+ * (with glu also the gate u, h = phi(z) u) in the workspace for mn_backward.
+ * out may be global (retrieval) or ws->y. Ends with a barrier. */
 __device__ void mn_forward(float *const *P, const float *x, int rows, float *out, const mn_ws *ws)
 {
     const float *in = x;
@@ -306,6 +315,15 @@ __device__ void mn_forward(float *const *P, const float *x, int rows, float *out
             if (last) {
                 if (MN_RESIDUAL && !MN_OUT_NORM) acc += x[(long long)r * MN_DK + o];
                 out[e] = acc;
+            } else if (MN_GLU) {
+                const float *ur = P[MN_GATE(i)] + (long long)o * ni;
+                float gate = 0.0f;
+#pragma unroll 4
+                for (int j = 0; j < ni; j++) gate += mn_round(xr[j]) * mn_round(ur[j]);
+                if (MN_BIAS) gate += P[MN_GATE(i) + 1][o];
+                ws->z[i][e] = acc;
+                ws->u[i][e] = gate;
+                ws->h[i][e] = mn_hook_act(acc) * gate;
             } else {
                 ws->z[i][e] = acc;
                 ws->h[i][e] = mn_hook_act(acc);
@@ -319,8 +337,31 @@ __device__ void mn_forward(float *const *P, const float *x, int rows, float *out
 #endif
 }
 
+/* gW += d^T in (no x ni) and, with a bias, gb += the column sums of d:
+ * one layer's (or one gate's) gradients from the gradient d at its output. */
+__device__ __forceinline__ void mn_affine_grads(const float *d, const float *in, int rows, int no, int ni, float *gw,
+                                                float *gb)
+{
+    for (int e = threadIdx.x; e < no * ni; e += MN_RULE_THREADS) {
+        const int o = e / ni, j = e % ni;
+        float acc = 0.0f;
+        for (int r = 0; r < rows; r++) acc += mn_round(d[r * no + o]) * mn_round(in[(long long)r * ni + j]);
+        gw[e] += acc;
+    }
+    if (MN_BIAS) {
+        for (int o = threadIdx.x; o < no; o += MN_RULE_THREADS) {
+            double acc = 0.0;
+            for (int r = 0; r < rows; r++) acc += d[r * no + o];
+            gb[o] += (float)acc;
+        }
+    }
+}
+
 /* Adds the gradients of this chunk to ws->g, given dL/dy in ws->da (rows x dv)
- * after mn_forward on the same x at the same P. Ends with a barrier. */
+ * after mn_forward on the same x at the same P. With glu (model/mlp_cpu.c's
+ * product rule): h = a u with a = phi(z), so du = dh a and dz = dh u phi'(z);
+ * du takes the place of u in the workspace once read, and a hidden layer's
+ * input gradient adds du U to dz W. Ends with a barrier. */
 __device__ void mn_backward(float *const *P, const float *x, int rows, const mn_ws *ws)
 {
 #if MN_OUT_NORM
@@ -330,31 +371,30 @@ __device__ void mn_backward(float *const *P, const float *x, int rows, const mn_
 #pragma unroll
     for (int i = MN_LAYERS - 1; i >= 0; i--) {
         const int ni = MN_IN(i), no = MN_OUT(i);
+        const bool gated = MN_GLU && i < MN_LAYERS - 1;
         const float *in = i == 0 ? x : ws->h[i > 0 ? i - 1 : 0];
-        float *gw = ws->g[i * MN_PER];
-        /* dW = dz^T in */
-        for (int e = threadIdx.x; e < no * ni; e += MN_RULE_THREADS) {
-            const int o = e / ni, j = e % ni;
-            float acc = 0.0f;
-            for (int r = 0; r < rows; r++) acc += mn_round(dz[r * no + o]) * mn_round(in[(long long)r * ni + j]);
-            gw[e] += acc;
-        }
-        if (MN_BIAS) {
-            float *gb = ws->g[i * MN_PER + 1];
-            for (int o = threadIdx.x; o < no; o += MN_RULE_THREADS) {
-                double acc = 0.0;
-                for (int r = 0; r < rows; r++) acc += dz[r * no + o];
-                gb[o] += (float)acc;
-            }
-        }
+        mn_affine_grads(dz, in, rows, no, ni, ws->g[i * MN_PER], MN_BIAS ? ws->g[i * MN_PER + 1] : 0);
+        if (gated) mn_affine_grads(ws->u[i], in, rows, no, ni, ws->g[MN_GATE(i)], MN_BIAS ? ws->g[MN_GATE(i) + 1] : 0);
         if (i == 0) break;
-        /* dh = dz W, then through the activation of layer i-1 */
+        /* dh = dz W (+ du U), then through the activation (and gate) of layer i-1 */
         const float *Wi = P[i * MN_PER];
         const float *zp = ws->z[i > 0 ? i - 1 : 0];
         for (int e = threadIdx.x; e < rows * ni; e += MN_RULE_THREADS) {
             const int r = e / ni, j = e % ni;
             float acc = 0.0f;
             for (int o = 0; o < no; o++) acc += mn_round(dz[r * no + o]) * mn_round(Wi[(long long)o * ni + j]);
+            if (gated) {
+                const float *du = ws->u[i], *Ui = P[MN_GATE(i)];
+                float gacc = 0.0f;
+                for (int o = 0; o < no; o++) gacc += mn_round(du[r * no + o]) * mn_round(Ui[(long long)o * ni + j]);
+                acc += gacc;
+            }
+            if (MN_GLU) {
+                float *up = ws->u[i > 0 ? i - 1 : 0];
+                const float gate = up[e];
+                up[e] = acc * mn_hook_act(zp[e]);
+                acc *= gate;
+            }
             other[e] = acc * mn_hook_act_grad(zp[e]);
         }
         __syncthreads();
@@ -430,10 +470,10 @@ __device__ __forceinline__ void mn_memory_params(float *const *base, long long m
 {
 #pragma unroll
     for (int p = 0; p < MN_NPARAMS; p++)
-        out[p] = base[p] + m * mn_param_numel(MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, p);
+        out[p] = base[p] + m * mn_param_numel_glu(MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, p);
 }
 
-#define MN_NUMEL(p) mn_param_numel(MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, (p))
+#define MN_NUMEL(p) mn_param_numel_glu(MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, (p))
 
 /* The general kernels; a fast path's source (MN_FUSED_ROWS defined) keeps
  * only the helpers above and brings its own step kernel. */
@@ -572,8 +612,9 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kerne
             double *ns = a.ns_work + m * a.ns_doubles;
 #pragma unroll
             for (int p = 0; p < MN_NPARAMS; p++)
-                if (!mn_param_is_bias(MN_BIAS, p))
-                    mn_newton_schulz(ws.g[p], MN_OUT(mn_param_layer(MN_BIAS, p)), MN_IN(mn_param_layer(MN_BIAS, p)), ns);
+                if (!mn_param_is_bias_glu(MN_LAYERS, MN_BIAS, p)) /* W_i and glu's U_i */
+                    mn_newton_schulz(ws.g[p], MN_OUT(mn_param_layer_glu(MN_LAYERS, MN_BIAS, p)),
+                                     MN_IN(mn_param_layer_glu(MN_LAYERS, MN_BIAS, p)), ns);
 #pragma unroll
             for (int p = 0; p < MN_NPARAMS; p++)
                 for (long long e = tid; e < MN_NUMEL(p); e += MN_RULE_THREADS) {

@@ -186,10 +186,6 @@ mn_status mn_memory_create(mn_memory_state *st, const mn_rule *rule, const mn_di
 mn_status mn_rule_device_check(const mn_rule *rule, mn_device dev)
 {
     if (dev == MN_CPU) return MN_OK;
-    /* glu is a flag, not a row of a part table: named here */
-    if (rule->glu)
-        return mn_fail(MN_ERR_UNSUPPORTED,
-                       "glu (gated hidden layers) is run by the cpu engine only in this version: use device cpu");
     for (int f = 0; f < mn_rule_field_count; f++) {
         const mn_field *fd = &mn_rule_fields[f];
         if (fd->type != MN_FIELD_CHOICE) continue;

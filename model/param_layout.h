@@ -58,6 +58,12 @@ MN_LAYOUT_FN int mn_param_is_bias_glu(int layers, int bias, int p)
 {
     return mn_param_is_bias(bias, mn_param_is_gate(layers, bias, p) ? p - mn_param_count(layers, bias) : p);
 }
+/* Elements of parameter p for one memory, gates included (a gate's as its twin's). */
+MN_LAYOUT_FN long long mn_param_numel_glu(int layers, int bias, long long dk, long long dv, long long dh, int p)
+{
+    return mn_param_numel(layers, bias, dk, dv, dh,
+                          mn_param_is_gate(layers, bias, p) ? p - mn_param_count(layers, bias) : p);
+}
 /* The index of layer i's weight (gate: its U), its bias the next one. */
 MN_LAYOUT_FN int mn_param_index(int layers, int bias, int layer, int gate)
 {

@@ -109,6 +109,8 @@ for path in general fused large; do
     run_one "lua/test_norm.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_norm.lua
     # lengths and newton_schulz: the general path runs them, the others refuse them by name
     run_one "lua/test_ragged_precond.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_ragged_precond.lua
+    # glu runs on the general path; forced fused or large, it is refused by name
+    run_one "lua/test_glu.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_glu.lua
 done
 
 # ---- the rule engine from Lua: cuda against cpu ----
@@ -173,7 +175,7 @@ fi
 
 # ---- compute-sanitizer on a few runs ----
 if [ -n "$PYTHON" ] && [ -x "$SANITIZER" ]; then
-    # --v1: out_norm and qk_norm run on the cpu only (model/rule.def)
+    # --v1: files without the SPEC v2 options (a ragged and a glu file follow)
     "$PYTHON" tests/reference/gen_experiments.py --seed 4 --count 9 --v1 --out "$WORK/san" > /dev/null 2>&1
     # a ragged batch (lengths 0, inside a step, T) on the general kernel
     "$MNEMO" -e "local m = mnemo; m.seed(3)
@@ -181,6 +183,18 @@ if [ -n "$PYTHON" ] && [ -x "$SANITIZER" ]; then
                          theta = 0.2, eta = 0.5 }
       m.save('$WORK/san/ragged.h5', r:experiment { k = m.randn(3, 2, 22, 5), v = m.randn(3, 2, 22, 4),
                                                   lengths = { 0, 9, 22 } })" > /dev/null 2>&1
+    # and one glu file (the general path's gated layers, newton_schulz on U_i)
+    cat > "$WORK/glu_exp.lua" <<'EOF'
+mnemo.seed(4)
+local dk, dh, dv = 5, 7, 5
+local rule = mnemo.rule{layers = 3, glu = true, activation = "silu", hidden = dh, step = 3, refresh = 6,
+                        precondition = "newton_schulz", residual = true}
+local init = {W1 = mnemo.randn(dh, dk) * 0.4, U1 = mnemo.randn(dh, dk) * 0.4, W2 = mnemo.randn(dh, dh) * 0.3,
+              U2 = mnemo.randn(dh, dh) * 0.3, W3 = mnemo.randn(dv, dh) * 0.3}
+mnemo.save(os.getenv("GLU_EXP"), rule:experiment{k = mnemo.randn(2, 2, 20, dk) * 0.5,
+                                                 v = mnemo.randn(2, 2, 20, dv), theta = 0.05, init = init})
+EOF
+    GLU_EXP="$WORK/san/exp_glu.h5" "$MNEMO" "$WORK/glu_exp.lua" > /dev/null 2>&1
     san() { # tool file
         tool=$1; f=$2; name=sanitizer/$tool/$(basename "$f" .h5)
         "$SANITIZER" --tool "$tool" --error-exitcode 9 "$MNEMO" run "$f" -o "$WORK/san_$tool.h5" --device cuda \
@@ -202,6 +216,9 @@ if [ -n "$PYTHON" ] && [ -x "$SANITIZER" ]; then
         for f in "$WORK"/san/exp_0000[78].h5; do san initcheck "$f"; done
         san synccheck "$WORK/san/exp_00008.h5"
         for tool in memcheck racecheck initcheck; do san $tool "$WORK/san/ragged.h5"; done
+        san memcheck "$WORK/san/exp_glu.h5"
+        san initcheck "$WORK/san/exp_glu.h5"
+        san racecheck "$WORK/san/exp_glu.h5"
     } > "$LOGS/sanitizer.log" 2>&1
     count sanitizer "$LOGS/sanitizer.log" 0
 else

@@ -2,7 +2,11 @@
 -- memory's output against its definition written with tensor ops, the gate's
 -- parameters U1, c1 as fast weights (updated, final, momentum, initial
 -- tensors, gradients of their initial values against finite differences),
--- the file round trip, and the refusals (layers = 1, a missing U1, cuda).
+-- the file round trip, the refusals (layers = 1, a missing U1), and glu on
+-- the CUDA engine's general path: a CUDA run (outputs, final weights and
+-- momenta, gradients) equals the cpu's; a forced fused or large path
+-- (MNEMO_CUDA_PATH, as tests/gpu/run_gpu_tests.sh runs this file) is refused
+-- naming glu.
 -- Run from the repository root: mnemo tests/lua/test_glu.lua
 local T = dofile("tests/lua/check.lua")
 
@@ -85,14 +89,128 @@ os.remove(path)
 T.raises("glu needs layers >= 2", function() mnemo.rule{glu = true} end, "glu gates the hidden layers and needs layers >= 2")
 T.raises("a missing U1 is named", function() swiglu:run{k = k, v = v, theta = 0.1, init = {W1 = init.W1, W2 = init.W2}} end,
          "initial weight U1 is missing")
-T.raises("the cuda engine refuses glu by name", function() swiglu:run{k = k, v = v, theta = 0.1, init = init, device = "cuda"} end,
-         "glu (gated hidden layers) is run by the cpu engine only in this version: use device cpu")
-local plan = swiglu:plan{dk = dk, dv = dv}
-T.eq("rule:plan sends glu to the cpu", plan.path, "cpu")
-if pcall(function() return mnemo.rule{}:source() end) then
-  T.ok("rule:plan says why", plan.why:find("glu", 1, true) ~= nil, plan.why)
+-- glu runs on the CUDA engine's general path: rule:plan says so and why
+-- (a forced fused or large path is refused, naming glu).
+local forced = os.getenv("MNEMO_CUDA_PATH")
+local fast_forced = forced == "fused" or forced == "large"
+local has_cuda_build = pcall(function() return mnemo.rule{}:source() end)
+if not has_cuda_build then
+  local plan = swiglu:plan{dk = dk, dv = dv}
+  T.eq("rule:plan without CUDA: cpu", plan.path, "cpu")
+elseif fast_forced then
+  T.raises("rule:plan: MNEMO_CUDA_PATH=" .. forced .. " is refused naming glu",
+           function() return swiglu:plan{dk = dk, dv = dv} end, "glu: the general path runs it")
 else
-  T.skip("rule:plan says why", "a build without CUDA (its plan says so for every rule)")
+  local plan = swiglu:plan{dk = dk, dv = dv}
+  T.eq("rule:plan sends glu to the general path", plan.path, "general")
+  if forced ~= "general" then
+    T.ok("rule:plan says why", plan.why:find("glu: the general path runs it", 1, true) ~= nil, plan.why)
+  end
+end
+
+-- A CUDA run equals the cpu's (fp32: every output, final weight and
+-- momentum, U1 and c1 included, and the gradients of res:backward) over
+-- activations, depth, bias, residual, newton_schulz and refresh 0 / 2c.
+-- newton_schulz's steps take 6 rows: with fewer than a matrix's smaller
+-- side, its gradient is rank-deficient and the iteration multiplies the
+-- rounding in the missing directions by up to ~3.4445^5 (docs/rules.md).
+local function rel(a, b)
+  a, b = a:cpu(), b:cpu()
+  local num, den = (a - b):norm(), b:norm()
+  return den > 0 and num / den or num
+end
+local function glu_init(L, bias, ck, cv, ch, momenta)
+  local p = {}
+  for i = 1, L do
+    local inn, out = i == 1 and ck or ch, i == L and cv or ch
+    p["W" .. i] = mnemo.randn(out, inn) * 0.5
+    if bias then p["b" .. i] = mnemo.randn(out) * 0.1 end
+    if i < L then
+      p["U" .. i] = mnemo.randn(out, inn) * 0.5
+      if bias then p["c" .. i] = mnemo.randn(out) * 0.2 + 1 end
+      if momenta then p["S_U" .. i] = mnemo.randn(out, inn) * 0.05 end
+    end
+  end
+  return p
+end
+local cases = {
+  {name = "silu_L2_bias_clipnorm", rule = {layers = 2, activation = "silu", step = 2, clip = "norm", clip_max = 0.3}},
+  {name = "gelu_L2_nobias_residual_refresh0",
+   rule = {layers = 2, activation = "gelu", bias = false, residual = true, step = 3, refresh = 0}},
+  {name = "custom_L3_bias_ns_refresh2c", momenta = true,
+   rule = {layers = 3, activation = "z*tanh(softplus(z))", step = 6, refresh = 12, precondition = "newton_schulz",
+           clip = "softnorm", clip_max = 0.5}},
+  {name = "silu_L3_nobias_residual_ns_refresh0_q_before", use_q = true,
+   rule = {layers = 3, activation = "silu", bias = false, residual = true, step = 6, refresh = 0,
+           precondition = "newton_schulz", ns_steps = 3, retrieve = "before"}},
+  {name = "gelu_L2_bias_ns_refresh2c_tensorclip",
+   rule = {layers = 2, activation = "gelu", step = 6, refresh = 12, precondition = "newton_schulz", clip = "norm",
+           clip_max = 0.2, clip_scope = "tensor"}},
+  {name = "custom_L2_bias_residual_long_step", rule = {layers = 2, activation = "z*tanh(softplus(z))",
+                                                       residual = true, step = 80, token_reduce = "mean"}},
+}
+local cB, cH, cT, cd, ch = 2, 2, 24, 4, 6
+mnemo.seed(33)
+local ck, cv, cq = mnemo.randn(cB, cH, cT, cd) * 0.6, mnemo.randn(cB, cH, cT, cd), mnemo.randn(cB, cH, cT, cd) * 0.6
+local long_k, long_v = mnemo.randn(1, cH, 100, cd) * 0.6, mnemo.randn(1, cH, 100, cd)
+for _, c in ipairs(cases) do
+  local spec = {glu = true, hidden = ch, theta = 0.05, eta = 0.5, alpha = 0.02}
+  for f, x in pairs(c.rule) do spec[f] = x end
+  local rule = mnemo.rule(spec)
+  local bias = spec.bias ~= false
+  local init = glu_init(spec.layers, bias, cd, cd, ch, c.momenta)
+  local long = spec.step > cT
+  local args = {k = long and long_k or ck, v = long and long_v or cv, init = init, grad = true}
+  if c.use_q then args.q = cq end
+  local label = "glu on cuda/" .. c.name .. " (" .. (forced or "planned") .. " path)"
+  if mnemo.cuda_available() and fast_forced then
+    T.raises(label .. ": refused naming glu", function()
+      local a = {device = "cuda"}
+      for f, x in pairs(args) do a[f] = x end
+      return rule:run(a)
+    end, "glu: the general path runs it")
+  elseif mnemo.cuda_available() then
+    local cpu = rule:run(args)
+    local a = {device = "cuda"}
+    for f, x in pairs(args) do a[f] = x end
+    local gpu = rule:run(a)
+    local worst, where = 0, "-"
+    local function hold(what, got, want)
+      local r = rel(got, want)
+      if not (r <= worst) then worst, where = r, what end
+    end
+    for _, n in ipairs{"y", "loss", "grad_norm", "clip_scale", "skipped"} do
+      hold("outputs." .. n, gpu.outputs[n], cpu.outputs[n])
+    end
+    local nfinal = 0
+    for n, t in pairs(cpu.final) do
+      nfinal = nfinal + 1
+      hold("final." .. n, gpu.final[n], t)
+    end
+    T.ok(label .. ": outputs and every final tensor as the cpu's", worst < 1e-4 and cpu.final.U1 ~= nil and
+         (cpu.final.c1 ~= nil) == bias and nfinal >= 4 * spec.layers - 2,
+         ("rel %g at %s (%d final tensors)"):format(worst, where, nfinal))
+    if spec.clip then
+      T.ok(label .. ": the clip acted", (cpu.outputs.clip_scale:cpu():min()) < 1,
+           ("min clip_scale %g"):format(cpu.outputs.clip_scale:cpu():min()))
+    end
+    local ys, us = cpu.outputs.y.shape, cpu.final.U1.shape
+    local up = {dy = mnemo.randn(ys[1], ys[2], ys[3], ys[4]), dU1 = mnemo.randn(us[1], us[2], us[3], us[4])}
+    local gc, gg = cpu:backward(up), gpu:backward(up)
+    worst, where = 0, "-"
+    for _, n in ipairs{"k", "v", "q"} do
+      if gc[n] then hold("g." .. n, gg[n], gc[n]) end
+    end
+    for n, t in pairs(gc.init) do hold("g.init." .. n, gg.init[n], t) end
+    T.ok(label .. ": gradients as the cpu's", worst < 1e-4 and gc.init.U1 ~= nil,
+         ("rel %g at %s"):format(worst, where))
+  else
+    T.raises(label .. ": without a GPU, device cuda fails for that reason, not for glu", function()
+      local a = {device = "cuda"}
+      for f, x in pairs(args) do a[f] = x end
+      return rule:run(a)
+    end, "cuda")
+  end
 end
 
 T.done()

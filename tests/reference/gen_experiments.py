@@ -540,7 +540,7 @@ def main(argv=None):
     ap.add_argument("--describe", action="store_true", help="print one line per config")
     ap.add_argument("--v1", action="store_true",
                     help="no SPEC v2 option (glu, out_norm, qk_norm, precondition, lengths): "
-                         "the files the CUDA engine runs in this version")
+                         "the files every CUDA path runs in this version")
     args = ap.parse_args(argv)
     if not args.out and not args.describe:
         ap.error("give --out DIR and/or --describe")

@@ -50,15 +50,12 @@ Environment (all optional):
                               the CUDA engine runs (CUDA_V2 below; with
                               MNEMO_CUDA_PATH=fused or large, without those
                               only its general path runs)
-The CUDA engine of this version runs out_norm, qk_norm, precondition and
-lengths and refuses glu with a one-line error (the cpu engine runs them
-all), so on cuda the files are by default those without glu: every
-configuration then runs on the GPU, and glu is held to the reference by the
-cpu run (CI). out_norm, precondition and lengths run on the general path
-only, so with MNEMO_CUDA_PATH=fused or large the files leave them out too.
-With MNEMO_CONFORMANCE_V2=1 on cuda, a configuration with an option the
-engine (or the forced path) does not run runs with --device cpu in fp32 and
-its PASS line says so (cuda_pinned below).
+The CUDA engine of this version runs every v2 option: qk_norm on every
+path; glu, out_norm, precondition and lengths on the general path only, so
+with MNEMO_CUDA_PATH=fused or large the files leave those out. With
+MNEMO_CONFORMANCE_V2=1 on cuda and a fast path forced, a configuration with
+an option that path does not run runs with --device cpu in fp32 and its
+PASS line says so (cuda_pinned below).
 
 Replay one configuration: gen_experiments.py --seed S --count N+1 --out D
 (with --min-width 16 for one labelled wide16/), then `mnemo run
@@ -323,13 +320,13 @@ def regressions():
 
 # Rule options the CUDA engine does not run yet (MN_PART_CPU_ONLY rows of
 # model/rule.def; mnemo refuses them there, naming the option): attr -> its
-# default. None in this version: glu and lengths are not rows (cuda_pinned).
+# default. None in this version: the CUDA engine runs every v2 option.
 CPU_ONLY_ATTRS = {}
 # The v2 options the CUDA engine runs (gen_experiments.V2_OPTIONS).
-CUDA_V2 = ("out_norm", "qk_norm", "precondition", "lengths")
+CUDA_V2 = ("glu", "out_norm", "qk_norm", "precondition", "lengths")
 # Those of them only its general path runs (kernels/plan.c): a forced fused
 # or large path (MNEMO_CUDA_PATH) refuses them by name.
-GENERAL_ONLY_V2 = ("out_norm", "precondition", "lengths")
+GENERAL_ONLY_V2 = ("glu", "out_norm", "precondition", "lengths")
 
 
 def forced_fast_path():
@@ -363,10 +360,10 @@ def cuda_pinned(cfg):
     words, or []."""
     rule = cfg["rule"]
     why = ["%s=%s" % (a, rule.get(a, d)) for a, d in CPU_ONLY_ATTRS.items() if rule.get(a, d) != d]
-    if rule.get("glu", 0):
-        why.append("glu")
     fast = forced_fast_path()
     if fast:
+        if rule.get("glu", 0):
+            why.append("glu on the forced %s path" % fast)
         for attr in ("out_norm", "precondition"):
             if rule.get(attr, "none") != "none":
                 why.append("%s=%s on the forced %s path" % (attr, rule[attr], fast))

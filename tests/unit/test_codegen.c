@@ -378,10 +378,87 @@ static void test_out_norm(void)
     mn_rule_free(&r);
 }
 
+/* glu (gated hidden layers): the general path's source compiles in each
+ * precision, for 2 and 3 layers with and without bias, with newton_schulz
+ * (its U_i), a custom activation; the plan sends it to the general path with
+ * the reason (a small rule that the fused path would take otherwise) and
+ * refuses a forced fused or large path by name. */
+static void test_glu(void)
+{
+    static const rule_case gcases[] = {
+        {"glu2_silu_bias_norm_fp32", 2, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NORM, MN_SCOPE_TENSOR,
+         NULL, 3, 6, MN_RETRIEVE_AFTER, MN_PREC_FP32, 6, 5, 7, false, false},
+        {"glu2_gelu_residual_tf32", 2, 0, 1, MN_ACT_GELU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NONE, MN_SCOPE_GLOBAL,
+         NULL, 2, 0, MN_RETRIEVE_BEFORE, MN_PREC_TF32, 6, 6, 9, false, true},
+        {"glu3_custom_act_bias_bf16", 3, 1, 0, MN_ACT_CUSTOM, "z*tanh(softplus(z))", MN_LOSS_MSE, NULL,
+         MN_CLIP_ELEMENTWISE, MN_SCOPE_GLOBAL, "m*tanh(g/m)", 4, 4, MN_RETRIEVE_AFTER, MN_PREC_BF16, 5, 3, 8, true,
+         false},
+        {"glu3_silu_long_step_fp32", 3, 0, 0, MN_ACT_SILU, NULL, MN_LOSS_HUBER, NULL, MN_CLIP_NONE, MN_SCOPE_GLOBAL,
+         NULL, 70, 140, MN_RETRIEVE_BEFORE, MN_PREC_FP32, 4, 4, 6, false, false},
+    };
+    for (size_t i = 0; i < sizeof gcases / sizeof *gcases; i++) {
+        for (int ns = 0; ns < 2; ns++) {
+            mn_rule r;
+            mn_status st = make_rule(&gcases[i], &r);
+            r.glu = true;
+            if (ns) {
+                r.precondition = MN_PRECOND_NEWTON_SCHULZ;
+                r.ns_steps = 2;
+            }
+            if (st == MN_OK) st = mn_rule_validate(&r);
+            mn_dims d = dims_of(&gcases[i]);
+            char *src = st == MN_OK ? mn_cuda_rule_source(&r, &d, gcases[i].prec) : NULL;
+            char label[120];
+            snprintf(label, sizeof label, "codegen/glu/%s%s/source", gcases[i].name, ns ? "_ns" : "");
+            CHECK(label, src && strstr(src, "#define MN_GLU 1") && strstr(src, "mn_backward"));
+            snprintf(label, sizeof label, "codegen/nvrtc_sm90/%s%s", gcases[i].name, ns ? "_ns" : "");
+            if (src) compile_line(label, src);
+            free(src);
+            mn_rule_free(&r);
+        }
+    }
+    mn_rule r;
+    mn_rule_init(&r);
+    r.layers = 2;
+    r.glu = true;
+    r.step = 4;
+    mn_dims d = {2, 3, 10, 16, 16, 32, 0};
+    mn_cuda_plan pl;
+    unsetenv("MNEMO_CUDA_PATH");
+    r.glu = false;
+    bool fused = mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK && pl.path == MN_PATH_FUSED;
+    r.glu = true;
+    bool planned = mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK;
+    CHECK("codegen/glu/plan_general", fused && planned && pl.path == MN_PATH_GENERAL &&
+                                          strstr(pl.why, "glu: the general path runs it"));
+    mn_dims big = {2, 3, 10, 16, 16, 256, 0}; /* the large path's size without glu */
+    planned = mn_cuda_plan_rule(&r, &big, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK;
+    CHECK("codegen/glu/plan_general_not_large", planned && pl.path == MN_PATH_GENERAL && strstr(pl.why, "glu"));
+    r.glu = false;
+    char *src = mn_cuda_rule_source(&r, &d, MN_PREC_FP32);
+    CHECK("codegen/glu/off_define_0", src && strstr(src, "#define MN_GLU 0"));
+    free(src);
+    r.glu = true;
+    const char *forced[] = {"fused", "large"};
+    for (int i = 0; i < 2; i++) {
+        setenv("MNEMO_CUDA_PATH", forced[i], 1);
+        char label[80];
+        snprintf(label, sizeof label, "codegen/glu/forced_%s_refused", forced[i]);
+        CHECK(label, mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) != MN_OK &&
+                         strstr(mn_last_error(), "glu") && !strchr(mn_last_error(), '\n'));
+    }
+    setenv("MNEMO_CUDA_PATH", "general", 1);
+    CHECK("codegen/glu/forced_general", mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK &&
+                                            pl.path == MN_PATH_GENERAL);
+    unsetenv("MNEMO_CUDA_PATH");
+    mn_rule_free(&r);
+}
+
 int main(void)
 {
     test_ragged_plan();
     test_out_norm();
+    test_glu();
     test_newton_schulz();
     test_cache_key();
     test_broken_source();
