@@ -195,7 +195,7 @@ __device__ __forceinline__ void mn_ws_out_norm(mn_ws *ws, float *base, const flo
 {
 #if MN_OUT_NORM
     mn_rule_layout lo;
-    mn_rule_layout_init(&lo, MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, MN_ROWS);
+    mn_rule_layout_init(&lo, MN_LAYERS, MN_BIAS, MN_GLU, MN_DK, MN_DV, MN_DH, MN_ROWS);
     mn_rule_layout_out_norm(&lo, MN_DV, MN_ROWS);
     ws->nhat = base + lo.nhat;
     ws->ns = base + lo.ns;

@@ -148,6 +148,14 @@ local cases = {
            clip_max = 0.2, clip_scope = "tensor"}},
   {name = "custom_L2_bias_residual_long_step", rule = {layers = 2, activation = "z*tanh(softplus(z))",
                                                        residual = true, step = 80, token_reduce = "mean"}},
+  -- every SPEC v2 option at once: glu, out_norm (a given gain and shift),
+  -- qk_norm, newton_schulz and ragged lengths (0, inside a step, T)
+  {name = "all_v2_layernorm_l2_ns_ragged", ln = true, lengths = {13, 24},
+   rule = {layers = 2, activation = "silu", residual = true, step = 6, refresh = 12, out_norm = "layernorm",
+           qk_norm = "l2", precondition = "newton_schulz", token_reduce = "mean"}},
+  {name = "all_v2_L3_rmsnorm_rms_ragged_q", ln = true, use_q = true, lengths = {0, 17},
+   rule = {layers = 3, activation = "gelu", bias = false, step = 6, out_norm = "rmsnorm", qk_norm = "rms",
+           precondition = "newton_schulz", retrieve = "before", clip = "norm", clip_max = 0.5}},
 }
 local cB, cH, cT, cd, ch = 2, 2, 24, 4, 6
 mnemo.seed(33)
@@ -160,7 +168,9 @@ for _, c in ipairs(cases) do
   local bias = spec.bias ~= false
   local init = glu_init(spec.layers, bias, cd, cd, ch, c.momenta)
   local long = spec.step > cT
-  local args = {k = long and long_k or ck, v = long and long_v or cv, init = init, grad = true}
+  if c.ln then init.ln_g, init.ln_b = mnemo.randn(cd) * 0.3 + 1, mnemo.randn(cd) * 0.2 end
+  local args = {k = long and long_k or ck, v = long and long_v or cv, init = init, grad = true,
+                lengths = c.lengths}
   if c.use_q then args.q = cq end
   local label = "glu on cuda/" .. c.name .. " (" .. (forced or "planned") .. " path)"
   if mnemo.cuda_available() and fast_forced then

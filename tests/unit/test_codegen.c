@@ -344,6 +344,33 @@ static void test_out_norm(void)
         free(src);
         mn_rule_free(&r);
     }
+    /* every v2 option the kernel source carries, at once: glu beside out_norm
+     * (their workspace slices follow each other), newton_schulz, in bf16; the
+     * plan names each reason for the general path in one line */
+    {
+        mn_rule r;
+        mn_rule_init(&r);
+        r.layers = 3;
+        r.glu = 1;
+        r.residual = 1;
+        r.step = 70;
+        r.out_norm = MN_NORM_RMSNORM;
+        r.precondition = MN_PRECOND_NEWTON_SCHULZ;
+        mn_dims d = {2, 3, 10, 12, 12, 20, 0};
+        char *src = mn_cuda_rule_source(&r, &d, MN_PREC_BF16);
+        CHECK("codegen/out_norm/source/with_glu_ns", src && strstr(src, "#define MN_GLU 1") &&
+                                                       strstr(src, "#define MN_OUT_NORM 2"));
+        if (src) compile_line("codegen/nvrtc_sm90/out_norm/with_glu_ns_bf16", src);
+        free(src);
+        mn_cuda_plan pl;
+        unsetenv("MNEMO_CUDA_PATH");
+        bool planned = mn_cuda_plan_run(&r, &d, MN_PREC_BF16, 6, 90, 0, true, &pl) == MN_OK;
+        CHECK("codegen/out_norm/plan_lists_every_reason",
+              planned && pl.path == MN_PATH_GENERAL && strstr(pl.why, "precondition newton_schulz") &&
+                  strstr(pl.why, "glu: the general path runs it") && strstr(pl.why, "out_norm rmsnorm") &&
+                  strstr(pl.why, "lengths (ragged batches)"));
+        mn_rule_free(&r);
+    }
     mn_rule r;
     mn_rule_init(&r);
     mn_dims small = {2, 3, 10, 8, 8, 0, 0}, wide = {2, 3, 10, 16, 16, 256, 0};
