@@ -20,7 +20,7 @@
 # "N passed, N failed" (exit 1 on failure).
 # Environment: MNEMO (the binary; env.sh sets it), PYTHON (one with torch and
 # h5py; default python3, else /usr/bin/python3), MNEMO_CONFORMANCE_COUNT
-# (default 200), CONFORMANCE_TIMEOUT (seconds per precision, default 500).
+# (default 200), CONFORMANCE_TIMEOUT (seconds per precision, default 540).
 cd "$(dirname "$0")/../.." || exit 2
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$(mktemp -d)}
@@ -76,7 +76,7 @@ echo "python: $PYTHON; sanitizer: $SANITIZER; logs: $OUT"
 # ---- conformance, in the background: the longest part ----
 if [ -n "$PYTHON" ]; then
     for prec in fp32 tf32 bf16; do
-        ( MNEMO_DEVICE=cuda MNEMO_PRECISION=$prec timeout "${CONFORMANCE_TIMEOUT:-500}" \
+        ( MNEMO_DEVICE=cuda MNEMO_PRECISION=$prec timeout "${CONFORMANCE_TIMEOUT:-540}" \
               "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_$prec.log" 2>&1
           echo $? > "$WORK/conformance_$prec.rc" ) &
     done
@@ -84,13 +84,13 @@ if [ -n "$PYTHON" ]; then
     # (kernels/plan.h): the general kernel, and the cuBLAS + graph path
     for path in general large; do
         ( MNEMO_CUDA_PATH=$path MNEMO_DEVICE=cuda MNEMO_PRECISION=fp32 MNEMO_CONFORMANCE_SEED=3 \
-              MNEMO_CONFORMANCE_COUNT=${PATH_CONFORMANCE_COUNT:-80} timeout "${CONFORMANCE_TIMEOUT:-500}" \
+              MNEMO_CONFORMANCE_COUNT=${PATH_CONFORMANCE_COUNT:-80} timeout "${CONFORMANCE_TIMEOUT:-540}" \
               "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_$path.log" 2>&1
           echo $? > "$WORK/conformance_$path.rc" ) &
     done
     # long sequences: steps of more than 64 tokens take the kernel's chunked path
     ( MNEMO_DEVICE=cuda MNEMO_PRECISION=fp32 MNEMO_CONFORMANCE_SEED=7 MNEMO_CONFORMANCE_MAX_T=400 \
-          MNEMO_CONFORMANCE_COUNT=${LONG_CONFORMANCE_COUNT:-40} timeout "${CONFORMANCE_TIMEOUT:-500}" \
+          MNEMO_CONFORMANCE_COUNT=${LONG_CONFORMANCE_COUNT:-40} timeout "${CONFORMANCE_TIMEOUT:-540}" \
           "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_long.log" 2>&1
       echo $? > "$WORK/conformance_long.rc" ) &
 fi
@@ -286,7 +286,7 @@ if [ -n "$PYTHON" ]; then
         echo "== conformance/cuda-$prec"
         tail -1 "$OUT/conformance_$prec.log" | grep -v '^PASS'
         rc=$(cat "$WORK/conformance_$prec.rc" 2>/dev/null || echo 99)
-        [ "$rc" = 124 ] && echo "FAIL conformance/cuda-$prec: stopped after ${CONFORMANCE_TIMEOUT:-500} s" | tee -a "$summary"
+        [ "$rc" = 124 ] && echo "FAIL conformance/cuda-$prec: stopped after ${CONFORMANCE_TIMEOUT:-540} s" | tee -a "$summary"
         count "conformance/cuda-$prec" "$OUT/conformance_$prec.log" "$rc"
         grep -A3 '^FAIL ' "$OUT/conformance_$prec.log" | head -40
     done
