@@ -86,6 +86,19 @@ def main():
     except Exception as e:  # one failure line, not a traceback, per part
         report(False, "bridge_gpu/forward", "%s: %s" % (type(e).__name__, e))
 
+    def on_both(run, inputs):
+        """run on cpu copies and on cuda copies of inputs (leaves with
+        gradients): both argument dicts, both results, and the outputs and
+        final tensors that differ by more than 1e-4."""
+        xc = {n: t.clone().requires_grad_(True) for n, t in inputs.items()}
+        xg = {n: t.cuda().requires_grad_(True) for n, t in inputs.items()}
+        rc, rg = run(xc), run(xg)
+        rows = ["%s %.2g" % (n, rel(getattr(rg, n), getattr(rc, n))) for n in mt.OUTPUTS
+                if rel(getattr(rg, n), getattr(rc, n)) > 1e-4]
+        rows += ["final %s %.2g" % (n, rel(rg.params[n], rc.params[n]))
+                 for n in rc.params if rel(rg.params[n], rc.params[n]) > 1e-4]
+        return xc, xg, rc, rg, rows
+
     # ---- lengths (ragged batches) with cuda tensors: a cpu int64 [B] beside
     # them, run by the engine on the GPU (the general path) ----
     try:
@@ -95,13 +108,7 @@ def main():
             return mt.run(rule, x["k"], x["v"], x["theta"], q=x["q"], eta=x["eta"], alpha=x["alpha"],
                           params={"W1": x["W1"], "W2": x["W2"]}, lengths=lens)
 
-        xc = {n: t.clone().requires_grad_(True) for n, t in cpu.items()}
-        xg = {n: t.cuda().requires_grad_(True) for n, t in cpu.items()}
-        rc, rg = rcall(xc), rcall(xg)
-        rows = ["%s %.2g" % (n, rel(getattr(rg, n), getattr(rc, n))) for n in mt.OUTPUTS
-                if rel(getattr(rg, n), getattr(rc, n)) > 1e-4]
-        rows += ["final %s %.2g" % (n, rel(rg.params[n], rc.params[n]))
-                 for n in rc.params if rel(rg.params[n], rc.params[n]) > 1e-4]
+        xc, xg, rc, rg, rows = on_both(rcall, cpu)
         if float(rg.y[1, :, 6:].abs().max()) != 0 or float(rg.loss[1, :, 6:].abs().max()) != 0:
             rows.append("padding y or loss not 0")
         report(not rows and rg.y.is_cuda, "bridge_gpu/lengths/forward", "; ".join(rows) or "y not on cuda")
@@ -126,13 +133,7 @@ def main():
             return mt.run(nrule, x["k"], x["v"], x["theta"], q=x["q"], eta=x["eta"], alpha=x["alpha"],
                           params={"W1": x["W1"], "W2": x["W2"]}, ln_g=x["ln_g"], ln_b=x["ln_b"])
 
-        xc = {n: t.clone().requires_grad_(True) for n, t in base.items()}
-        xg = {n: t.cuda().requires_grad_(True) for n, t in base.items()}
-        rc, rg = ncall(xc), ncall(xg)
-        rows = ["%s %.2g" % (n, rel(getattr(rg, n), getattr(rc, n))) for n in mt.OUTPUTS
-                if rel(getattr(rg, n), getattr(rc, n)) > 1e-4]
-        rows += ["final %s %.2g" % (n, rel(rg.params[n], rc.params[n]))
-                 for n in rc.params if rel(rg.params[n], rc.params[n]) > 1e-4]
+        xc, xg, rc, rg, rows = on_both(ncall, base)
         report(not rows and rg.y.is_cuda, "bridge_gpu/out_norm_forward", "; ".join(rows) or "y not on cuda")
         up = torch.randn(B, H, T, dv)
         with warnings.catch_warnings():
