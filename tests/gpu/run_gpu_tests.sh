@@ -109,7 +109,8 @@ for path in general fused large; do
     run_one "lua/test_norm.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_norm.lua
     # lengths and newton_schulz: the general path runs them, the others refuse them by name
     run_one "lua/test_ragged_precond.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_ragged_precond.lua
-    # glu runs on the general path; forced fused or large, it is refused by name
+    # glu runs on the general and large paths (forced large: every case without newton_schulz,
+    # out_norm or lengths, and a hidden-256 memory); forced fused, it is refused by name
     run_one "lua/test_glu.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_glu.lua
 done
 
