@@ -155,7 +155,7 @@ static mn_status build(text *t, const mn_rule *r, const mn_dims *d, mn_precision
 
     putf(t, "#define MN_LAYERS %d\n#define MN_BIAS %d\n#define MN_RESIDUAL %d\n", r->layers, r->bias ? 1 : 0,
          r->residual ? 1 : 0);
-    /* SPEC v2's gated hidden layers (general path only: kernels/plan.c) */
+    /* SPEC v2's gated hidden layers (general and large paths: kernels/plan.c) */
     putf(t, "#define MN_GLU %d\n", r->glu && r->layers > 1 ? 1 : 0);
     putf(t, "#define MN_DK %lld\n#define MN_DV %lld\n#define MN_DH %lld\n", (long long)d->dk, (long long)d->dv,
          r->layers > 1 ? (long long)d->dh : 0LL);

@@ -13,10 +13,15 @@
  *   for each chunk of at most CR rows:
  *     stage              rows of k -> X, the first product's operand
  *     hidden layer i     GEMM Z = X_i P_i^T;  act: z = Z + b kept, H_i = phi(z)
+ *                        glu: also GEMM U = X_i Q_i^T (Q_i the gate's U_i at P);
+ *                        act: u = U + c kept, H_i = phi(z) u
  *     last layer         GEMM Y = H P_L^T
  *     loss               y = Y + b (+ k): loss[t], D = dL/dy, y copied out where it is retrieval
  *     layer i, L..1      GEMM G_Wi (+)= D^T X_i;  cols: G_bL (+)= column sums of D (last layer, bias)
- *                        GEMM D' = D P_i;  cols: D' *= phi'(z), G_b(i-1) (+)= column sums
+ *                        glu, hidden i: GEMM G_Ui (+)= DU^T X_i (DU = dL/du, in u's place)
+ *                        GEMM D' = D P_i (glu, hidden i: + DU Q_i, beta 1);
+ *                        cols: D' *= phi'(z), G_b(i-1) (+)= column sums
+ *                        (glu: first DU = D' phi(z), D' *= u; G_c(i-1) (+)= DU's sums)
  *   norm                 |G| per parameter, non-finite guard, clip scales, grad_norm, skipped,
  *                        clip_scale, step_loss
  *   retrieval at W^(s)   y wanted and (q given or P is not W): stage, forward at W, out
@@ -127,13 +132,16 @@ typedef struct run {
     mn_cuda_module *mod;
     mn_large_kargs a;
     int L, per, np, refresh, step;
+    int nl;   /* the layers' parameters (W_i, b_i); glu's gates U_i, c_i follow (param_layout.h) */
+    bool glu; /* the hidden layers are gated: h = phi(z) u */
     long long M, dk, dv, dh, wide, CR;
     mn_precision prec;
     bool training;
     unsigned grid_cap;
-    /* chunk buffers, [M, CR, width]: X, H and Db are GEMM operands (bf16 in bf16) */
-    void *X, *H[MN_MAX_LAYERS], *Db;
-    float *Z[MN_MAX_LAYERS], *Y, *D[2];
+    /* chunk buffers, [M, CR, width]: X, H, Db and DUb are GEMM operands (bf16
+     * in bf16); U (glu) holds the gate u, then dL/du, an operand in fp32/tf32 */
+    void *X, *H[MN_MAX_LAYERS], *Db, *DUb;
+    float *Z[MN_MAX_LAYERS], *U[MN_MAX_LAYERS], *Y, *D[2];
     void *blas_ws;
     void *work;
     size_t work_bytes;
@@ -181,6 +189,11 @@ static mn_status run_init(run *R, const mn_memory_state *st, long long rows, boo
     R->L = r->layers;
     R->per = r->bias ? 2 : 1;
     R->np = st->nparams;
+    R->nl = mn_param_count(r->layers, r->bias);
+    R->glu = r->glu && r->layers > 1;
+    if (R->np != mn_param_count_glu(r->layers, r->bias, R->glu))
+        return mn_fail(MN_ERR_ARG, "cuda large path: the state has %d parameters, the rule %d", R->np,
+                       mn_param_count_glu(r->layers, r->bias, R->glu));
     R->refresh = mn_rule_refresh(r);
     R->step = r->step;
     R->dk = d->dk;
@@ -239,10 +252,11 @@ static size_t carve(run *R, char *base)
     for (int i = 0; i + 1 < R->L; i++) {
         R->Z[i] = take(base, &off, rows * R->dh * 4);
         R->H[i] = take(base, &off, rows * R->dh * es);
+        R->U[i] = R->glu ? take(base, &off, rows * R->dh * 4) : NULL;
     }
     R->Y = take(base, &off, rows * R->dv * 4);
     for (int p = 0; p < R->np; p++) {
-        bool is_bias = R->per == 2 && p % 2 == 1;
+        bool is_bias = mn_param_is_bias_glu(R->L, R->per == 2, p);
         a->Wb[p] = bf16 && !is_bias ? take(base, &off, M * a->numel[p] * 2) : NULL;
         a->Ab[p] = bf16 && !is_bias && R->training && R->refresh != R->step ? take(base, &off, M * a->numel[p] * 2)
                                                                           : NULL;
@@ -251,10 +265,12 @@ static size_t carve(run *R, char *base)
     R->D[0] = take(base, &off, rows * R->wide * 4);
     R->D[1] = take(base, &off, rows * R->wide * 4);
     R->Db = bf16 ? take(base, &off, rows * R->wide * 2) : NULL;
+    R->DUb = bf16 && R->glu ? take(base, &off, rows * R->dh * 2) : NULL;
     for (int p = 0; p < R->np; p++) a->G[p] = take(base, &off, M * a->numel[p] * 4);
     size_t nrb = (size_t)((R->CR + MN_LARGE_COL_ROWS - 1) / MN_LARGE_COL_ROWS);
     size_t ntiles = (size_t)((R->wide + 31) / 32);
-    size_t parts = M * (size_t)a->nslices, colparts = M * nrb * (size_t)R->wide;
+    /* glu: a gated layer's column sums of du follow those of dz */
+    size_t parts = M * (size_t)a->nslices, colparts = (R->glu ? 2 : 1) * M * nrb * (size_t)R->wide;
     a->part = take(base, &off, (parts > colparts ? parts : colparts) * sizeof(double));
     a->tickets = take(base, &off, (1 + M * ntiles) * sizeof(unsigned));
     a->counter = take(base, &off, sizeof(long long));
@@ -359,6 +375,14 @@ static mn_status forward(const run *R, float *const *params, const void *const *
                     out, no, R->CR * no));
         if (last) break;
         mn_large_op o = {0};
+        if (R->glu) {
+            /* the gate, U [cr, no] = in Q^T with Q = U_i [no, ni], as Z above */
+            const int q = mn_param_index(R->L, R->per == 2, i, 1);
+            MN_TRY(gemm(R, CUBLAS_OP_T, CUBLAS_OP_N, no, cr, ni, ops[q], ni, no * ni, in, ni, R->CR * ni, 0.0f,
+                        R->U[i], no, R->CR * no));
+            o.gate = R->U[i];
+            o.gate_bias = R->per == 2 ? params[q + 1] : NULL;
+        }
         o.out = out;
         o.out_op = R->H[i];
         o.bias = R->per == 2 ? params[i * 2 + 1] : NULL;
@@ -371,9 +395,12 @@ static mn_status forward(const run *R, float *const *params, const void *const *
 }
 
 static mn_status cols(const run *R, float *d, const float *z, void *dop, float *gb, long long ncols, long long cr,
-                      int flags)
+                      int flags, float *u, void *uop, float *gc)
 {
     mn_large_op o = {0};
+    o.gate = u;
+    o.gate_op = uop;
+    o.gc = gc;
     o.out = d;
     o.in = z;
     o.out_op = dop;
@@ -389,7 +416,9 @@ static mn_status cols(const run *R, float *d, const float *z, void *dop, float *
 }
 
 /* The gradients of the cr rows whose dL/dy the loss kernel left in D[0]
- * (and Db), added to G for a later chunk of the step (accum). */
+ * (and Db), added to G for a later chunk of the step (accum). With glu, a
+ * hidden layer i's dL/du is in U[i] (and DUb), left there by the cols
+ * launch of layer i + 1. */
 static mn_status backward(const run *R, long long cr, bool accum)
 {
     const bool bf16 = R->prec == MN_PREC_BF16;
@@ -399,19 +428,33 @@ static mn_status backward(const run *R, long long cr, bool accum)
         const long long ni = mn_layer_in(i, R->dk, R->dh), no = mn_layer_out(i, R->L, R->dv, R->dh);
         const void *in = i == 0 ? R->X : R->H[i - 1];
         const void *dz = bf16 ? R->Db : R->D[cur];
+        const bool gated = R->glu && i < R->L - 1;
+        const int q = gated ? mn_param_index(R->L, R->per == 2, i, 1) : -1; /* U_i */
+        const void *du = gated ? (bf16 ? R->DUb : (const void *)R->U[i]) : NULL;
         /* G_W [no, ni] (+)= dz^T in: G^T = in^T op_T(dz^T) */
         MN_TRY(gemm(R, CUBLAS_OP_N, CUBLAS_OP_T, ni, no, cr, in, ni, R->CR * ni, dz, no, R->CR * no,
                     accum ? 1.0f : 0.0f, R->a.G[i * R->per], ni, no * ni));
-        /* the last layer's bias; hidden layers' come with their dz below */
+        /* the gate's G_U [no, ni] (+)= du^T in, as G_W */
+        if (gated)
+            MN_TRY(gemm(R, CUBLAS_OP_N, CUBLAS_OP_T, ni, no, cr, in, ni, R->CR * ni, du, no, R->CR * no,
+                        accum ? 1.0f : 0.0f, R->a.G[q], ni, no * ni));
+        /* the last layer's bias; hidden layers' (and gates') come with their dz below */
         if (R->per == 2 && i == R->L - 1)
-            MN_TRY(cols(R, R->D[cur], NULL, NULL, R->a.G[i * 2 + 1], no, cr, MN_LARGE_BIAS | acc));
+            MN_TRY(cols(R, R->D[cur], NULL, NULL, R->a.G[i * 2 + 1], no, cr, MN_LARGE_BIAS | acc, NULL, NULL, NULL));
         if (i == 0) break;
         /* dh [cr, ni] = dz W: dh^T = W^T dz^T */
         MN_TRY(gemm(R, CUBLAS_OP_N, CUBLAS_OP_N, ni, cr, no, R->Pop[i * R->per], ni, no * ni, dz, no, R->CR * no,
                     0.0f, R->D[cur ^ 1], ni, R->CR * ni));
+        /* ... + du U: dh^T += U^T du^T */
+        if (gated)
+            MN_TRY(gemm(R, CUBLAS_OP_N, CUBLAS_OP_N, ni, cr, no, R->Pop[q], ni, no * ni, du, no, R->CR * no, 1.0f,
+                        R->D[cur ^ 1], ni, R->CR * ni));
         int flags = MN_LARGE_ACT | (R->per == 2 ? MN_LARGE_BIAS | acc : 0);
+        /* layer i - 1 is hidden: with glu, gated */
+        const int qp = R->glu ? mn_param_index(R->L, R->per == 2, i - 1, 1) : -1;
         MN_TRY(cols(R, R->D[cur ^ 1], R->Z[i - 1], bf16 ? R->Db : NULL, R->per == 2 ? R->a.G[(i - 1) * 2 + 1] : NULL,
-                    ni, cr, flags));
+                    ni, cr, flags, R->glu ? R->U[i - 1] : NULL, R->glu && bf16 ? R->DUb : NULL,
+                    R->glu && R->per == 2 ? R->a.G[qp + 1] : NULL));
         cur ^= 1;
     }
     return MN_OK;
@@ -422,7 +465,7 @@ static mn_status out_rows(const run *R, const float *x, long long r0, long long 
 {
     mn_large_op o = {0};
     o.in = R->Y;
-    o.bias = R->per == 2 ? R->a.W[R->np - 1] : NULL;
+    o.bias = R->per == 2 ? R->a.W[R->nl - 1] : NULL; /* b_L (glu's gates follow it) */
     o.x = x;
     o.y = R->y;
     o.r0 = r0;
@@ -448,7 +491,7 @@ static mn_status enqueue_step(const run *R, long long rows)
         MN_TRY(forward(R, R->P, R->Pop, cr));
         memset(&o, 0, sizeof o);
         o.in = R->Y;
-        o.bias = R->per == 2 ? R->P[R->np - 1] : NULL;
+        o.bias = R->per == 2 ? R->P[R->nl - 1] : NULL; /* b_L */
         o.out = R->D[0];
         o.out_op = bf16 ? R->Db : NULL;
         o.y = R->copy_y ? R->y : NULL;

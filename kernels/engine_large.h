@@ -2,9 +2,11 @@
  * Fast paths; kernels/plan.h MN_PATH_LARGE): for memories with a dimension
  * of 256 or more, the products through cuBLAS in the state's precision, the
  * elementwise work in a few generated kernels (kernels/large_kernels.cuh),
- * and each step replayed from a CUDA graph. Any rule of SPEC.md runs here,
- * with the outputs of the general path (kernels/engine_cuda.c), so tests can
- * force it (MNEMO_CUDA_PATH=large) on rules of any size. */
+ * and each step replayed from a CUDA graph. Any rule of SPEC.md runs here
+ * (of the v2 options glu and qk_norm; newton_schulz, out_norm and lengths
+ * only on the general path: kernels/plan.c), with the outputs of the
+ * general path (kernels/engine_cuda.c), so tests can force it
+ * (MNEMO_CUDA_PATH=large) on rules of any size. */
 #ifndef MN_ENGINE_LARGE_H
 #define MN_ENGINE_LARGE_H
 

@@ -24,7 +24,7 @@
 #define MN_LARGE_KERNEL_ARGS
 
 #define MN_LARGE_THREADS 256   /* every kernel's block (8 warps); the column kernel as 32 x 8 */
-#define MN_LARGE_MAX_PARAMS 16
+#define MN_LARGE_MAX_PARAMS 32 /* 4 L - 2 with glu and bias at 8 layers (param_layout.h) */
 #define MN_LARGE_SLICE 4096    /* parameter elements per block: norm, update, params kernels */
 #define MN_LARGE_COL_ROWS 128  /* rows per block of the column kernel */
 
@@ -66,6 +66,10 @@ typedef struct mn_large_op {
     void *out_op;          /* the same values as a GEMM operand (bf16 or fp32), or NULL */
     float *gb;             /* bias gradient [M, out] */
     float *y;              /* retrieval output [M, n, dv], or NULL */
+    float *gate;           /* glu: a hidden layer's gate u = U h + c [M, ld, dh] (act), then du (cols), or NULL */
+    const float *gate_bias; /* glu: the gate's bias c [M, dh] (act), or NULL */
+    void *gate_op;         /* glu: du as GEMM operand (cols, bf16 only), or NULL */
+    float *gc;             /* glu: the gate's bias gradient [M, dh] (cols) */
     long long r0, rows;    /* this launch's rows r0 .. r0 + rows - 1 of the step */
     long long step_rows;   /* rows of the whole step */
     long long copy_rows;   /* loss: step rows < copy_rows copy y out */
@@ -78,7 +82,10 @@ typedef struct mn_large_op {
 #ifdef __CUDACC_RTC__
 
 #define MN_LG_PER (MN_BIAS ? 2 : 1)
-#define MN_LG_NP (MN_LAYERS * MN_LG_PER)
+/* the layers' W_i, b_i, then glu's U_i, c_i of the hidden layers (param_layout.h) */
+#define MN_LG_NL (MN_LAYERS * MN_LG_PER)
+#define MN_LG_NP (MN_LG_NL + (MN_GLU ? (MN_LAYERS - 1) * MN_LG_PER : 0))
+#define MN_LG_GATE(i) (MN_LG_NL + (i) * MN_LG_PER) /* layer i's U; its c the next */
 #define MN_LG_WARPS (MN_LARGE_THREADS / 32)
 #define MN_LG_DH (MN_DH > 0 ? MN_DH : 1) /* a divisor even for one layer */
 
@@ -229,7 +236,10 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_stage_ke
 }
 
 /* A hidden layer after its product: z = out + bias in place (kept for the
- * backward), out_op = phi(z) (the next product's operand). Grid (x, M). */
+ * backward), out_op = phi(z) (the next product's operand). With glu, gate
+ * holds the gate's product: u = gate + gate_bias in place (kept for the
+ * backward) and out_op = phi(z) u, in that order of rounding as
+ * rule_kernel.cuh's mn_forward. Grid (x, M). */
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_act_kernel(const mn_large_kargs a,
                                                                                    const mn_large_op o)
 {
@@ -238,12 +248,21 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_act_kern
     float *z = o.out + m * o.ld * MN_LG_DH;
     mn_lg_op *h = (mn_lg_op *)o.out_op + m * o.ld * MN_LG_DH;
     const float *b = o.bias ? o.bias + m * MN_LG_DH : 0;
+    float *u = o.gate ? o.gate + m * o.ld * MN_LG_DH : 0;
+    const float *cb = o.gate_bias ? o.gate_bias + m * MN_LG_DH : 0;
     MN_LG_GRID_STRIDE(e, o.rows * MN_DH)
     {
         float v = z[e];
         if (b) v += b[e % MN_LG_DH];
         z[e] = v;
-        h[e] = mn_lg_to_op(mn_hook_act(v));
+        float hv = mn_hook_act(v);
+        if (u) {
+            float g = u[e];
+            if (cb) g += cb[e % MN_LG_DH];
+            u[e] = g;
+            hv *= g;
+        }
+        h[e] = mn_lg_to_op(hv);
     }
 }
 
@@ -291,7 +310,11 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_loss_ker
  * ceil(rows/COL_ROWS), M). flags: MN_LARGE_ACT: out *= phi'(in) (in = z of
  * the layer: out was dL/dh); out_op (if not NULL) = out as GEMM operand;
  * MN_LARGE_BIAS: gb (+)= column sums of out over the rows, in double per
- * block, the blocks of a column tile combined in order by the last of them. */
+ * block, the blocks of a column tile combined in order by the last of them.
+ * glu (gate not NULL, with MN_LARGE_ACT): h = phi(z) u, so first
+ * du = dh phi(z) replaces u in gate (gate_op: its operand copy) and dh *= u,
+ * as rule_kernel.cuh's mn_backward; MN_LARGE_BIAS also sums du into gc (its
+ * partials after dz's in part). */
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_cols_kernel(const mn_large_kargs a,
                                                                                     const mn_large_op o)
 {
@@ -302,11 +325,20 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_cols_ker
     float *d = o.out + m * o.ld * cols;
     const float *z = o.in ? o.in + m * o.ld * cols : 0;
     mn_lg_op *dop = o.out_op ? (mn_lg_op *)o.out_op + m * o.ld * cols : 0;
-    double acc = 0.0;
+    float *u = o.gate ? o.gate + m * o.ld * cols : 0;
+    mn_lg_op *uop = o.gate_op ? (mn_lg_op *)o.gate_op + m * o.ld * cols : 0;
+    double acc = 0.0, gacc = 0.0;
     if (c < cols) {
         for (long long r = rb * MN_LARGE_COL_ROWS + ty; r < r_end; r += 8) {
             const long long i = r * cols + c;
             float v = d[i];
+            if (u) {
+                const float g = u[i], du = v * mn_hook_act(z[i]);
+                u[i] = du;
+                if (uop) uop[i] = mn_lg_to_op(du);
+                gacc += du;
+                v *= g;
+            }
             if (o.flags & MN_LARGE_ACT) {
                 v *= mn_hook_act_grad(z[i]);
                 d[i] = v;
@@ -316,14 +348,20 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_cols_ker
         }
     }
     if (!(o.flags & MN_LARGE_BIAS)) return; /* the same for the whole grid */
-    __shared__ double part[8][32];
+    __shared__ double part[8][32], gpart[8][32];
     part[ty][tx] = acc;
+    gpart[ty][tx] = gacc;
     __syncthreads();
+    double *du_part = a.part + a.memories * nrb * cols; /* glu: du's partials after dz's */
     if (ty == 0 && c < cols) {
-        double s = 0.0;
+        double s = 0.0, gs = 0.0;
 #pragma unroll
-        for (int i = 0; i < 8; i++) s += part[i][tx];
+        for (int i = 0; i < 8; i++) {
+            s += part[i][tx];
+            gs += gpart[i][tx];
+        }
         a.part[(m * nrb + rb) * cols + c] = s;
+        if (u) du_part[(m * nrb + rb) * cols + c] = gs;
     }
     if (!mn_lg_last_arrival(&a.tickets[1 + m * gridDim.x + blockIdx.x], (unsigned)nrb)) return;
     if (ty == 0 && c < cols) {
@@ -331,6 +369,12 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_cols_ker
         for (long long i = 0; i < nrb; i++) s += __ldcg(&a.part[(m * nrb + i) * cols + c]);
         float *gb = o.gb + m * cols + c;
         *gb = (o.flags & MN_LARGE_ACCUM) ? *gb + (float)s : (float)s;
+        if (u) {
+            double gs = 0.0;
+            for (long long i = 0; i < nrb; i++) gs += __ldcg(&du_part[(m * nrb + i) * cols + c]);
+            float *gc = o.gc + m * cols + c;
+            *gc = (o.flags & MN_LARGE_ACCUM) ? *gc + (float)gs : (float)gs;
+        }
     }
 }
 
@@ -449,7 +493,8 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_out_kern
 
 /* One layer of the forward of one row per memory at W (after the update):
  * the last row of a step, retrieve = after, sees W^(s+1). One warp per
- * output unit, operands rounded as the precision rounds them; grid
+ * output unit (with glu, a hidden unit's gate U_j in + c_j too), operands
+ * rounded as the precision rounds them; grid
  * (ceil(out/8), M). Layer 0 reads row t = s c + step_rows - 1 of x (q or
  * k); hidden layers go through rowbuf; the last layer writes y[m, t]. With
  * MN_LARGE_ADVANCE (on the last layer) the last block moves the counter. */
@@ -463,18 +508,29 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_row_kern
     const long long sl = mn_lg_step(a), t = sl * MN_STEP + o.step_rows - 1;
     const float *x = o.x + (m * a.n + t) * MN_DK;
     const float *in = layer == 0 ? x : a.rowbuf + ((layer - 1) & 1) * a.memories * MN_LG_DH + m * MN_LG_DH;
+    const bool gated = MN_GLU && !last;
     if (j < no) {
         const float *w = a.W[layer * MN_LG_PER] + (m * no + j) * ni;
-        float acc = 0.0f;
+        float acc = 0.0f, gacc = 0.0f;
         for (int i = lane; i < ni; i += 32) acc += mn_lg_round(in[i]) * mn_lg_round(w[i]);
         acc = mn_lg_warp_sumf(acc);
+        if (gated) {
+            const float *ug = a.W[MN_LG_GATE(layer)] + (m * no + j) * ni;
+            for (int i = lane; i < ni; i += 32) gacc += mn_lg_round(in[i]) * mn_lg_round(ug[i]);
+            gacc = mn_lg_warp_sumf(gacc);
+        }
         if (lane == 0) {
             if (MN_BIAS) acc += a.W[layer * MN_LG_PER + 1][m * no + j];
             if (last) {
                 if (MN_RESIDUAL) acc += x[j];
                 o.y[(m * a.n + t) * MN_DV + j] = acc;
             } else {
-                a.rowbuf[(layer & 1) * a.memories * MN_LG_DH + m * MN_LG_DH + j] = mn_hook_act(acc);
+                float h = mn_hook_act(acc);
+                if (gated) {
+                    if (MN_BIAS) gacc += a.W[MN_LG_GATE(layer) + 1][m * no + j];
+                    h *= gacc;
+                }
+                a.rowbuf[(layer & 1) * a.memories * MN_LG_DH + m * MN_LG_DH + j] = h;
             }
         }
     }

@@ -132,18 +132,24 @@ mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, i
     if (r->layers > 1 && d->dh > big) big = d->dh;
 
     /* What only the general path runs in this version: the fast paths never see it. */
-    char only_general[256] = "";
+    char only_general[192] = "";
     if (r->precondition != MN_PRECOND_NONE)
         add_reason(only_general, sizeof only_general, "precondition", mn_part_name(&mn_precond_set, r->precondition),
                    "it");
-    if (r->glu) add_reason(only_general, sizeof only_general, "glu", NULL, "it");
     if (r->out_norm != MN_NORM_NONE)
         add_reason(only_general, sizeof only_general, "out_norm", mn_part_name(&mn_norm_set, r->out_norm), "it");
     /* lengths are an input, not a rule field: the caller says whether the run has them */
     if (ragged) add_reason(only_general, sizeof only_general, "lengths", "(ragged batches)", "them");
-    if (only_general[0]) {
+    /* glu: the fused path cannot hold the gates (1.5x the weights) in shared
+     * memory; the general and large paths run it (the large path from a
+     * dimension of 256, as any rule) */
+    const bool glu = r->glu && r->layers > 1;
+    char no_fast[256];
+    snprintf(no_fast, sizeof no_fast, "%s%s%s", only_general, only_general[0] && glu ? "; " : "",
+             !glu ? "" : only_general[0] ? "glu: the general path runs it" : "glu: the general and large paths run it");
+    if (no_fast[0]) {
         fused = 0;
-        snprintf(nofuse, sizeof nofuse, "%s", only_general);
+        snprintf(nofuse, sizeof nofuse, "%s", no_fast);
     }
 
     const char *force = getenv("MNEMO_CUDA_PATH");
@@ -152,8 +158,10 @@ mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, i
         if (strcmp(force, "general") == 0) {
             out->path = MN_PATH_GENERAL;
             snprintf(out->why, sizeof out->why, "MNEMO_CUDA_PATH=general");
-        } else if (only_general[0] && (strcmp(force, "fused") == 0 || strcmp(force, "large") == 0)) {
-            return mn_fail(MN_ERR_UNSUPPORTED, "MNEMO_CUDA_PATH=%s: %s, not the %s path", force, only_general, force);
+        } else if (no_fast[0] && strcmp(force, "fused") == 0) {
+            return mn_fail(MN_ERR_UNSUPPORTED, "MNEMO_CUDA_PATH=fused: %s, not the fused path", no_fast);
+        } else if (only_general[0] && strcmp(force, "large") == 0) {
+            return mn_fail(MN_ERR_UNSUPPORTED, "MNEMO_CUDA_PATH=large: %s, not the large path", only_general);
         } else if (strcmp(force, "fused") == 0) {
             if (!fused) return mn_fail(MN_ERR_UNSUPPORTED, "MNEMO_CUDA_PATH=fused: %s", nofuse);
             out->path = MN_PATH_FUSED;
@@ -174,6 +182,10 @@ mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, i
         out->path = MN_PATH_LARGE;
         snprintf(out->why, sizeof out->why, "a dimension of %ld >= 256 (%s): cuBLAS products, steps from a CUDA graph",
                  big, nofuse);
+    } else if (glu && !only_general[0]) {
+        out->path = MN_PATH_GENERAL;
+        snprintf(out->why, sizeof out->why, "%s; every dimension below 256 (the largest %ld): the general path", nofuse,
+                 big);
     } else {
         out->path = MN_PATH_GENERAL;
         snprintf(out->why, sizeof out->why, "%s", nofuse);

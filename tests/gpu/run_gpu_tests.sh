@@ -109,7 +109,8 @@ for path in general fused large; do
     run_one "lua/test_norm.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_norm.lua
     # lengths and newton_schulz: the general path runs them, the others refuse them by name
     run_one "lua/test_ragged_precond.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_ragged_precond.lua
-    # glu runs on the general path; forced fused or large, it is refused by name
+    # glu runs on the general and large paths (forced large: every case without newton_schulz,
+    # out_norm or lengths, and a hidden-256 memory); forced fused, it is refused by name
     run_one "lua/test_glu.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_glu.lua
 done
 
@@ -195,6 +196,12 @@ mnemo.save(os.getenv("GLU_EXP"), rule:experiment{k = mnemo.randn(2, 2, 20, dk) *
                                                  v = mnemo.randn(2, 2, 20, dv), theta = 0.05, init = init})
 EOF
     GLU_EXP="$WORK/san/exp_glu.h5" "$MNEMO" "$WORK/glu_exp.lua" > /dev/null 2>&1
+    # and one for the large path (hidden 256: planned there): 3 gated layers, an anchor
+    "$MNEMO" -e "local m = mnemo; m.seed(6)
+      local r = m.rule { layers = 3, glu = true, activation = 'gelu', hidden = 256, step = 4, refresh = 8,
+                         residual = true, theta = 0.01, eta = 0.5 }
+      m.save('$WORK/san/glu_large.h5', r:experiment { k = m.randn(1, 2, 14, 8) * 0.5, v = m.randn(1, 2, 14, 8) })" \
+        > /dev/null 2>&1
     san() { # tool file
         tool=$1; f=$2; name=sanitizer/$tool/$(basename "$f" .h5)
         "$SANITIZER" --tool "$tool" --error-exitcode 9 "$MNEMO" run "$f" -o "$WORK/san_$tool.h5" --device cuda \
@@ -219,6 +226,7 @@ EOF
         san memcheck "$WORK/san/exp_glu.h5"
         san initcheck "$WORK/san/exp_glu.h5"
         san racecheck "$WORK/san/exp_glu.h5"
+        san memcheck "$WORK/san/glu_large.h5"
     } > "$LOGS/sanitizer.log" 2>&1
     count sanitizer "$LOGS/sanitizer.log" 0
 else

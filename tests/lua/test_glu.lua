@@ -3,10 +3,12 @@
 -- parameters U1, c1 as fast weights (updated, final, momentum, initial
 -- tensors, gradients of their initial values against finite differences),
 -- the file round trip, the refusals (layers = 1, a missing U1), and glu on
--- the CUDA engine's general path: a CUDA run (outputs, final weights and
--- momenta, gradients) equals the cpu's; a forced fused or large path
--- (MNEMO_CUDA_PATH, as tests/gpu/run_gpu_tests.sh runs this file) is refused
--- naming glu.
+-- the CUDA engine's general and large paths: a CUDA run (outputs, final
+-- weights and momenta, gradients) and a memory's write and read equal the
+-- cpu's; with MNEMO_CUDA_PATH (as tests/gpu/run_gpu_tests.sh runs this
+-- file) a forced fused path is refused naming glu, a forced large path runs
+-- glu and refuses, by name, only what it never runs (newton_schulz,
+-- out_norm, lengths).
 -- Run from the repository root: mnemo tests/lua/test_glu.lua
 local T = dofile("tests/lua/check.lua")
 
@@ -89,22 +91,32 @@ os.remove(path)
 T.raises("glu needs layers >= 2", function() mnemo.rule{glu = true} end, "glu gates the hidden layers and needs layers >= 2")
 T.raises("a missing U1 is named", function() swiglu:run{k = k, v = v, theta = 0.1, init = {W1 = init.W1, W2 = init.W2}} end,
          "initial weight U1 is missing")
--- glu runs on the CUDA engine's general path: rule:plan says so and why
--- (a forced fused or large path is refused, naming glu).
+-- glu runs on the CUDA engine's general path below a dimension of 256 and
+-- on its large path from there: rule:plan says so and why (a forced fused
+-- path is refused naming glu, a forced large path takes it).
 local forced = os.getenv("MNEMO_CUDA_PATH")
 local fast_forced = forced == "fused" or forced == "large"
 local has_cuda_build = pcall(function() return mnemo.rule{}:source() end)
+local swiglu_wide = mnemo.rule{layers = 2, glu = true, activation = "gelu", hidden = 256, step = 64}
 if not has_cuda_build then
   local plan = swiglu:plan{dk = dk, dv = dv}
   T.eq("rule:plan without CUDA: cpu", plan.path, "cpu")
-elseif fast_forced then
-  T.raises("rule:plan: MNEMO_CUDA_PATH=" .. forced .. " is refused naming glu",
-           function() return swiglu:plan{dk = dk, dv = dv} end, "glu: the general path runs it")
+elseif forced == "fused" then
+  T.raises("rule:plan: MNEMO_CUDA_PATH=fused is refused naming glu",
+           function() return swiglu:plan{dk = dk, dv = dv} end, "glu: the general and large paths run it")
+elseif forced == "large" then
+  T.eq("rule:plan: MNEMO_CUDA_PATH=large takes glu", swiglu:plan{dk = dk, dv = dv}.path, "large")
 else
   local plan = swiglu:plan{dk = dk, dv = dv}
-  T.eq("rule:plan sends glu to the general path", plan.path, "general")
+  T.eq("rule:plan sends a small glu rule to the general path", plan.path, "general")
+  -- P1's shape: 64-256-64
+  local wide = swiglu_wide:plan{dk = 64, dv = 64}
   if forced ~= "general" then
-    T.ok("rule:plan says why", plan.why:find("glu: the general path runs it", 1, true) ~= nil, plan.why)
+    T.ok("rule:plan says why", plan.why:find("glu: the general and large paths run it", 1, true) ~= nil and
+         plan.why:find("below 256", 1, true) ~= nil, plan.why)
+    T.eq("rule:plan sends glu at hidden 256 to the large path", wide.path, "large")
+    T.ok("rule:plan says why (large)", wide.why:find("glu", 1, true) ~= nil and
+         wide.why:find("256 >= 256", 1, true) ~= nil, wide.why)
   end
 end
 
@@ -123,12 +135,14 @@ local function glu_init(L, bias, ck, cv, ch, momenta)
   local p = {}
   for i = 1, L do
     local inn, out = i == 1 and ck or ch, i == L and cv or ch
-    p["W" .. i] = mnemo.randn(out, inn) * 0.5
+    -- wide inputs (hidden 256) scaled down, so the outputs stay O(1)
+    local sw = 0.5 * math.min(1, math.sqrt(6 / inn))
+    p["W" .. i] = mnemo.randn(out, inn) * sw
     if bias then p["b" .. i] = mnemo.randn(out) * 0.1 end
     if i < L then
-      p["U" .. i] = mnemo.randn(out, inn) * 0.5
+      p["U" .. i] = mnemo.randn(out, inn) * sw
       if bias then p["c" .. i] = mnemo.randn(out) * 0.2 + 1 end
-      if momenta then p["S_U" .. i] = mnemo.randn(out, inn) * 0.05 end
+      if momenta then p["S_U" .. i] = mnemo.randn(out, inn) * (sw / 10) end
     end
   end
   return p
@@ -148,6 +162,19 @@ local cases = {
            clip_max = 0.2, clip_scope = "tensor"}},
   {name = "custom_L2_bias_residual_long_step", rule = {layers = 2, activation = "z*tanh(softplus(z))",
                                                        residual = true, step = 80, token_reduce = "mean"}},
+  -- without newton_schulz (the large path runs these when forced): 3
+  -- layers, an anchor (refresh 2c) with momenta, q with retrieve before
+  {name = "silu_L3_bias_refresh2c_clipnorm", momenta = true,
+   rule = {layers = 3, activation = "silu", step = 4, refresh = 8, clip = "norm", clip_max = 0.3}},
+  {name = "gelu_L3_nobias_q_before_tensorclip", use_q = true,
+   rule = {layers = 3, activation = "gelu", bias = false, step = 3, retrieve = "before", clip = "norm",
+           clip_max = 0.2, clip_scope = "tensor"}},
+  -- hidden 256: the planned path is the large one (rule:plan above); a
+  -- smaller theta, where 0.05 lets the wide memory's outputs grow (on the
+  -- cpu, 1e-6 relative in the initial weights moved y 60e-6 at 3 layers)
+  {name = "gelu_L2_bias_hidden256", hidden = 256, rule = {layers = 2, activation = "gelu", step = 4, theta = 0.005}},
+  {name = "silu_L3_bias_hidden256_residual", hidden = 256, momenta = true,
+   rule = {layers = 3, activation = "silu", residual = true, step = 6, refresh = 12, theta = 0.005}},
   -- every SPEC v2 option at once: glu, out_norm (a given gain and shift),
   -- qk_norm, newton_schulz and ragged lengths (0, inside a step, T)
   {name = "all_v2_layernorm_l2_ns_ragged", ln = true, lengths = {13, 24},
@@ -161,24 +188,40 @@ local cB, cH, cT, cd, ch = 2, 2, 24, 4, 6
 mnemo.seed(33)
 local ck, cv, cq = mnemo.randn(cB, cH, cT, cd) * 0.6, mnemo.randn(cB, cH, cT, cd), mnemo.randn(cB, cH, cT, cd) * 0.6
 local long_k, long_v = mnemo.randn(1, cH, 100, cd) * 0.6, mnemo.randn(1, cH, 100, cd)
+-- What a forced path refuses in a case, by name (nil: it runs the case):
+-- the fused path never runs glu; the large path runs it, but neither
+-- newton_schulz nor out_norm nor lengths (kernels/plan.c).
+local function refused_by(c)
+  if forced == "fused" then return "glu: the general" end
+  if forced ~= "large" then return nil end
+  if c.rule.precondition then return "precondition newton_schulz: the general path runs it" end
+  if c.rule.out_norm then return "out_norm " .. c.rule.out_norm .. ": the general path runs it" end
+  if c.lengths then return "lengths (ragged batches): the general path runs them" end
+  return nil
+end
 for _, c in ipairs(cases) do
-  local spec = {glu = true, hidden = ch, theta = 0.05, eta = 0.5, alpha = 0.02}
+  local hid = c.hidden or ch
+  local spec = {glu = true, hidden = hid, theta = 0.05, eta = 0.5, alpha = 0.02}
   for f, x in pairs(c.rule) do spec[f] = x end
   local rule = mnemo.rule(spec)
   local bias = spec.bias ~= false
-  local init = glu_init(spec.layers, bias, cd, cd, ch, c.momenta)
+  local init = glu_init(spec.layers, bias, cd, cd, hid, c.momenta)
+  local refusal = refused_by(c)
   local long = spec.step > cT
   if c.ln then init.ln_g, init.ln_b = mnemo.randn(cd) * 0.3 + 1, mnemo.randn(cd) * 0.2 end
   local args = {k = long and long_k or ck, v = long and long_v or cv, init = init, grad = true,
                 lengths = c.lengths}
   if c.use_q then args.q = cq end
   local label = "glu on cuda/" .. c.name .. " (" .. (forced or "planned") .. " path)"
-  if mnemo.cuda_available() and fast_forced then
-    T.raises(label .. ": refused naming glu", function()
+  if has_cuda_build and not forced and c.hidden then
+    T.eq(label .. ": rule:plan takes the large path", rule:plan{dk = cd, dv = cd}.path, "large")
+  end
+  if mnemo.cuda_available() and refusal then
+    T.raises(label .. ": refused naming " .. refusal, function()
       local a = {device = "cuda"}
       for f, x in pairs(args) do a[f] = x end
       return rule:run(a)
-    end, "glu: the general path runs it")
+    end, refusal)
   elseif mnemo.cuda_available() then
     local cpu = rule:run(args)
     local a = {device = "cuda"}
@@ -220,6 +263,23 @@ for _, c in ipairs(cases) do
       for f, x in pairs(args) do a[f] = x end
       return rule:run(a)
     end, "cuda")
+  end
+end
+
+-- A glu memory on cuda: writes, then reads (the read path: the large
+-- path's own for hidden 256, planned or forced) as the cpu's.
+if mnemo.cuda_available() and forced ~= "fused" then
+  for _, c in ipairs{{hid = 256, layers = 2, bias = true}, {hid = ch, layers = 3, bias = false}} do
+    local rule = mnemo.rule{layers = c.layers, glu = true, activation = "silu", bias = c.bias, hidden = c.hid,
+                            step = 4, theta = c.hid > 64 and 0.005 or 0.05, eta = 0.5}
+    local init = glu_init(c.layers, c.bias, cd, cd, c.hid, false)
+    local cpu_mem = rule:memory{B = cB, H = cH, dk = cd, init = init}
+    local gpu_mem = rule:memory{B = cB, H = cH, dk = cd, init = init, device = "cuda"}
+    cpu_mem:write(ck, cv)
+    gpu_mem:write(ck, cv)
+    local e = rel(gpu_mem:read(cq):cpu(), cpu_mem:read(cq))
+    T.ok(("glu memory on cuda (%s path, %d layers, hidden %d): write then read as the cpu's"):format(
+         forced or "planned", c.layers, c.hid), e < 1e-4, e)
   end
 end
 

@@ -49,10 +49,11 @@ Environment (all optional):
                               Default: 1 on the cpu; on cuda the options
                               the CUDA engine runs (CUDA_V2 below; with
                               MNEMO_CUDA_PATH=fused or large, without those
-                              only its general path runs)
+                              that path does not run)
 The CUDA engine of this version runs every v2 option: qk_norm on every
-path; glu, out_norm, precondition and lengths on the general path only, so
-with MNEMO_CUDA_PATH=fused or large the files leave those out. With
+path; glu on the general and large paths; out_norm, precondition and
+lengths on the general path only, so with MNEMO_CUDA_PATH=large the files
+leave out out_norm, precondition and lengths, and with fused glu too. With
 MNEMO_CONFORMANCE_V2=1 on cuda and a fast path forced, a configuration with
 an option that path does not run runs with --device cpu in fp32 and its
 PASS line says so (cuda_pinned below).
@@ -326,7 +327,9 @@ CPU_ONLY_ATTRS = {}
 CUDA_V2 = ("glu", "out_norm", "qk_norm", "precondition", "lengths")
 # Those of them only its general path runs (kernels/plan.c): a forced fused
 # or large path (MNEMO_CUDA_PATH) refuses them by name.
-GENERAL_ONLY_V2 = ("glu", "out_norm", "precondition", "lengths")
+GENERAL_ONLY_V2 = ("out_norm", "precondition", "lengths")
+# And those the large path runs too: a forced fused path refuses them.
+NOT_FUSED_V2 = ("glu",)
 
 
 def forced_fast_path():
@@ -343,8 +346,10 @@ def v2_options(device):
         return env_int("MNEMO_CONFORMANCE_V2", 1) != 0
     if device == "cpu":
         return True
-    if forced_fast_path():
-        return tuple(o for o in CUDA_V2 if o not in GENERAL_ONLY_V2)
+    fast = forced_fast_path()
+    if fast:
+        left_out = GENERAL_ONLY_V2 + (NOT_FUSED_V2 if fast == "fused" else ())
+        return tuple(o for o in CUDA_V2 if o not in left_out)
     return CUDA_V2
 
 
@@ -362,7 +367,7 @@ def cuda_pinned(cfg):
     why = ["%s=%s" % (a, rule.get(a, d)) for a, d in CPU_ONLY_ATTRS.items() if rule.get(a, d) != d]
     fast = forced_fast_path()
     if fast:
-        if rule.get("glu", 0):
+        if rule.get("glu", 0) and fast == "fused":
             why.append("glu on the forced %s path" % fast)
         for attr in ("out_norm", "precondition"):
             if rule.get(attr, "none") != "none":

@@ -12,6 +12,7 @@
 #include "rule_cases.h"
 #include "engine.h"
 #include "../../kernels/codegen.h"
+#include "../../kernels/engine_large.h"
 #include "../../kernels/nvrtc.h"
 #include "../../kernels/plan.h"
 
@@ -407,9 +408,11 @@ static void test_out_norm(void)
 
 /* glu (gated hidden layers): the general path's source compiles in each
  * precision, for 2 and 3 layers with and without bias, with newton_schulz
- * (its U_i), a custom activation; the plan sends it to the general path with
- * the reason (a small rule that the fused path would take otherwise) and
- * refuses a forced fused or large path by name. */
+ * (its U_i), a custom activation, and so does the large path's (without
+ * newton_schulz, which it refuses); the plan sends a small glu rule to the
+ * general path and one with a dimension of 256 to the large path, each with
+ * the reason, refuses a forced fused path by name, and a forced large path
+ * only with newton_schulz. */
 static void test_glu(void)
 {
     static const rule_case gcases[] = {
@@ -441,6 +444,14 @@ static void test_glu(void)
             snprintf(label, sizeof label, "codegen/nvrtc_sm90/%s%s", gcases[i].name, ns ? "_ns" : "");
             if (src) compile_line(label, src);
             free(src);
+            if (!ns) {
+                src = st == MN_OK ? mn_cuda_large_source(&r, &d, gcases[i].prec) : NULL;
+                snprintf(label, sizeof label, "codegen/glu/%s/large_source", gcases[i].name);
+                CHECK(label, src && strstr(src, "#define MN_GLU 1") && strstr(src, "mn_large_act_kernel"));
+                snprintf(label, sizeof label, "codegen/nvrtc_sm90/large_%s", gcases[i].name);
+                if (src) compile_line(label, src);
+                free(src);
+            }
             mn_rule_free(&r);
         }
     }
@@ -457,23 +468,40 @@ static void test_glu(void)
     r.glu = true;
     bool planned = mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK;
     CHECK("codegen/glu/plan_general", fused && planned && pl.path == MN_PATH_GENERAL &&
-                                          strstr(pl.why, "glu: the general path runs it"));
-    mn_dims big = {2, 3, 10, 16, 16, 256, 0}; /* the large path's size without glu */
+                                          strstr(pl.why, "glu: the general and large paths run it") &&
+                                          strstr(pl.why, "below 256") && !strchr(pl.why, '\n'));
+    /* P1's shape (64-256-64): fused without glu, large with it */
+    mn_dims big = {2, 3, 10, 64, 64, 256, 0};
+    r.glu = false;
+    bool big_fused = mn_cuda_plan_rule(&r, &big, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK && pl.path == MN_PATH_FUSED;
+    r.glu = true;
     planned = mn_cuda_plan_rule(&r, &big, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK;
-    CHECK("codegen/glu/plan_general_not_large", planned && pl.path == MN_PATH_GENERAL && strstr(pl.why, "glu"));
+    CHECK("codegen/glu/plan_large_at_256", big_fused && planned && pl.path == MN_PATH_LARGE &&
+                                               strstr(pl.why, "glu: the general and large paths run it") &&
+                                               strstr(pl.why, "256 >= 256") && !strchr(pl.why, '\n'));
+    /* the large path runs neither newton_schulz nor out_norm: general, both named */
+    r.precondition = MN_PRECOND_NEWTON_SCHULZ;
+    planned = mn_cuda_plan_rule(&r, &big, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK;
+    CHECK("codegen/glu/plan_general_with_ns", planned && pl.path == MN_PATH_GENERAL &&
+                                                  strstr(pl.why, "precondition newton_schulz") &&
+                                                  strstr(pl.why, "glu: the general path runs it"));
+    setenv("MNEMO_CUDA_PATH", "large", 1);
+    CHECK("codegen/glu/forced_large_refuses_ns", mn_cuda_plan_rule(&r, &big, MN_PREC_TF32, 6, 90, 0, &pl) != MN_OK &&
+                                                     strstr(mn_last_error(), "newton_schulz") &&
+                                                     !strchr(mn_last_error(), '\n'));
+    unsetenv("MNEMO_CUDA_PATH");
+    r.precondition = MN_PRECOND_NONE;
     r.glu = false;
     char *src = mn_cuda_rule_source(&r, &d, MN_PREC_FP32);
     CHECK("codegen/glu/off_define_0", src && strstr(src, "#define MN_GLU 0"));
     free(src);
     r.glu = true;
-    const char *forced[] = {"fused", "large"};
-    for (int i = 0; i < 2; i++) {
-        setenv("MNEMO_CUDA_PATH", forced[i], 1);
-        char label[80];
-        snprintf(label, sizeof label, "codegen/glu/forced_%s_refused", forced[i]);
-        CHECK(label, mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) != MN_OK &&
-                         strstr(mn_last_error(), "glu") && !strchr(mn_last_error(), '\n'));
-    }
+    setenv("MNEMO_CUDA_PATH", "fused", 1);
+    CHECK("codegen/glu/forced_fused_refused", mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) != MN_OK &&
+                                                  strstr(mn_last_error(), "glu") && !strchr(mn_last_error(), '\n'));
+    setenv("MNEMO_CUDA_PATH", "large", 1);
+    CHECK("codegen/glu/forced_large_taken", mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK &&
+                                                pl.path == MN_PATH_LARGE);
     setenv("MNEMO_CUDA_PATH", "general", 1);
     CHECK("codegen/glu/forced_general", mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK &&
                                             pl.path == MN_PATH_GENERAL);

@@ -3,7 +3,8 @@
  * for sm_90 (no GPU needed) for rules covering every loss kind, every clip
  * mode and scope, 1-3 layers, biases on and off, residual, built-in and
  * custom activations, both retrieve modes, refresh 0 / c / a multiple of c,
- * odd and large sizes and the three precisions; every kernel the engine
+ * odd and large sizes and the three precisions, each rule of 2 or 3 layers
+ * also with glu's gated hidden layers; every kernel the engine
  * looks up is in the source and is an entry point of the compiled code; a
  * rule that does not validate has no source. Correctness on a GPU is the
  * conformance suite's (tests/reference/test_conformance.py with
@@ -58,13 +59,26 @@ static const char *missing_kernel(const char *text, bool as_entry)
     return NULL;
 }
 
-static void test_compile_cases(void)
+/* Every case; with glu (SPEC v2's gated hidden layers), every case of 2 or
+ * more layers again with the gates on (names with a glu_ prefix). */
+static void test_compile_cases(bool glu)
 {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        const rule_case *c = &cases[i];
+        const rule_case *c0 = &cases[i];
+        if (glu && c0->layers < 2) continue;
+        char cname[120];
+        snprintf(cname, sizeof cname, "%s%s", glu ? "glu_" : "", c0->name);
+        rule_case gc = *c0;
+        gc.name = cname;
+        const rule_case *c = &gc;
         char name[160];
         mn_rule r;
-        if (make_rule(c, &r) != MN_OK) {
+        mn_status made = make_rule(c, &r);
+        if (made == MN_OK && glu) {
+            r.glu = true;
+            made = mn_rule_validate(&r);
+        }
+        if (made != MN_OK) {
             printf("FAIL large/rule/%s: the rule is invalid: %s\n", c->name, mn_last_error());
             check_failures_++;
             mn_rule_free(&r);
@@ -73,6 +87,10 @@ static void test_compile_cases(void)
         mn_dims d = {1, 1, 4096, c->dk, c->dv, c->dh, 0};
         char *src = mn_cuda_large_source(&r, &d, c->prec);
         snprintf(name, sizeof name, "large/source/%s", c->name);
+        if (src && strstr(src, glu ? "#define MN_GLU 1" : "#define MN_GLU 0") == NULL) {
+            printf("FAIL %s: the source's MN_GLU is not %d\n", name, glu ? 1 : 0);
+            check_failures_++;
+        }
         if (!src) {
             printf("FAIL %s: no source: %s\n", name, mn_last_error());
             check_failures_++;
@@ -147,7 +165,8 @@ static void test_source_follows_inputs(void)
 int main(void)
 {
     test_source_follows_inputs();
-    test_compile_cases();
+    test_compile_cases(false);
+    test_compile_cases(true);
     return CHECK_DONE();
 }
 
