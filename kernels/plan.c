@@ -131,20 +131,25 @@ mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, i
     if (d->dv > big) big = d->dv;
     if (r->layers > 1 && d->dh > big) big = d->dh;
 
-    /* What only the general path runs in this version: the fast paths never see it. */
+    /* What only the general path runs in this version: neither fast path sees it. */
     char only_general[256] = "";
     if (r->precondition != MN_PRECOND_NONE)
         add_reason(only_general, sizeof only_general, "precondition", mn_part_name(&mn_precond_set, r->precondition),
                    "it");
     if (r->glu) add_reason(only_general, sizeof only_general, "glu", NULL, "it");
-    if (r->out_norm != MN_NORM_NONE)
-        add_reason(only_general, sizeof only_general, "out_norm", mn_part_name(&mn_norm_set, r->out_norm), "it");
     /* lengths are an input, not a rule field: the caller says whether the run has them */
     if (ragged) add_reason(only_general, sizeof only_general, "lengths", "(ragged batches)", "them");
     if (only_general[0]) {
         fused = 0;
         snprintf(nofuse, sizeof nofuse, "%s", only_general);
     }
+    /* What the fused path runs but the large path does not: where the fused
+     * path does not fit, the general path takes it instead of the large one. */
+    char not_large[128] = "";
+    if (r->out_norm != MN_NORM_NONE)
+        add_reason(not_large, sizeof not_large, "out_norm", mn_part_name(&mn_norm_set, r->out_norm), "it");
+    char no_large[400]; /* every reason the large path cannot run this */
+    snprintf(no_large, sizeof no_large, "%s%s%s", only_general, only_general[0] && not_large[0] ? "; " : "", not_large);
 
     const char *force = getenv("MNEMO_CUDA_PATH");
     if (force && *force && strcmp(force, "auto") != 0) {
@@ -152,8 +157,10 @@ mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, i
         if (strcmp(force, "general") == 0) {
             out->path = MN_PATH_GENERAL;
             snprintf(out->why, sizeof out->why, "MNEMO_CUDA_PATH=general");
-        } else if (only_general[0] && (strcmp(force, "fused") == 0 || strcmp(force, "large") == 0)) {
+        } else if (only_general[0] && strcmp(force, "fused") == 0) {
             return mn_fail(MN_ERR_UNSUPPORTED, "MNEMO_CUDA_PATH=%s: %s, not the %s path", force, only_general, force);
+        } else if (no_large[0] && strcmp(force, "large") == 0) {
+            return mn_fail(MN_ERR_UNSUPPORTED, "MNEMO_CUDA_PATH=%s: %s, not the %s path", force, no_large, force);
         } else if (strcmp(force, "fused") == 0) {
             if (!fused) return mn_fail(MN_ERR_UNSUPPORTED, "MNEMO_CUDA_PATH=fused: %s", nofuse);
             out->path = MN_PATH_FUSED;
@@ -170,13 +177,15 @@ mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, i
                  "%d layer%s, dk=%lld, dv=%lld%s: the weights stay in shared memory (%ld KB with %d-row chunks)",
                  r->layers, r->layers == 1 ? "" : "s", (long long)d->dk, (long long)d->dv,
                  r->layers > 1 ? ", hidden within 4 d" : "", smem / 1024, rows);
-    } else if (big >= 256 && !only_general[0]) {
+    } else if (big >= 256 && !no_large[0]) {
         out->path = MN_PATH_LARGE;
         snprintf(out->why, sizeof out->why, "a dimension of %ld >= 256 (%s): cuBLAS products, steps from a CUDA graph",
                  big, nofuse);
     } else {
         out->path = MN_PATH_GENERAL;
-        snprintf(out->why, sizeof out->why, "%s", nofuse);
+        /* where the large path would have taken it, say what kept it away too */
+        bool large_size = big >= 256 && !only_general[0];
+        snprintf(out->why, sizeof out->why, "%s%s%s", nofuse, large_size ? "; " : "", large_size ? not_large : "");
     }
     if (out->path == MN_PATH_FUSED) {
         out->rows = rows;

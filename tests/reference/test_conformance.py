@@ -49,10 +49,12 @@ Environment (all optional):
                               Default: 1 on the cpu; on cuda the options
                               the CUDA engine runs (CUDA_V2 below; with
                               MNEMO_CUDA_PATH=fused or large, without those
-                              only its general path runs)
+                              that path does not run)
 The CUDA engine of this version runs every v2 option: qk_norm on every
-path; glu, out_norm, precondition and lengths on the general path only, so
-with MNEMO_CUDA_PATH=fused or large the files leave those out. With
+path; out_norm on the general and fused paths; glu, precondition and
+lengths on the general path only, so with MNEMO_CUDA_PATH=fused the files
+leave glu, precondition and lengths out, and with MNEMO_CUDA_PATH=large
+out_norm too. With
 MNEMO_CONFORMANCE_V2=1 on cuda and a fast path forced, a configuration with
 an option that path does not run runs with --device cpu in fp32 and its
 PASS line says so (cuda_pinned below).
@@ -326,7 +328,15 @@ CPU_ONLY_ATTRS = {}
 CUDA_V2 = ("glu", "out_norm", "qk_norm", "precondition", "lengths")
 # Those of them only its general path runs (kernels/plan.c): a forced fused
 # or large path (MNEMO_CUDA_PATH) refuses them by name.
-GENERAL_ONLY_V2 = ("glu", "out_norm", "precondition", "lengths")
+GENERAL_ONLY_V2 = ("glu", "precondition", "lengths")
+# Those the general and fused paths run but the large path does not: a
+# forced large path refuses them by name.
+NOT_LARGE_V2 = ("out_norm",)
+
+
+def path_cannot_run(path):
+    """The v2 options a forced fast path ("fused" or "large") refuses."""
+    return GENERAL_ONLY_V2 + (NOT_LARGE_V2 if path == "large" else ())
 
 
 def forced_fast_path():
@@ -343,8 +353,9 @@ def v2_options(device):
         return env_int("MNEMO_CONFORMANCE_V2", 1) != 0
     if device == "cpu":
         return True
-    if forced_fast_path():
-        return tuple(o for o in CUDA_V2 if o not in GENERAL_ONLY_V2)
+    fast = forced_fast_path()
+    if fast:
+        return tuple(o for o in CUDA_V2 if o not in path_cannot_run(fast))
     return CUDA_V2
 
 
@@ -362,10 +373,11 @@ def cuda_pinned(cfg):
     why = ["%s=%s" % (a, rule.get(a, d)) for a, d in CPU_ONLY_ATTRS.items() if rule.get(a, d) != d]
     fast = forced_fast_path()
     if fast:
+        refused = path_cannot_run(fast)
         if rule.get("glu", 0):
             why.append("glu on the forced %s path" % fast)
         for attr in ("out_norm", "precondition"):
-            if rule.get(attr, "none") != "none":
+            if attr in refused and rule.get(attr, "none") != "none":
                 why.append("%s=%s on the forced %s path" % (attr, rule[attr], fast))
         if "lengths" in cfg["inputs"]:
             why.append("lengths on the forced %s path" % fast)
