@@ -200,8 +200,8 @@ rule:run{k =, v = [, q =] [, lengths =] [, theta =, eta =, alpha =] [, init =] [
   batches; tokens at and after l_b of sequence b are padding (no gradient,
   not counted, y = 0, loss = 0; a step that starts there changes nothing).
   device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there
-  (every SPEC v2 option too: glu, out_norm, precondition and lengths on its
-  general path, qk_norm on every path).
+  (every SPEC v2 option too: glu, precondition and lengths on its general
+  path, out_norm on its fused and general paths, qk_norm on every path).
   grad = true keeps what res:backward{...} needs (help("Result:backward")).]],
   ["Result:backward"] = [[
 res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block =]} -> gradients
@@ -285,8 +285,10 @@ rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =
              (layers 1-2, dk, dv <= 128, hidden <= 4 d, when they fit)
     large    a dimension >= 256: cuBLAS products, each step from a graph
     general  everything else (one thread block per memory, plain loops),
-             and every rule with out_norm or precondition = "newton_schulz"
-             (only this path runs them; forcing another is an error)
+             and every rule with glu or precondition = "newton_schulz"
+             and every run with lengths (only this path runs them;
+             forcing another is an error); out_norm runs on the fused
+             path where the rule fits it, else here (never large)
   For the GPU here, else for arch (e.g. 80 for sm_80; default sm_90).
   Fields: path, why, forced, rows (token rows per chunk), threads,
   smem_bytes, kernel, memories, precision, arch, device.

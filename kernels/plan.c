@@ -35,7 +35,10 @@ static long padded_param_floats(const mn_rule *r, const mn_dims *d)
     return f;
 }
 
-/* Must match the carve-up at the top of mn_fused_step_kernel. */
+/* Must match the carve-up at the top of mn_fused_step_kernel. out_norm adds
+ * nothing: its statistics live in the registers of the warp that takes a
+ * row (fused_kernel.cuh, mn_fused_norm_row), and the one-row forward's
+ * output (dv floats) is already here. */
 long mn_fused_smem_bytes(const mn_rule *r, const mn_dims *d, int rows)
 {
     long dk = up16(d->dk), dv = up16(d->dv), dh = r->layers > 1 ? up16(d->dh) : 0;
