@@ -4,8 +4,9 @@
  * both retrieve modes, refresh 0 / c / a multiple, long steps (chunked rows)
  * and the three precisions; constants are folded into literals; the cache
  * key changes with each of its inputs; a broken source fails with NVRTC's
- * log; the disk cache writes and reads a CUBIN; newton_schulz and out_norm
- * sources compile and plan to the general path. */
+ * log; the disk cache writes and reads a CUBIN; newton_schulz sources
+ * compile and plan to the general path; out_norm sources compile on the
+ * general and fused paths and plan to the fused path where it fits. */
 #include "check.h"
 
 #ifdef MN_HAVE_CUDA
