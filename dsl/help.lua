@@ -200,8 +200,9 @@ rule:run{k =, v = [, q =] [, lengths =] [, theta =, eta =, alpha =] [, init =] [
   batches; tokens at and after l_b of sequence b are padding (no gradient,
   not counted, y = 0, loss = 0; a step that starts there changes nothing).
   device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there
-  (every SPEC v2 option too: out_norm, precondition and lengths on its
-  general path, glu on its general and large paths, qk_norm on every path).
+  (every SPEC v2 option too: precondition and lengths on its general path,
+  glu on its general and large paths, out_norm on its fused and general
+  paths, qk_norm on every path).
   grad = true keeps what res:backward{...} needs (help("Result:backward")).]],
   ["Result:backward"] = [[
 res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block =]} -> gradients
@@ -286,8 +287,10 @@ rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =
     large    a dimension >= 256: cuBLAS products, each step from a graph
              (glu too: the fused path never takes it)
     general  everything else (one thread block per memory, plain loops),
-             and every rule with out_norm or precondition = "newton_schulz"
-             (only this path runs them; forcing another is an error)
+             every rule with precondition = "newton_schulz" and every
+             run with lengths (only this path runs them; forcing another
+             is an error); glu below 256 (never fused); out_norm where
+             the fused path does not fit (never large)
   For the GPU here, else for arch (e.g. 80 for sm_80; default sm_90).
   Fields: path, why, forced, rows (token rows per chunk), threads,
   smem_bytes, kernel, memories, precision, arch, device.

@@ -17,7 +17,7 @@
 --   LN-l2        the same with out_norm = "layernorm": x + LN(f(x)), the
 --                norm's gain 1 and shift 0 (outer-loop parameters, fixed)
 -- This script runs on the cpu (out_norm and qk_norm run on the CUDA engine
--- too: out_norm on its general path).
+-- too: out_norm on its fused path at these sizes).
 -- Output: a table rule x load -> recall accuracy (nearest stored value by
 -- cosine; chance is 1/load), a PNG plot (recall vs load) and an HDF5 file
 -- with every number (recall, the rules, the initial weights).

@@ -171,7 +171,7 @@ static mn_status build(text *t, const mn_rule *r, const mn_dims *d, mn_precision
     /* SPEC v2's preconditioner (general path only: kernels/plan.c) */
     putf(t, "#define MN_PRECOND %d\n#define MN_NS_STEPS %d\n", r->precondition == MN_PRECOND_NEWTON_SCHULZ ? 1 : 0,
          r->ns_steps);
-    /* SPEC v2's out_norm, centred or not as its row of rule.def says (general path only: kernels/plan.c) */
+    /* SPEC v2's out_norm, centred or not as its row of rule.def says (general and fused paths: kernels/plan.c) */
     mn_rownorm out_norm = mn_rule_out_norm(r);
     putf(t, "#define MN_OUT_NORM %d /* 0 none, 1 layernorm, 2 rmsnorm */\n",
          !out_norm.on ? 0 : out_norm.center ? 1 : 2);

@@ -10,7 +10,9 @@
  * 16 so that every product is whole tensor-core tiles; the activations of
  * one chunk of MN_FUSED_ROWS token rows sit beside them. A step, per chunk:
  *   x <- k rows; z = x W1^T + b1, h = phi(z); y = h W2^T + b2 (+ x)
- *   loss terms and dy = theta R f'(y, v) (padded rows and columns: 0)
+ *   (out_norm: o = h W2^T + b2, y = g N(o) + beta (+ x), a warp per row)
+ *   loss terms and dy = theta R f'(y, v) (padded rows and columns: 0;
+ *   out_norm: dy then goes back through the norm to dL/do)
  *   G2 += dy^T h;  dz = (dy W2) * phi'(z);  G1 += dz^T x;  bias sums
  * then the gradient's norm (summed as the last chunk's G is written), the
  * clip, and the update of S (global) and W (shared, or the padded copy in
@@ -210,7 +212,7 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
 /* Chunk buffers in shared memory. */
 struct mn_fbuf {
     float *x, *z, *h, *y, *dy; /* [R x ld]; z holds dz after the backward */
-    float *xs, *hs;            /* one row's forward */
+    float *xs, *hs, *ys;       /* one row's forward (ys: its output before out_norm) */
     float *lrow;               /* the chunk's row losses [R] */
 };
 
@@ -241,7 +243,8 @@ __device__ __forceinline__ void mn_rows_store(float *dst, const float (&x)[MN_NX
 
 /* y = M(x; P) for the chunk in fb.x (cr real rows): z and h kept (hidden
  * layer), y element (r, j) handed to epi_y with the bias (and residual)
- * added. Padded hidden units and rows hold h = 0, so whatever phi(0) is
+ * added; with out_norm, o (the bias added, not the residual: the callers
+ * normalise the rows and add it). Padded hidden units and rows hold h = 0, so whatever phi(0) is
  * never reaches a product. Ends with a barrier. */
 template <class EpiY>
 __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf &fb, int cr, EpiY epi_y)
@@ -265,11 +268,76 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
                                                         MN_LLD(OUT), [&](int r, int j, float a0, float a1) {
         float y0 = a0, y1 = a1;
         if (MN_BIAS) y0 += P.b[OUT][j], y1 += P.b[OUT][j + 1];
-        if (MN_RESIDUAL) y0 += fb.x[r * MN_LDK + j], y1 += fb.x[r * MN_LDK + j + 1];
+        /* with out_norm the residual comes after the norm (mn_fused_norm_row's callers) */
+        if (MN_RESIDUAL && !MN_OUT_NORM) y0 += fb.x[r * MN_LDK + j], y1 += fb.x[r * MN_LDK + j + 1];
         epi_y(r, j, y0, y1);
     });
     __syncthreads();
 }
+
+#if MN_OUT_NORM
+/* out_norm (SPEC.md section 1) on the fused path. One warp per row, lane l
+ * holding the row's columns l, l + 32, ... (MN_NCW of them), with the sums
+ * in double in mn_out_norm_forward's order (rule_kernel.cuh), so nhat and s
+ * are the general path's. nhat stays in registers: the warp that normalises
+ * a row also forms its loss and takes dL/dy back through the norm, so the
+ * fused path keeps no norm statistics in shared memory. */
+#define MN_NCW ((MN_PDV + 31) / 32)
+
+/* nhat of the output row o (its dv real columns; 0 in this lane's padded
+ * ones) into nh; returns s. */
+__device__ __forceinline__ double mn_fused_norm_row(const float *o, float (&nh)[MN_NCW])
+{
+    const int lane = threadIdx.x & 31;
+    double mu = 0.0, sq = 0.0;
+    if (MN_OUT_NORM == 1) {
+#pragma unroll
+        for (int u = 0; u < MN_NCW; u++)
+            if (lane + 32 * u < MN_DV) mu += o[lane + 32 * u];
+        mu = mn_warp_sum(mu) / (double)MN_DV;
+    }
+#pragma unroll
+    for (int u = 0; u < MN_NCW; u++) {
+        if (lane + 32 * u < MN_DV) {
+            const double c = (double)o[lane + 32 * u] - mu;
+            sq += c * c;
+        }
+    }
+    const double sc = 1.0 / sqrt(mn_warp_sum(sq) / (double)MN_DV + 1e-6);
+#pragma unroll
+    for (int u = 0; u < MN_NCW; u++) {
+        const int j = lane + 32 * u;
+        nh[u] = j < MN_DV ? (float)(((double)o[j] - mu) * sc) : 0.0f;
+    }
+    return sc;
+}
+
+/* Column j (< dv) of y = g nhat + beta (+ x), rounded as mn_out_norm_forward rounds it. */
+__device__ __forceinline__ float mn_fused_norm_y(const float *ln_g, const float *ln_b, int j, float nh, const float *xr)
+{
+    float y = __fadd_rn(__fmul_rn(ln_g[j], nh), ln_b[j]);
+    if (MN_RESIDUAL) y = __fadd_rn(y, xr[j]);
+    return y;
+}
+
+/* Retrieval: the first rows of o in fb.y normalised into yo (global, dv
+ * floats a row), the residual's x rows in fb.x. Ends with a barrier (the
+ * next chunk rewrites fb.x). */
+__device__ void mn_fused_norm_rows(const mn_fbuf &fb, int rows, const float *ln_g, const float *ln_b, float *yo)
+{
+    const int lane = threadIdx.x & 31;
+    for (int r = threadIdx.x >> 5; r < rows; r += MN_FWARPS) {
+        float nh[MN_NCW];
+        mn_fused_norm_row(fb.y + r * MN_LDV, nh);
+#pragma unroll
+        for (int u = 0; u < MN_NCW; u++) {
+            const int j = lane + 32 * u;
+            if (j < MN_DV) yo[(long long)r * MN_DV + j] = mn_fused_norm_y(ln_g, ln_b, j, nh[u], fb.x + r * MN_LDK);
+        }
+    }
+    __syncthreads();
+}
+#endif
 
 /* y_row = M(x_row; P) for one row, on the CUDA cores (the last token of a
  * step under retrieve = after). x_row is in shared memory (dk floats), out
@@ -295,7 +363,7 @@ __device__ __forceinline__ void mn_row_layer(const float *w, int ld, const float
         if (o < NO && lane == 0) {
             if (MN_BIAS) acc += bias[o];
             if (last) {
-                if (MN_RESIDUAL) acc += x_res[o];
+                if (MN_RESIDUAL && !MN_OUT_NORM) acc += x_res[o];
                 out[o] = acc;
             } else {
                 out[o] = mn_hook_act(acc);
@@ -304,16 +372,35 @@ __device__ __forceinline__ void mn_row_layer(const float *w, int ld, const float
     }
 }
 
-__device__ void mn_fused_row(const mn_pset &P, const mn_fbuf &fb, const float *x_row, float *out)
+__device__ void mn_fused_row(const mn_pset &P, const mn_fbuf &fb, const float *x_row, float *out, const float *ln_g,
+                             const float *ln_b)
 {
+#if MN_OUT_NORM
+    float *o = fb.ys; /* the norm needs the whole row */
+#else
+    float *o = out;
+    (void)ln_g, (void)ln_b;
+#endif
 #if MN_LAYERS == 2
     mn_row_layer<MN_DK, MN_DH>(P.w[0], MN_LLD(0), P.b[0], x_row, false, x_row, fb.hs);
     __syncthreads();
-    mn_row_layer<MN_DH, MN_DV>(P.w[1], MN_LLD(1), P.b[1], fb.hs, true, x_row, out);
+    mn_row_layer<MN_DH, MN_DV>(P.w[1], MN_LLD(1), P.b[1], fb.hs, true, x_row, o);
 #else
-    mn_row_layer<MN_DK, MN_DV>(P.w[0], MN_LLD(0), P.b[0], x_row, true, x_row, out);
+    mn_row_layer<MN_DK, MN_DV>(P.w[0], MN_LLD(0), P.b[0], x_row, true, x_row, o);
 #endif
     __syncthreads();
+#if MN_OUT_NORM
+    if (threadIdx.x < 32) {
+        float nh[MN_NCW];
+        mn_fused_norm_row(fb.ys, nh);
+#pragma unroll
+        for (int u = 0; u < MN_NCW; u++) {
+            const int j = threadIdx.x + 32 * u;
+            if (j < MN_DV) out[j] = mn_fused_norm_y(ln_g, ln_b, j, nh[u], x_row);
+        }
+    }
+    __syncthreads();
+#endif
 }
 
 /* Sums of v[0..n) over the block, into v, for every thread (one pass for
@@ -476,6 +563,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
     sp += MN_PDK;
     fb.hs = sp;
     sp += MN_PDH;
+    fb.ys = sp;
     sp += MN_PDV;
     fb.lrow = sp;
 
@@ -509,6 +597,10 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
     float *y_out = a.y ? a.y + m * n * MN_DV : 0;
     float *loss_out = a.loss + m * n;
     const double R = MN_FEATURE_SCALE;
+    /* out_norm's gain and shift of this memory [dv] (never updated), formed
+     * where used from the kernel's arguments: registers are short */
+#define MN_LN_G (a.ln_g + m * MN_DV)
+#define MN_LN_B (a.ln_b + m * MN_DV)
 
     if (MN_P_AT_W) {
         mn_pset_from(P, W);
@@ -559,6 +651,9 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                 mn_rows_fetch(xnext, k + tn * MN_DK, tn >= n ? 0 : (n - tn < MN_FR ? (int)(n - tn) : MN_FR));
             }
             /* this thread's v and theta of the loss pass, loaded while the forward runs */
+#if MN_OUT_NORM
+            /* (the norm's row pass loads its own: registers are short in the forward) */
+#else
             constexpr int NL = (MN_FR * MN_PDV + MN_FT - 1) / MN_FT;
             float vl[NL], th[NL];
 #pragma unroll
@@ -568,6 +663,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                 vl[u] = real ? v[(t + r) * MN_DV + j] : 0.0f;
                 th[u] = real ? theta[t + r] : 0.0f;
             }
+#endif
             __syncthreads();
             mn_fused_forward(P, fb, cr, [&](int r, int j, float y0, float y1) {
                 *reinterpret_cast<float2 *>(fb.y + r * MN_LDV + j) = make_float2(y0, y1);
@@ -575,6 +671,68 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
 
             /* loss terms (into fb.y) and dL/dy, token weights theta (and 1/rows for mean) */
             const bool y_here = y_out && !q && at_current;
+#if MN_OUT_NORM
+            /* fb.y holds o: a warp per row forms nhat, y = g nhat + beta (+ x),
+             * the row's loss, dL/dy, and dL/do = s (a - nhat <a, nhat> / dv)
+             * (centred for layernorm, a = g dL/dy) into fb.dy, as
+             * mn_out_norm_forward and mn_out_norm_backward do; o stays in fb.y */
+            for (int r = tid >> 5; r < MN_FR; r += MN_FWARPS) {
+                const int lane = tid & 31;
+                float *dyr = fb.dy + r * MN_LDV;
+                if (r >= cr) {
+                    for (int j = lane; j < MN_PDV; j += 32) dyr[j] = 0.0f;
+                    continue;
+                }
+                float vl[MN_NCW], nh[MN_NCW], d[MN_NCW];
+                const float th = theta[t + r];
+#pragma unroll
+                for (int u = 0; u < MN_NCW; u++)
+                    vl[u] = lane + 32 * u < MN_DV ? v[(t + r) * MN_DV + lane + 32 * u] : 0.0f;
+                /* the backward takes s as the general path keeps it, in a float */
+                const double sc = (double)(float)mn_fused_norm_row(fb.y + r * MN_LDV, nh);
+                const float wt = (float)((double)th * tscale);
+                const float *xr = fb.x + r * MN_LDK;
+                double lsum = 0.0;
+#pragma unroll
+                for (int u = 0; u < MN_NCW; u++) {
+                    const int j = lane + 32 * u;
+                    d[u] = 0.0f;
+                    if (j < MN_DV) {
+                        const float yy = mn_fused_norm_y(MN_LN_G, MN_LN_B, j, nh[u], xr), vv = vl[u], rr = yy - vv;
+                        if (y_here && r0 + r < before_rows) y_out[(t + r) * MN_DV + j] = yy;
+                        lsum += (double)(float)mn_hook_loss(yy, vv, rr);
+                        d[u] = (float)((double)wt * R * (double)mn_hook_loss_grad(yy, vv, rr));
+                    }
+                }
+                lsum = mn_warp_sum(lsum);
+                if (lane == 0) {
+                    const float l = (float)(R * lsum);
+                    loss_out[t + r] = l;
+                    fb.lrow[r] = l;
+                }
+                const double D = (double)MN_DV;
+                double B = 0.0, mean = 0.0;
+#pragma unroll
+                for (int u = 0; u < MN_NCW; u++)
+                    if (lane + 32 * u < MN_DV) B += (double)__fmul_rn(MN_LN_G[lane + 32 * u], d[u]) * nh[u];
+                B = mn_warp_sum(B);
+                if (MN_OUT_NORM == 1) {
+#pragma unroll
+                    for (int u = 0; u < MN_NCW; u++)
+                        if (lane + 32 * u < MN_DV)
+                            mean += sc * ((double)__fmul_rn(MN_LN_G[lane + 32 * u], d[u]) - nh[u] * B / D);
+                    mean = mn_warp_sum(mean) / D;
+                }
+#pragma unroll
+                for (int u = 0; u < MN_NCW; u++) {
+                    const int j = lane + 32 * u;
+                    if (j < MN_PDV)
+                        dyr[j] = j < MN_DV ? (float)(sc * ((double)__fmul_rn(MN_LN_G[j], d[u]) - nh[u] * B / D) - mean)
+                                           : 0.0f;
+                }
+            }
+            __syncthreads();
+#else
 #pragma unroll
             for (int u = 0; u < NL; u++) {
                 const int e = tid + u * MN_FT, r = e / MN_PDV, j = e % MN_PDV;
@@ -597,6 +755,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                 loss_out[t + r] = l;
                 fb.lrow[r] = l;
             }
+#endif
 
             /* backward at P */
 #if MN_LAYERS == 2
@@ -644,10 +803,18 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                 }
                 __syncthreads();
                 float *yo = y_out + t * MN_DV;
+#if MN_OUT_NORM
+                /* o into fb.y (free: the loss pass is done with it), then the norm by rows */
+                mn_fused_forward(Wp, fb, cr, [&](int r, int j, float y0, float y1) {
+                    *reinterpret_cast<float2 *>(fb.y + r * MN_LDV + j) = make_float2(y0, y1);
+                });
+                mn_fused_norm_rows(fb, ret_rows, MN_LN_G, MN_LN_B, yo);
+#else
                 mn_fused_forward(Wp, fb, cr, [&](int r, int j, float y0, float y1) {
                     if (r < ret_rows && j < MN_DV) yo[r * MN_DV + j] = y0;
                     if (r < ret_rows && j + 1 < MN_DV) yo[r * MN_DV + j + 1] = y1;
                 });
+#endif
             }
         }
 
@@ -734,11 +901,13 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                 __syncthreads();
                 xr = fb.xs;
             }
-            mn_fused_row(Wp, fb, xr, y_out + lastt * MN_DV);
+            mn_fused_row(Wp, fb, xr, y_out + lastt * MN_DV, MN_LN_G, MN_LN_B);
         }
     }
     __syncthreads();
     mn_pset_to(W, Wp);
+#undef MN_LN_G
+#undef MN_LN_B
 }
 
 #endif /* __CUDACC_RTC__ */

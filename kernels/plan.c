@@ -35,7 +35,10 @@ static long padded_param_floats(const mn_rule *r, const mn_dims *d)
     return f;
 }
 
-/* Must match the carve-up at the top of mn_fused_step_kernel. */
+/* Must match the carve-up at the top of mn_fused_step_kernel. out_norm adds
+ * nothing: its statistics live in the registers of the warp that takes a
+ * row (fused_kernel.cuh, mn_fused_norm_row), and the one-row forward's
+ * output (dv floats) is already here. */
 long mn_fused_smem_bytes(const mn_rule *r, const mn_dims *d, int rows)
 {
     long dk = up16(d->dk), dv = up16(d->dv), dh = r->layers > 1 ? up16(d->dh) : 0;
@@ -131,13 +134,11 @@ mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, i
     if (d->dv > big) big = d->dv;
     if (r->layers > 1 && d->dh > big) big = d->dh;
 
-    /* What only the general path runs in this version: the fast paths never see it. */
+    /* What neither fast path runs in this version. */
     char only_general[192] = "";
     if (r->precondition != MN_PRECOND_NONE)
         add_reason(only_general, sizeof only_general, "precondition", mn_part_name(&mn_precond_set, r->precondition),
                    "it");
-    if (r->out_norm != MN_NORM_NONE)
-        add_reason(only_general, sizeof only_general, "out_norm", mn_part_name(&mn_norm_set, r->out_norm), "it");
     /* lengths are an input, not a rule field: the caller says whether the run has them */
     if (ragged) add_reason(only_general, sizeof only_general, "lengths", "(ragged batches)", "them");
     /* glu: the fused path cannot hold the gates (1.5x the weights) in shared
@@ -151,6 +152,13 @@ mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, i
         fused = 0;
         snprintf(nofuse, sizeof nofuse, "%s", no_fast);
     }
+    /* What the fused path runs but the large path does not: where the fused
+     * path does not fit, the general path takes it instead of the large one. */
+    char not_large[128] = "";
+    if (r->out_norm != MN_NORM_NONE)
+        add_reason(not_large, sizeof not_large, "out_norm", mn_part_name(&mn_norm_set, r->out_norm), "it");
+    char no_large[400]; /* every reason the large path cannot run this */
+    snprintf(no_large, sizeof no_large, "%s%s%s", only_general, only_general[0] && not_large[0] ? "; " : "", not_large);
 
     const char *force = getenv("MNEMO_CUDA_PATH");
     if (force && *force && strcmp(force, "auto") != 0) {
@@ -160,8 +168,8 @@ mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, i
             snprintf(out->why, sizeof out->why, "MNEMO_CUDA_PATH=general");
         } else if (no_fast[0] && strcmp(force, "fused") == 0) {
             return mn_fail(MN_ERR_UNSUPPORTED, "MNEMO_CUDA_PATH=fused: %s, not the fused path", no_fast);
-        } else if (only_general[0] && strcmp(force, "large") == 0) {
-            return mn_fail(MN_ERR_UNSUPPORTED, "MNEMO_CUDA_PATH=large: %s, not the large path", only_general);
+        } else if (no_large[0] && strcmp(force, "large") == 0) {
+            return mn_fail(MN_ERR_UNSUPPORTED, "MNEMO_CUDA_PATH=large: %s, not the large path", no_large);
         } else if (strcmp(force, "fused") == 0) {
             if (!fused) return mn_fail(MN_ERR_UNSUPPORTED, "MNEMO_CUDA_PATH=fused: %s", nofuse);
             out->path = MN_PATH_FUSED;
@@ -178,17 +186,19 @@ mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, i
                  "%d layer%s, dk=%lld, dv=%lld%s: the weights stay in shared memory (%ld KB with %d-row chunks)",
                  r->layers, r->layers == 1 ? "" : "s", (long long)d->dk, (long long)d->dv,
                  r->layers > 1 ? ", hidden within 4 d" : "", smem / 1024, rows);
-    } else if (big >= 256 && !only_general[0]) {
+    } else if (big >= 256 && !no_large[0]) {
         out->path = MN_PATH_LARGE;
         snprintf(out->why, sizeof out->why, "a dimension of %ld >= 256 (%s): cuBLAS products, steps from a CUDA graph",
                  big, nofuse);
-    } else if (glu && !only_general[0]) {
+    } else if (glu && !only_general[0] && big < 256) {
         out->path = MN_PATH_GENERAL;
         snprintf(out->why, sizeof out->why, "%s; every dimension below 256 (the largest %ld): the general path", nofuse,
                  big);
     } else {
         out->path = MN_PATH_GENERAL;
-        snprintf(out->why, sizeof out->why, "%s", nofuse);
+        /* where the large path would have taken it, say what kept it away too */
+        bool large_size = big >= 256 && !only_general[0];
+        snprintf(out->why, sizeof out->why, "%s%s%s", nofuse, large_size ? "; " : "", large_size ? not_large : "");
     }
     if (out->path == MN_PATH_FUSED) {
         out->rows = rows;

@@ -8,8 +8,10 @@
  *            elementwise kernels, each step replayed from a CUDA graph
  *            (kernels/engine_large.c).
  *   general: everything else (kernels/rule_kernel.cuh), and what only it
- *            runs: precondition = newton_schulz, and runs with lengths
- *            (ragged batches; mn_cuda_plan_run).
+ *            runs: glu, precondition = newton_schulz, and runs with lengths
+ *            (ragged batches; mn_cuda_plan_run). out_norm runs on the fused
+ *            path where the rule fits it, else here: the large path does
+ *            not run it.
  * Plain C, no GPU needed: the REPL shows the plan (rule:plan) on any
  * machine. MNEMO_CUDA_PATH=general|fused|large|auto overrides the choice
  * (tests and benchmarks); a forced path that cannot run the rule is an error

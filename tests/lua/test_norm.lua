@@ -4,8 +4,9 @@
 -- formulas of SPEC.md section 1 written here with tensor ops; keys and
 -- queries are used normalised (scaling them changes nothing); ln_g and ln_b
 -- are never updated, take the shapes of init tensors and get gradients that
--- match finite differences; out_norm runs on the CUDA engine's general path
--- (rule:plan says why; a forced fast path is refused by name) and qk_norm on
+-- match finite differences; out_norm runs on the CUDA engine's fused path
+-- (rules of 1-2 layers that fit it) and its general path (the rest, rule:plan
+-- says why; a forced large path is refused by name) and qk_norm on
 -- every path (the keys are normalised where they live), a CUDA run equal to
 -- the CPU's, gradients included; files carry /init/ln_g and /grads/ln_g.
 -- Run from the repository root: mnemo tests/lua/test_norm.lua
@@ -131,30 +132,39 @@ T.raises("ln_g without out_norm is refused", function()
   m.rule { theta = 0.1 }:run { k = k, v = v, init = { W1 = W1, ln_g = g0 } }
 end, "out_norm none")
 
--- out_norm runs on cuda's general path (kernels/rule_kernel.cuh): rule:plan
--- says so and why; tests/gpu/run_gpu_tests.sh runs this file with each path
--- forced too (MNEMO_CUDA_PATH), and a forced fused or large path is refused
--- naming out_norm; a CUDA run equals the cpu's: y, loss, grad_norm, the final
--- weights and momenta, and the gradients of grad = true (ln_g, ln_b included).
+-- out_norm runs on cuda's fused path (kernels/fused_kernel.cuh) where the
+-- rule fits it, else on the general path (kernels/rule_kernel.cuh): rule:plan
+-- says which and why; tests/gpu/run_gpu_tests.sh runs this file with each
+-- path forced too (MNEMO_CUDA_PATH): forced fused runs every case of 1-2
+-- layers (3 layers are refused for that reason), forced large is refused
+-- naming out_norm; a CUDA run equals the cpu's: y, loss, grad_norm, the
+-- final weights and momenta, and the gradients of grad = true (ln_g, ln_b
+-- included).
 local forced = os.getenv("MNEMO_CUDA_PATH")
-local fast_forced = forced == "fused" or forced == "large"
+local large_forced = forced == "large"
+local fast_forced = forced == "fused" or large_forced
 local path_name = forced or "planned"
 for _, on in ipairs({ "layernorm", "rmsnorm" }) do
   local rule = m.rule { out_norm = on, theta = 0.1 }
   local what = ("out_norm %s: the general path runs it"):format(on)
-  if fast_forced then
-    T.raises(("out_norm %s: rule:plan with MNEMO_CUDA_PATH=%s is refused naming it"):format(on, forced), function()
+  if large_forced then
+    T.raises(("out_norm %s: rule:plan with MNEMO_CUDA_PATH=large is refused naming it"):format(on), function()
       return rule:plan { dk = d, dv = d }
-    end, what)
+    end, "MNEMO_CUDA_PATH=large: " .. what)
   else
     local plan = rule:plan { dk = d, dv = d }
     if plan.why:find("no CUDA", 1, true) then
       T.ok("out_norm " .. on .. ": rule:plan in a build without CUDA: the cpu engine runs it", plan.path == "cpu")
-    elseif forced == "general" then
-      T.eq("out_norm " .. on .. ": rule:plan with MNEMO_CUDA_PATH=general", plan.path, "general")
+    elseif forced == "general" or forced == "fused" then
+      T.eq("out_norm " .. on .. ": rule:plan with MNEMO_CUDA_PATH=" .. forced, plan.path, forced)
     else
-      T.ok("out_norm " .. on .. ": rule:plan takes the general path and says why: " .. plan.why,
-        plan.path == "general" and plan.why:find(what, 1, true) ~= nil)
+      T.ok("out_norm " .. on .. ": rule:plan takes the fused path and says why: " .. plan.why,
+        plan.path == "fused" and plan.why:find("shared memory", 1, true) ~= nil
+        and plan.why:find("out_norm", 1, true) == nil)
+      -- 3 layers: the general path, for that reason
+      local deep = m.rule { out_norm = on, layers = 3, hidden = 8, theta = 0.1 }:plan { dk = d, dv = d, hidden = 8 }
+      T.ok("out_norm " .. on .. ": 3 layers take the general path: " .. deep.why,
+        deep.path == "general" and deep.why:find("3 layers", 1, true) ~= nil)
       -- a hidden layer of 256 would take the large path without out_norm
       local wide = m.rule { out_norm = on, layers = 2, theta = 0.1 }:plan { dk = d, dv = d, hidden = 256 }
       T.ok("out_norm " .. on .. ": general, not large, at hidden 256: " .. wide.why,
@@ -166,8 +176,9 @@ end
 -- The cases against the cpu: both norms, with and without residual, 1 to 3
 -- layers, bias on and off, ln_g, ln_b given ([dv], [H,dv], [B,H,dv]) or
 -- default, q given or not, both retrieves, a clip, gates; "long" has steps
--- of 70 tokens (two chunks of the kernel's rows) and dv = 40 (more than a
--- warp's lanes per row).
+-- of 70 tokens (two chunks of the kernel's rows: 64 and 6 on the fused
+-- path) and dv = 40 (more than a warp's lanes per row; the fused path pads
+-- it to 48).
 local kl, vl, ql = m.randn(1, 2, 140, 40) * 0.5, m.randn(1, 2, 140, 40), m.randn(1, 2, 140, 40) * 0.5
 local cases = {
   { name = "layernorm linear", rule = { out_norm = "layernorm", theta = 0.1, step = 2 },
@@ -190,20 +201,54 @@ local cases = {
       ln_b = m.randn(40) * 0.3 }, k = kl, v = vl, q = ql },
   { name = "rmsnorm linear long", rule = { out_norm = "rmsnorm", theta = 0.02, step = 70, retrieve = "before" },
     init = { W1 = m.randn(40, 40) * 0.2, ln_g = m.rand(2, 40) + 0.5 }, k = kl, v = vl },
+  -- the fused kernel's own branches: the gradient point an anchor (refresh 0
+  -- and 2c: the retrieval at W^(s) is a second forward), q given or not with
+  -- both retrieves (the last token of a step read on the CUDA cores), and
+  -- steps of 64 tokens at dk = dv = 64, hidden 256, where the plan takes
+  -- chunks of 32 rows (two per step)
+  { name = "layernorm linear refresh 0 retrieve before", rule = { out_norm = "layernorm", theta = 0.1, eta = 0.5,
+    step = 2, refresh = 0, retrieve = "before" }, init = { W1 = W1, ln_g = g0, ln_b = b0 } },
+  { name = "rmsnorm mlp2 residual refresh 2c q", rule = { out_norm = "rmsnorm", layers = 2, hidden = 8,
+    residual = true, theta = 0.05, eta = 0.5, step = 2, refresh = 4 },
+    init = { W1 = m.randn(8, d) * 0.4, W2 = m.randn(d, 8) * 0.4, ln_g = g0, ln_b = b0 }, q = q },
+  { name = "layernorm linear bias refresh 0 q after", rule = { out_norm = "layernorm", bias = true, theta = 0.1,
+    step = 3, refresh = 0 }, init = { W1 = W1, b1 = m.randn(d) * 0.2, ln_b = b0 }, q = q },
+  { name = "rmsnorm mlp2 refresh 0 long", rule = { out_norm = "rmsnorm", layers = 2, hidden = 16, theta = 0.02,
+    step = 70, refresh = 0, retrieve = "before" },
+    init = { W1 = m.randn(16, 40) * 0.2, W2 = m.randn(40, 16) * 0.2, ln_g = m.rand(40) + 0.5 }, k = kl, v = vl, q = ql },
+  { name = "layernorm mlp2 residual step 64 (32-row chunks)", rule = { out_norm = "layernorm", layers = 2,
+    hidden = 256, residual = true, activation = "gelu", theta = 0.02, eta = 0.5, step = 64 },
+    init = { W1 = m.randn(256, 64) * 0.1, W2 = m.randn(64, 256) * 0.06, ln_g = m.rand(2, 64) + 0.5,
+      ln_b = m.randn(64) * 0.3 }, k = m.randn(1, 2, 192, 64) * 0.3, v = m.randn(1, 2, 192, 64), rows = 32 },
 }
 for _, c in ipairs(cases) do
   local rule = m.rule(c.rule)
   local ck, cv = c.k or k, c.v or v
   local label = ("out_norm on cuda (%s path), %s"):format(path_name, c.name)
+  local layers = c.rule.layers or 1
+  -- the plan at these sizes: small rules of 1-2 layers are fused
+  if not fast_forced then
+    local dv = cv.shape[4]
+    local plan = rule:plan { dk = ck.shape[4], dv = dv, hidden = c.rule.hidden, B = ck.shape[1], H = ck.shape[2] }
+    if not plan.why:find("no CUDA", 1, true) and forced ~= "general" then
+      local want = layers <= 2 and "fused" or "general"
+      T.ok(label .. ": planned " .. want .. " (" .. plan.why .. ")", plan.path == want
+        and (c.rows == nil or plan.rows == c.rows), ("%s, %s rows"):format(plan.path, tostring(plan.rows)))
+    end
+  end
   if not m.cuda_available() then
     local ok, err = pcall(rule.run, rule, { k = ck, v = cv, init = c.init, device = "cuda" })
     err = tostring(err)
     T.ok(label .. ": without a GPU, device cuda fails for that reason, not for out_norm",
       not ok and err:lower():find("cuda", 1, true) ~= nil and not err:find("out_norm", 1, true), err)
-  elseif fast_forced then
+  elseif large_forced then
     T.raises(label .. ": refused naming out_norm", function()
       rule:run { k = ck, v = cv, init = c.init, device = "cuda" }
     end, ("out_norm %s: the general path runs it"):format(c.rule.out_norm))
+  elseif forced == "fused" and layers > 2 then
+    T.raises(label .. ": refused for its layers, not for out_norm", function()
+      rule:run { k = ck, v = cv, init = c.init, device = "cuda" }
+    end, "MNEMO_CUDA_PATH=fused: " .. layers .. " layers")
   else
     local cpu = rule:run { k = ck, v = cv, q = c.q, init = c.init, grad = true }
     local gpu = rule:run { k = ck, v = cv, q = c.q, init = c.init, device = "cuda", grad = true }
@@ -219,7 +264,6 @@ for _, c in ipairs(cases) do
       if not (e <= worst) then worst, where = e, "final." .. name end
     end
     -- every weight and momentum compared: W_i, S_W_i (and b_i, S_b_i with bias)
-    local layers = c.rule.layers or 1
     local bias = c.rule.bias
     if bias == nil then bias = layers >= 2 end
     T.ok(label .. ": outputs, final weights and momenta as the cpu's",
@@ -242,8 +286,45 @@ for _, c in ipairs(cases) do
   end
 end
 
+-- tf32 and bf16 on cuda (fused for these rules, unless a path is forced):
+-- y and loss against the cpu's fp32 run within SPEC's bounds for the mode.
+local kp, vp = m.randn(1, 2, 192, 64) * 0.3, m.randn(1, 2, 192, 64)
+local prec_cases = {
+  { name = "layernorm mlp2 residual q", rule = { out_norm = "layernorm", layers = 2, hidden = 8, residual = true,
+    theta = 0.05, eta = 0.5, step = 2 }, init = { W1 = m.randn(8, d) * 0.4, W2 = m.randn(d, 8) * 0.4, ln_g = g0,
+    ln_b = b0 }, q = q },
+  { name = "rmsnorm linear dv 40 refresh 0", rule = { out_norm = "rmsnorm", theta = 0.02, step = 70, refresh = 0 },
+    init = { W1 = m.randn(40, 40) * 0.2, ln_g = m.rand(2, 40) + 0.5 }, k = kl, v = vl },
+  { name = "layernorm mlp2 residual step 64", rule = { out_norm = "layernorm", layers = 2, hidden = 256,
+    residual = true, activation = "gelu", theta = 0.02, eta = 0.5, step = 64 },
+    init = { W1 = m.randn(256, 64) * 0.1, W2 = m.randn(64, 256) * 0.06, ln_b = m.randn(64) * 0.3 }, k = kp, v = vp },
+}
+for _, c in ipairs(prec_cases) do
+  for _, pm in ipairs({ { "tf32", 5e-3 }, { "bf16", 3e-2 } }) do
+    local prec, tol = pm[1], pm[2]
+    local label = ("out_norm on cuda (%s path) in %s, %s"):format(path_name, prec, c.name)
+    local rule = m.rule(c.rule)
+    local ck, cv = c.k or k, c.v or v
+    if not m.cuda_available() then
+      T.raises(label .. ": without a GPU, device cuda fails for that reason", function()
+        rule:run { k = ck, v = cv, init = c.init, device = "cuda", precision = prec }
+      end, "cuda")
+    elseif large_forced then
+      T.raises(label .. ": refused naming out_norm", function()
+        rule:run { k = ck, v = cv, init = c.init, device = "cuda", precision = prec }
+      end, ("out_norm %s: the general path runs it"):format(c.rule.out_norm))
+    else
+      local cpu = rule:run { k = ck, v = cv, q = c.q, init = c.init }
+      local gpu = rule:run { k = ck, v = cv, q = c.q, init = c.init, device = "cuda", precision = prec }
+      local ey, el = rel(gpu.outputs.y:cpu(), cpu.outputs.y), rel(gpu.outputs.loss:cpu(), cpu.outputs.loss)
+      T.ok(label .. ": y and loss within " .. tol .. " of the cpu's fp32", ey < tol and el < tol,
+        ("y %.3g, loss %.3g"):format(ey, el))
+    end
+  end
+end
+
 -- A memory on cuda: writes, then reads (the read kernel) with ln_g, ln_b.
-if m.cuda_available() and not fast_forced then
+if m.cuda_available() and not large_forced then
   local cpu_mem = ttt:memory { B = B, H = H, dk = d, init = tinit }
   local gpu_mem = ttt:memory { B = B, H = H, dk = d, init = tinit, device = "cuda" }
   cpu_mem:write(k, v)

@@ -51,9 +51,10 @@ Environment (all optional):
                               MNEMO_CUDA_PATH=fused or large, without those
                               that path does not run)
 The CUDA engine of this version runs every v2 option: qk_norm on every
-path; glu on the general and large paths; out_norm, precondition and
-lengths on the general path only, so with MNEMO_CUDA_PATH=large the files
-leave out out_norm, precondition and lengths, and with fused glu too. With
+path; glu on the general and large paths; out_norm on the general and
+fused paths; precondition and lengths on the general path only. So with
+MNEMO_CUDA_PATH=fused the files leave out glu, precondition and lengths,
+and with MNEMO_CUDA_PATH=large out_norm, precondition and lengths. With
 MNEMO_CONFORMANCE_V2=1 on cuda and a fast path forced, a configuration with
 an option that path does not run runs with --device cpu in fp32 and its
 PASS line says so (cuda_pinned below).
@@ -327,9 +328,16 @@ CPU_ONLY_ATTRS = {}
 CUDA_V2 = ("glu", "out_norm", "qk_norm", "precondition", "lengths")
 # Those of them only its general path runs (kernels/plan.c): a forced fused
 # or large path (MNEMO_CUDA_PATH) refuses them by name.
-GENERAL_ONLY_V2 = ("out_norm", "precondition", "lengths")
-# And those the large path runs too: a forced fused path refuses them.
+GENERAL_ONLY_V2 = ("precondition", "lengths")
+# Those the general and large paths run but the fused path does not.
 NOT_FUSED_V2 = ("glu",)
+# Those the general and fused paths run but the large path does not.
+NOT_LARGE_V2 = ("out_norm",)
+
+
+def path_cannot_run(path):
+    """The v2 options a forced fast path ("fused" or "large") refuses."""
+    return GENERAL_ONLY_V2 + (NOT_FUSED_V2 if path == "fused" else NOT_LARGE_V2)
 
 
 def forced_fast_path():
@@ -348,8 +356,7 @@ def v2_options(device):
         return True
     fast = forced_fast_path()
     if fast:
-        left_out = GENERAL_ONLY_V2 + (NOT_FUSED_V2 if fast == "fused" else ())
-        return tuple(o for o in CUDA_V2 if o not in left_out)
+        return tuple(o for o in CUDA_V2 if o not in path_cannot_run(fast))
     return CUDA_V2
 
 
@@ -367,10 +374,11 @@ def cuda_pinned(cfg):
     why = ["%s=%s" % (a, rule.get(a, d)) for a, d in CPU_ONLY_ATTRS.items() if rule.get(a, d) != d]
     fast = forced_fast_path()
     if fast:
-        if rule.get("glu", 0) and fast == "fused":
+        refused = path_cannot_run(fast)
+        if rule.get("glu", 0) and "glu" in refused:
             why.append("glu on the forced %s path" % fast)
         for attr in ("out_norm", "precondition"):
-            if rule.get(attr, "none") != "none":
+            if attr in refused and rule.get(attr, "none") != "none":
                 why.append("%s=%s on the forced %s path" % (attr, rule[attr], fast))
         if "lengths" in cfg["inputs"]:
             why.append("lengths on the forced %s path" % fast)

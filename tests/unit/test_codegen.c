@@ -4,8 +4,9 @@
  * both retrieve modes, refresh 0 / c / a multiple, long steps (chunked rows)
  * and the three precisions; constants are folded into literals; the cache
  * key changes with each of its inputs; a broken source fails with NVRTC's
- * log; the disk cache writes and reads a CUBIN; newton_schulz and out_norm
- * sources compile and plan to the general path. */
+ * log; the disk cache writes and reads a CUBIN; newton_schulz sources
+ * compile and plan to the general path; out_norm sources compile on the
+ * general and fused paths and plan to the fused path where it fits. */
 #include "check.h"
 
 #ifdef MN_HAVE_CUDA
@@ -308,10 +309,12 @@ static void test_ragged_plan(void)
 
 /* out_norm (layernorm, rmsnorm): the general path's source carries the norm
  * and compiles in each precision (1 to 3 layers, bias and residual on and
- * off, a step longer than a chunk); a rule without it says 0; the plan sends
- * it to the general path, where it would be fused (small) or large (a hidden
- * layer of 256), with the reason, and refuses a forced fused or large path
- * by name. */
+ * off, a step longer than a chunk); so does the fused path's (1 and 2
+ * layers, dv not a multiple of 16, a step of two chunks, an anchor, both
+ * retrieves); a rule without it says 0; the plan keeps a small rule on the
+ * fused path (the same chunk rows as without the norm), sends a wide one to
+ * the general path rather than the large one, with the reason, takes a
+ * forced fused path and refuses a forced large one by name. */
 static void test_out_norm(void)
 {
     static const struct {
@@ -345,9 +348,57 @@ static void test_out_norm(void)
         free(src);
         mn_rule_free(&r);
     }
+    /* the fused path's source: the norm's row pass, loss and backward through it */
+    static const struct {
+        const char *name;
+        mn_norm norm;
+        int layers, bias, residual, step, refresh, after;
+        mn_precision prec;
+        int64_t dk, dv, dh;
+    } fcases[] = {
+        {"layernorm_linear_fp32", MN_NORM_LAYERNORM, 1, 0, 0, 16, 16, 0, MN_PREC_FP32, 16, 16, 0},
+        {"rmsnorm_linear_residual_bias_dv40_tf32", MN_NORM_RMSNORM, 1, 1, 1, 8, 0, 1, MN_PREC_TF32, 40, 40, 0},
+        {"layernorm_mlp2_residual_step64_fp32", MN_NORM_LAYERNORM, 2, 1, 1, 64, 128, 1, MN_PREC_FP32, 64, 64, 256},
+        {"rmsnorm_mlp2_bf16", MN_NORM_RMSNORM, 2, 1, 0, 4, 4, 0, MN_PREC_BF16, 24, 40, 32},
+        {"layernorm_mlp2_residual_anchor_bf16", MN_NORM_LAYERNORM, 2, 0, 1, 2, 0, 1, MN_PREC_BF16, 40, 40, 64},
+        {"layernorm_linear_anchor_tf32", MN_NORM_LAYERNORM, 1, 1, 0, 3, 6, 0, MN_PREC_TF32, 20, 128, 0},
+    };
+    for (size_t i = 0; i < sizeof fcases / sizeof *fcases; i++) {
+        mn_rule r;
+        mn_rule_init(&r);
+        r.layers = fcases[i].layers;
+        r.bias = fcases[i].bias;
+        r.residual = fcases[i].residual;
+        r.step = fcases[i].step;
+        r.refresh = fcases[i].refresh;
+        r.retrieve = fcases[i].after ? MN_RETRIEVE_AFTER : MN_RETRIEVE_BEFORE;
+        r.out_norm = fcases[i].norm;
+        mn_dims d = {2, 3, 10, fcases[i].dk, fcases[i].dv, fcases[i].dh, 0};
+        mn_cuda_plan pl;
+        char label[120], define[40];
+        unsetenv("MNEMO_CUDA_PATH");
+        bool planned = mn_cuda_plan_rule(&r, &d, fcases[i].prec, 6, 90, 0, &pl) == MN_OK;
+        snprintf(label, sizeof label, "codegen/out_norm/plan_fused/%s", fcases[i].name);
+        CHECK(label, planned && pl.path == MN_PATH_FUSED);
+        if (!planned || pl.path != MN_PATH_FUSED) {
+            if (planned) printf("  plan: %s: %s\n", mn_cuda_path_name(pl.path), pl.why);
+            mn_rule_free(&r);
+            continue;
+        }
+        char *src = mn_cuda_plan_source(&r, &d, fcases[i].prec, &pl);
+        snprintf(define, sizeof define, "#define MN_OUT_NORM %d", fcases[i].norm == MN_NORM_LAYERNORM ? 1 : 2);
+        snprintf(label, sizeof label, "codegen/out_norm/fused_source/%s", fcases[i].name);
+        CHECK(label, src && strstr(src, define) && strstr(src, "mn_fused_step_kernel") &&
+                         strstr(src, "mn_fused_norm_row"));
+        snprintf(label, sizeof label, "codegen/nvrtc_sm90/out_norm/fused/%s", fcases[i].name);
+        if (src) compile_line(label, src);
+        free(src);
+        mn_rule_free(&r);
+    }
     /* every v2 option the kernel source carries, at once: glu beside out_norm
      * (their workspace slices follow each other), newton_schulz, in bf16; the
-     * plan names each reason for the general path in one line */
+     * plan names each reason for the general path in one line (out_norm is
+     * none: the fused path runs it) */
     {
         mn_rule r;
         mn_rule_init(&r);
@@ -368,7 +419,7 @@ static void test_out_norm(void)
         bool planned = mn_cuda_plan_run(&r, &d, MN_PREC_BF16, 6, 90, 0, true, &pl) == MN_OK;
         CHECK("codegen/out_norm/plan_lists_every_reason",
               planned && pl.path == MN_PATH_GENERAL && strstr(pl.why, "precondition newton_schulz") &&
-                  strstr(pl.why, "glu: the general path runs it") && strstr(pl.why, "out_norm rmsnorm") &&
+                  strstr(pl.why, "glu: the general path runs it") && !strstr(pl.why, "out_norm") &&
                   strstr(pl.why, "lengths (ragged batches)"));
         mn_rule_free(&r);
     }
@@ -383,22 +434,42 @@ static void test_out_norm(void)
     bool fused = mn_cuda_plan_rule(&r, &small, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK && pl.path == MN_PATH_FUSED;
     r.out_norm = MN_NORM_LAYERNORM;
     bool planned = mn_cuda_plan_rule(&r, &small, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK;
-    CHECK("codegen/out_norm/plan_general_not_fused",
-          fused && planned && pl.path == MN_PATH_GENERAL && strstr(pl.why, "out_norm layernorm: the general path runs it"));
+    CHECK("codegen/out_norm/plan_fused", fused && planned && pl.path == MN_PATH_FUSED &&
+                                             strstr(pl.why, "the weights stay in shared memory") &&
+                                             !strstr(pl.why, "out_norm"));
+    /* issue 13's P1-ln: the norm keeps no rows in shared memory, so the
+     * chunk rows and shared memory are P1's */
+    {
+        mn_rule p1;
+        mn_rule_init(&p1);
+        p1.layers = 2;
+        p1.bias = true;
+        p1.step = 64;
+        mn_dims d1 = {4, 32, 4096, 64, 64, 256, 0};
+        mn_cuda_plan plain, normed;
+        bool ok = mn_cuda_plan_rule(&p1, &d1, MN_PREC_FP32, 128, 90, 0, &plain) == MN_OK;
+        p1.out_norm = MN_NORM_LAYERNORM;
+        ok = ok && mn_cuda_plan_rule(&p1, &d1, MN_PREC_FP32, 128, 90, 0, &normed) == MN_OK;
+        CHECK("codegen/out_norm/plan_p1_ln_fused_as_p1", ok && plain.path == MN_PATH_FUSED &&
+                                                            normed.path == MN_PATH_FUSED &&
+                                                            normed.rows == plain.rows &&
+                                                            normed.smem_bytes == plain.smem_bytes);
+        mn_rule_free(&p1);
+    }
     r.layers = 2;
     r.bias = true;
     r.out_norm = MN_NORM_RMSNORM;
     planned = mn_cuda_plan_rule(&r, &wide, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK;
     CHECK("codegen/out_norm/plan_general_not_large",
           planned && pl.path == MN_PATH_GENERAL && strstr(pl.why, "out_norm rmsnorm: the general path runs it"));
-    const char *forced[] = {"fused", "large"};
-    for (int i = 0; i < 2; i++) {
-        char label[80];
-        setenv("MNEMO_CUDA_PATH", forced[i], 1);
-        snprintf(label, sizeof label, "codegen/out_norm/forced_%s_refused", forced[i]);
-        CHECK(label, mn_cuda_plan_rule(&r, &small, MN_PREC_TF32, 6, 90, 0, &pl) != MN_OK &&
-                         strstr(mn_last_error(), "out_norm rmsnorm"));
-    }
+    mn_dims small2 = {2, 3, 10, 8, 8, 16, 0};
+    setenv("MNEMO_CUDA_PATH", "large", 1);
+    CHECK("codegen/out_norm/forced_large_refused",
+          mn_cuda_plan_rule(&r, &small2, MN_PREC_TF32, 6, 90, 0, &pl) != MN_OK &&
+              strstr(mn_last_error(), "MNEMO_CUDA_PATH=large: out_norm rmsnorm: the general path runs it"));
+    setenv("MNEMO_CUDA_PATH", "fused", 1);
+    CHECK("codegen/out_norm/forced_fused_taken",
+          mn_cuda_plan_rule(&r, &small2, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK && pl.path == MN_PATH_FUSED);
     setenv("MNEMO_CUDA_PATH", "general", 1);
     CHECK("codegen/out_norm/forced_general_taken",
           mn_cuda_plan_rule(&r, &small, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK && pl.path == MN_PATH_GENERAL);
