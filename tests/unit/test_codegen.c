@@ -76,6 +76,16 @@ static void compile_line(const char *label, const char *src)
     free(log);
 }
 
+/* A generated source that holds its marks (mark2 may be NULL) and compiles:
+ * two checks, source_label's and nvrtc_label's; frees src. */
+static void check_source(const char *source_label, const char *nvrtc_label, char *src, const char *mark1,
+                         const char *mark2)
+{
+    CHECK(source_label, src && strstr(src, mark1) && (!mark2 || strstr(src, mark2)));
+    if (src) compile_line(nvrtc_label, src);
+    free(src);
+}
+
 static void test_compile_cases(void)
 {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -315,6 +325,16 @@ static void test_ragged_plan(void)
  * fused path (the same chunk rows as without the norm), sends a wide one to
  * the general path rather than the large one, with the reason, takes a
  * forced fused path and refuses a forced large one by name. */
+static void norm_rule(mn_rule *r, mn_norm norm, int layers, int bias, int residual, int step)
+{
+    mn_rule_init(r);
+    r->layers = layers;
+    r->bias = bias;
+    r->residual = residual;
+    r->step = step;
+    r->out_norm = norm;
+}
+
 static void test_out_norm(void)
 {
     static const struct {
@@ -331,21 +351,14 @@ static void test_out_norm(void)
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         mn_rule r;
-        mn_rule_init(&r);
-        r.layers = cases[i].layers;
-        r.bias = cases[i].bias;
-        r.residual = cases[i].residual;
-        r.step = cases[i].step;
-        r.out_norm = cases[i].norm;
+        norm_rule(&r, cases[i].norm, cases[i].layers, cases[i].bias, cases[i].residual, cases[i].step);
         mn_dims d = {2, 3, 10, cases[i].dk, cases[i].dv, cases[i].dh, 0};
         char *src = mn_cuda_rule_source(&r, &d, cases[i].prec);
-        char label[120], define[40];
+        char label[120], nvrtc[120], define[40];
         snprintf(define, sizeof define, "#define MN_OUT_NORM %d", cases[i].norm == MN_NORM_LAYERNORM ? 1 : 2);
         snprintf(label, sizeof label, "codegen/out_norm/source/%s", cases[i].name);
-        CHECK(label, src && strstr(src, define) && strstr(src, "mn_out_norm_backward"));
-        snprintf(label, sizeof label, "codegen/nvrtc_sm90/out_norm/%s", cases[i].name);
-        if (src) compile_line(label, src);
-        free(src);
+        snprintf(nvrtc, sizeof nvrtc, "codegen/nvrtc_sm90/out_norm/%s", cases[i].name);
+        check_source(label, nvrtc, src, define, "mn_out_norm_backward");
         mn_rule_free(&r);
     }
     /* the fused path's source: the norm's row pass, loss and backward through it */
@@ -365,17 +378,12 @@ static void test_out_norm(void)
     };
     for (size_t i = 0; i < sizeof fcases / sizeof *fcases; i++) {
         mn_rule r;
-        mn_rule_init(&r);
-        r.layers = fcases[i].layers;
-        r.bias = fcases[i].bias;
-        r.residual = fcases[i].residual;
-        r.step = fcases[i].step;
+        norm_rule(&r, fcases[i].norm, fcases[i].layers, fcases[i].bias, fcases[i].residual, fcases[i].step);
         r.refresh = fcases[i].refresh;
         r.retrieve = fcases[i].after ? MN_RETRIEVE_AFTER : MN_RETRIEVE_BEFORE;
-        r.out_norm = fcases[i].norm;
         mn_dims d = {2, 3, 10, fcases[i].dk, fcases[i].dv, fcases[i].dh, 0};
         mn_cuda_plan pl;
-        char label[120], define[40];
+        char label[120], nvrtc[120], define[40];
         unsetenv("MNEMO_CUDA_PATH");
         bool planned = mn_cuda_plan_rule(&r, &d, fcases[i].prec, 6, 90, 0, &pl) == MN_OK;
         snprintf(label, sizeof label, "codegen/out_norm/plan_fused/%s", fcases[i].name);
@@ -388,11 +396,8 @@ static void test_out_norm(void)
         char *src = mn_cuda_plan_source(&r, &d, fcases[i].prec, &pl);
         snprintf(define, sizeof define, "#define MN_OUT_NORM %d", fcases[i].norm == MN_NORM_LAYERNORM ? 1 : 2);
         snprintf(label, sizeof label, "codegen/out_norm/fused_source/%s", fcases[i].name);
-        CHECK(label, src && strstr(src, define) && strstr(src, "mn_fused_step_kernel") &&
-                         strstr(src, "mn_fused_norm_row"));
-        snprintf(label, sizeof label, "codegen/nvrtc_sm90/out_norm/fused/%s", fcases[i].name);
-        if (src) compile_line(label, src);
-        free(src);
+        snprintf(nvrtc, sizeof nvrtc, "codegen/nvrtc_sm90/out_norm/fused/%s", fcases[i].name);
+        check_source(label, nvrtc, src, define, "mn_fused_norm_row"); /* mn_fused_norm_row is the fused kernel's */
         mn_rule_free(&r);
     }
     /* every v2 option the kernel source carries, at once: glu beside out_norm
@@ -509,19 +514,15 @@ static void test_glu(void)
             if (st == MN_OK) st = mn_rule_validate(&r);
             mn_dims d = dims_of(&gcases[i]);
             char *src = st == MN_OK ? mn_cuda_rule_source(&r, &d, gcases[i].prec) : NULL;
-            char label[120];
+            char label[120], nvrtc[120];
             snprintf(label, sizeof label, "codegen/glu/%s%s/source", gcases[i].name, ns ? "_ns" : "");
-            CHECK(label, src && strstr(src, "#define MN_GLU 1") && strstr(src, "mn_backward"));
-            snprintf(label, sizeof label, "codegen/nvrtc_sm90/%s%s", gcases[i].name, ns ? "_ns" : "");
-            if (src) compile_line(label, src);
-            free(src);
+            snprintf(nvrtc, sizeof nvrtc, "codegen/nvrtc_sm90/%s%s", gcases[i].name, ns ? "_ns" : "");
+            check_source(label, nvrtc, src, "#define MN_GLU 1", "mn_backward");
             if (!ns) {
                 src = st == MN_OK ? mn_cuda_large_source(&r, &d, gcases[i].prec) : NULL;
                 snprintf(label, sizeof label, "codegen/glu/%s/large_source", gcases[i].name);
-                CHECK(label, src && strstr(src, "#define MN_GLU 1") && strstr(src, "mn_large_act_kernel"));
-                snprintf(label, sizeof label, "codegen/nvrtc_sm90/large_%s", gcases[i].name);
-                if (src) compile_line(label, src);
-                free(src);
+                snprintf(nvrtc, sizeof nvrtc, "codegen/nvrtc_sm90/large_%s", gcases[i].name);
+                check_source(label, nvrtc, src, "#define MN_GLU 1", "mn_large_act_kernel");
             }
             mn_rule_free(&r);
         }
