@@ -42,8 +42,14 @@ typedef struct mn_run_grads {
  * part in the parameter order of one memory (P floats). */
 typedef struct mn_run_checkpoints {
     int64_t K, nblocks, memories, P;
-    float *data;
+    int parts;   /* per memory and block: W, S (2), and the anchor too (3) */
+    float *data; /* [block][memory][part][P] */
 } mn_run_checkpoints;
+
+/* What a checkpoint keeps: W and S, and the anchor unless every step opens
+ * its refresh block (refresh = step), where the recompute sets it from W
+ * before any use. */
+int mn_grad_checkpoint_parts(const mn_rule *rule);
 
 /* K for a run of nsteps steps: block_steps, or about sqrt(nsteps) when 0. */
 int64_t mn_grad_block_steps(int64_t nsteps, int64_t block_steps);

@@ -54,6 +54,7 @@ typedef struct run_ctx {
     mn_mlp_shape shape;
     int64_t n, nsteps, c, dk, dv, K, nblocks, max_rows, kept_floats;
     int refresh;
+    int parts;                       /* a checkpoint's parts (mn_grad_checkpoint_parts) */
     int64_t off[MN_MAX_PARAMS + 1];  /* flat layout of one memory's parameters */
     int64_t P;                       /* floats per memory */
     const mn_tensor *W0, *S0;        /* initial [B,H,...] */
@@ -343,10 +344,10 @@ static mn_status run_memory(const run_ctx *x, worker *w, int64_t m, bool poll)
     int64_t last = x->ck ? -1 : (x->nblocks - 1) * K;
     for (int64_t s = 0; s <= last; s++) {
         if (s % K == 0) {
-            float *ck = w->ck + (s / K) * 3 * P;
+            float *ck = w->ck + (s / K) * x->parts * P;
             memcpy(ck, w->W, sizeof(float) * P);
             memcpy(ck + P, w->S, sizeof(float) * P);
-            memcpy(ck + 2 * P, w->A, sizeof(float) * P);
+            if (x->parts == 3) memcpy(ck + 2 * P, w->A, sizeof(float) * P);
         }
         if (s == last) break;
         if (poll && mn_check_interrupt() != MN_OK) return MN_ERR_INTERRUPTED;
@@ -364,10 +365,11 @@ static mn_status run_memory(const run_ctx *x, worker *w, int64_t m, bool poll)
     memset(w->dA, 0, sizeof(float) * P);
     /* 2. blocks in reverse */
     for (int64_t b = x->nblocks - 1; b >= 0; b--) {
-        const float *ck = x->ck ? x->ck->data + (b * x->ck->memories + m) * 3 * P : w->ck + b * 3 * P;
+        const float *ck = x->ck ? x->ck->data + (b * x->ck->memories + m) * x->parts * P : w->ck + b * x->parts * P;
         memcpy(w->W, ck, sizeof(float) * P);
         memcpy(w->S, ck + P, sizeof(float) * P);
-        memcpy(w->A, ck + 2 * P, sizeof(float) * P);
+        /* without a stored anchor, the block's first step opens a refresh block */
+        memcpy(w->A, x->parts == 3 ? ck + 2 * P : ck, sizeof(float) * P);
         int64_t s0 = b * K, len = s0 + K <= x->nsteps ? K : x->nsteps - s0;
         for (int64_t i = 0; i < len; i++) {
             memcpy(w->Wb + i * P, w->W, sizeof(float) * P);
@@ -396,7 +398,7 @@ static mn_status run_memory(const run_ctx *x, worker *w, int64_t m, bool poll)
 static int64_t worker_bytes(const run_ctx *x)
 {
     int64_t P = x->P, K = x->K;
-    int64_t floats = (x->ck ? 0 : x->nblocks * 3 * P) + 2 * (K + 1) * P + 2 * K * P + 9 * P + 2 * x->max_rows +
+    int64_t floats = (x->ck ? 0 : x->nblocks * x->parts * P) + 2 * (K + 1) * P + 2 * K * P + 9 * P + 2 * x->max_rows +
                      x->max_rows * x->dv + K * x->kept_floats;
     int64_t extra = mn_rule_clip_elementwise(x->rule) ? 2 * P * 8 : 0;
     return floats * 4 + K + extra + mn_mlp_grad_work_bytes(&x->shape, x->max_rows) +
@@ -423,7 +425,7 @@ static mn_status worker_init(worker *w, const run_ctx *x)
         return pst;
     }
     int64_t P = x->P, K = x->K;
-    bool ok = (x->ck || (w->ck = malloc(sizeof(float) * x->nblocks * 3 * P))) && (w->Wb = malloc(sizeof(float) * (K + 1) * P)) &&
+    bool ok = (x->ck || (w->ck = malloc(sizeof(float) * x->nblocks * x->parts * P))) && (w->Wb = malloc(sizeof(float) * (K + 1) * P)) &&
               (w->Sb = malloc(sizeof(float) * (K + 1) * P)) && (w->Ab = malloc(sizeof(float) * K * P)) &&
               (w->Gb = malloc(sizeof(float) * K * P)) && (w->skipped = malloc((size_t)K)) &&
               (w->kept = malloc(sizeof(float) * K * x->kept_floats)) &&
@@ -526,6 +528,7 @@ mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_ten
     x.dk = d->dk;
     x.dv = d->dv;
     x.refresh = mn_rule_refresh(&st.rule);
+    x.parts = mn_grad_checkpoint_parts(&st.rule);
     x.max_rows = x.c < n ? x.c : (n > 0 ? n : 1);
     x.K = ck ? ck->K : mn_grad_block_steps(S, block_steps);
     x.nblocks = S > 0 ? (S + x.K - 1) / x.K : 0;
@@ -533,7 +536,8 @@ mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_ten
     x.P = x.off[x.shape.nparams];
     x.kept_floats = mn_mlp_kept_floats(&x.shape, x.max_rows);
     x.ck = ck;
-    if (s == MN_OK && ck && (ck->nblocks != x.nblocks || ck->P != x.P || ck->memories != memories || !ck->data))
+    if (s == MN_OK && ck && (ck->nblocks != x.nblocks || ck->P != x.P || ck->memories != memories || ck->parts != x.parts ||
+                           !ck->data))
         s = mn_fail(MN_ERR_ARG, "backward: the forward's checkpoints do not fit this run");
     x.W0 = st.params;
     x.S0 = st.momenta;
@@ -624,7 +628,7 @@ mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_ten
         for (int i = 0; i < workers && s == MN_OK; i++) s = worker_init(&ws[i], &x);
     }
     out->block = x.K;
-    out->backward_bytes = (int64_t)workers * worker_bytes(&x) + (ck ? ck->nblocks * ck->memories * 3 * ck->P * 4 : 0);
+    out->backward_bytes = (int64_t)workers * worker_bytes(&x) + (ck ? ck->nblocks * ck->memories * ck->parts * ck->P * 4 : 0);
     out->forward_bytes = memories * 3 * x.P * 4;
     if (s == MN_OK && ws) {
         int blas_threads = openblas_get_num_threads();

@@ -17,20 +17,25 @@ int64_t mn_grad_block_steps(int64_t nsteps, int64_t block_steps)
     return K;
 }
 
+int mn_grad_checkpoint_parts(const mn_rule *rule)
+{
+    return mn_rule_refresh(rule) == rule->step ? 2 : 3;
+}
+
 void mn_run_checkpoints_free(mn_run_checkpoints *ck)
 {
     free(ck->data);
     memset(ck, 0, sizeof *ck);
 }
 
-/* Copy the state of every memory into checkpoint b: [b][memory][W, S, A]. */
+/* Copy the state of every memory into checkpoint b: [b][memory][W, S(, A)]. */
 static void save_state(const mn_memory_state *st, mn_run_checkpoints *ck, int64_t b)
 {
     int64_t memories = ck->memories, P = ck->P;
     for (int64_t m = 0; m < memories; m++) {
-        float *dst = ck->data + (b * memories + m) * 3 * P;
+        float *dst = ck->data + (b * memories + m) * ck->parts * P;
         const mn_tensor *src[3] = {st->params, st->momenta, st->anchor};
-        for (int part = 0; part < 3; part++)
+        for (int part = 0; part < ck->parts; part++)
             for (int p = 0; p < st->nparams; p++) {
                 int64_t ne = mn_tensor_numel(&src[part][p]) / memories;
                 memcpy(dst, (const float *)mn_tensor_data(&src[part][p]) + m * ne, sizeof(float) * ne);
@@ -79,9 +84,10 @@ mn_status mn_run_forward_checkpointed(mn_memory_state *st, const mn_segment_inpu
     ck->K = mn_grad_block_steps(S, block_steps);
     ck->nblocks = S > 0 ? (S + ck->K - 1) / ck->K : 0;
     ck->memories = memories;
+    ck->parts = mn_grad_checkpoint_parts(&st->rule);
     for (int p = 0; p < st->nparams; p++) ck->P += mn_tensor_numel(&st->params[p]) / memories;
     if (ck->nblocks == 0) return mn_segment_run(st, in, out);
-    ck->data = mn_malloc(sizeof(float) * (size_t)(ck->nblocks * memories * 3 * ck->P), "the backward's checkpoints");
+    ck->data = mn_malloc(sizeof(float) * (size_t)(ck->nblocks * memories * ck->parts * ck->P), "the backward's checkpoints");
     if (!ck->data) return MN_ERR_OOM;
 
     int64_t kshape[4] = {d->B, d->H, n, d->dk}, vshape[4] = {d->B, d->H, n, d->dv};
