@@ -82,10 +82,10 @@ typedef struct mn_large_op {
 #ifdef __CUDACC_RTC__
 
 #define MN_LG_PER (MN_BIAS ? 2 : 1)
-/* the layers' W_i, b_i, then glu's U_i, c_i of the hidden layers (param_layout.h) */
-#define MN_LG_NL (MN_LAYERS * MN_LG_PER)
-#define MN_LG_NP (MN_LG_NL + (MN_GLU ? (MN_LAYERS - 1) * MN_LG_PER : 0))
-#define MN_LG_GATE(i) (MN_LG_NL + (i) * MN_LG_PER) /* layer i's U; its c the next */
+/* the layers' W_i, b_i, then glu's U_i, c_i of the hidden layers: the
+ * count and indices from param_layout.h (constexpr here) */
+#define MN_LG_NP mn_param_count_glu(MN_LAYERS, MN_BIAS, MN_GLU)
+#define MN_LG_GATE(i) mn_param_index(MN_LAYERS, MN_BIAS, (i), 1) /* layer i's U; its c the next */
 #define MN_LG_WARPS (MN_LARGE_THREADS / 32)
 #define MN_LG_DH (MN_DH > 0 ? MN_DH : 1) /* a divisor even for one layer */
 

@@ -136,9 +136,10 @@ MN_SHARED_FN void mn_rule_layout_out_norm(mn_rule_layout *lo, long long dv, long
 #ifdef __CUDACC_RTC__
 
 #define MN_PER (MN_BIAS ? 2 : 1)
-/* glu's U_i, c_i of the hidden layers follow the layers' W_i, b_i (param_layout.h) */
-#define MN_NPARAMS (MN_LAYERS * MN_PER + (MN_GLU ? (MN_LAYERS - 1) * MN_PER : 0))
-#define MN_GATE(i) (MN_LAYERS * MN_PER + (i) * MN_PER) /* index of hidden layer i's U (c the next) */
+/* glu's U_i, c_i of the hidden layers follow the layers' W_i, b_i: the
+ * count and indices from param_layout.h (constexpr here) */
+#define MN_NPARAMS mn_param_count_glu(MN_LAYERS, MN_BIAS, MN_GLU)
+#define MN_GATE(i) mn_param_index(MN_LAYERS, MN_BIAS, (i), 1) /* hidden layer i's U (c the next) */
 #define MN_IN(i) mn_layer_in((i), MN_DK, MN_DH)
 #define MN_OUT(i) mn_layer_out((i), MN_LAYERS, MN_DV, MN_DH)
 #define MN_ROWS (MN_STEP < MN_RULE_CHUNK_MAX ? MN_STEP : MN_RULE_CHUNK_MAX)
@@ -167,11 +168,13 @@ __device__ __forceinline__ float mn_round(float x) { return x; }
 /* This block's workspace slices. */
 struct mn_ws {
     float *z[MN_LAYERS], *h[MN_LAYERS], *u[MN_LAYERS], *y, *da, *db, *g[MN_NPARAMS];
-    float *nhat, *ns;          /* out_norm (mn_ws_out_norm), else unset */
+    float *nhat, *ns;          /* out_norm, else unset */
     const float *ln_g, *ln_b;  /* out_norm: this memory's gain and shift [dv] */
 };
 
-__device__ __forceinline__ void mn_ws_init(mn_ws *ws, float *base)
+/* Memory m's slices of its block's workspace (base), and with out_norm its
+ * gain and shift of ln_g, ln_b ([B,H,dv]; unread without out_norm). */
+__device__ __forceinline__ void mn_ws_init(mn_ws *ws, float *base, const float *ln_g, const float *ln_b, long long m)
 {
     mn_rule_layout lo;
     mn_rule_layout_init(&lo, MN_LAYERS, MN_BIAS, MN_GLU, MN_DK, MN_DV, MN_DH, MN_ROWS);
@@ -186,23 +189,14 @@ __device__ __forceinline__ void mn_ws_init(mn_ws *ws, float *base)
     ws->db = base + lo.db;
 #pragma unroll
     for (int p = 0; p < MN_NPARAMS; p++) ws->g[p] = base + lo.g[p];
-}
-
-/* out_norm's slices of the block's workspace and memory m's ln_g, ln_b
- * (the kernels call it after mn_ws_init; nothing without out_norm). */
-__device__ __forceinline__ void mn_ws_out_norm(mn_ws *ws, float *base, const float *ln_g, const float *ln_b,
-                                               long long m)
-{
 #if MN_OUT_NORM
-    mn_rule_layout lo;
-    mn_rule_layout_init(&lo, MN_LAYERS, MN_BIAS, MN_GLU, MN_DK, MN_DV, MN_DH, MN_ROWS);
     mn_rule_layout_out_norm(&lo, MN_DV, MN_ROWS);
     ws->nhat = base + lo.nhat;
     ws->ns = base + lo.ns;
     ws->ln_g = ln_g + m * MN_DV;
     ws->ln_b = ln_b + m * MN_DV;
 #else
-    (void)ws, (void)base, (void)ln_g, (void)ln_b, (void)m;
+    (void)ln_g, (void)ln_b, (void)m;
 #endif
 }
 
@@ -489,14 +483,25 @@ __device__ void mn_zero_padding(float *y_out, float *loss_out, long long from, l
         for (long long e = from * MN_DV + threadIdx.x; e < to * MN_DV; e += MN_RULE_THREADS) y_out[e] = 0.0f;
 }
 
+/* This thread's part of |W|^2 over every parameter (a step that leaves W as
+ * it was still reports its weight norm). */
+__device__ __forceinline__ double mn_weight_sumsq_part(float *const *W)
+{
+    const int tid = threadIdx.x;
+    double wsq = 0.0;
+#pragma unroll
+    for (int p = 0; p < MN_NPARAMS; p++)
+        for (long long e = tid; e < MN_NUMEL(p); e += MN_RULE_THREADS) wsq += (double)W[p][e] * W[p][e];
+    return wsq;
+}
+
 /* One segment: every step of memory blockIdx.x (model/engine_cpu.c run_memory). */
 extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kernel(const mn_rule_kargs a)
 {
     const long long m = blockIdx.x, n = a.n, nsteps = a.nsteps;
     const int tid = threadIdx.x;
     mn_ws ws;
-    mn_ws_init(&ws, a.work + m * a.work_floats);
-    mn_ws_out_norm(&ws, a.work + m * a.work_floats, a.ln_g, a.ln_b, m);
+    mn_ws_init(&ws, a.work + m * a.work_floats, a.ln_g, a.ln_b, m);
     float *W[MN_NPARAMS], *Sm[MN_NPARAMS], *A[MN_NPARAMS];
     mn_memory_params(a.W, m, W);
     mn_memory_params(a.S, m, Sm);
@@ -530,11 +535,7 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kerne
         const int grows = (int)(t0 >= real ? 0 : (t0 + rows <= real ? rows : real - t0));
         if (grows == 0) {
             mn_zero_padding(y_out, loss_out, t0, t0 + rows);
-            double wsq = 0.0;
-#pragma unroll
-            for (int p = 0; p < MN_NPARAMS; p++)
-                for (long long e = tid; e < MN_NUMEL(p); e += MN_RULE_THREADS) wsq += (double)W[p][e] * W[p][e];
-            wsq = mn_block_sum(wsq);
+            const double wsq = mn_block_sum(mn_weight_sumsq_part(W));
             if (tid == 0) {
                 const long long o = m * nsteps + sl;
                 a.step_loss[o] = 0.0f;
@@ -634,9 +635,7 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kerne
             }
 #endif
         } else {
-#pragma unroll
-            for (int p = 0; p < MN_NPARAMS; p++)
-                for (long long e = tid; e < MN_NUMEL(p); e += MN_RULE_THREADS) wsq += (double)W[p][e] * W[p][e];
+            wsq = mn_weight_sumsq_part(W);
         }
         wsq = mn_block_sum(wsq); /* its barriers also publish the new W */
         if (tid == 0) {
@@ -658,8 +657,7 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_read_kerne
 {
     const long long m = blockIdx.x, n = a.n;
     mn_ws ws;
-    mn_ws_init(&ws, a.work + m * a.work_floats);
-    mn_ws_out_norm(&ws, a.work + m * a.work_floats, a.ln_g, a.ln_b, m);
+    mn_ws_init(&ws, a.work + m * a.work_floats, a.ln_g, a.ln_b, m);
     float *W[MN_NPARAMS];
     mn_memory_params(a.W, m, W);
     const float *q = a.q + m * n * MN_DK;
