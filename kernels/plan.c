@@ -100,12 +100,19 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
     return mn_cuda_plan_run(r, d, p, memories, arch, smem_limit, false, out);
 }
 
+/* Appends text to the "; "-separated list of reasons in buf. */
+static void add_text(char *buf, size_t len, const char *text)
+{
+    size_t used = strlen(buf);
+    snprintf(buf + used, len - used, "%s%s", used ? "; " : "", text);
+}
+
 /* Appends "what[ value]: the general path runs it|them" to the list in buf. */
 static void add_reason(char *buf, size_t len, const char *what, const char *value, const char *pronoun)
 {
-    size_t used = strlen(buf);
-    snprintf(buf + used, len - used, "%s%s%s%s: the general path runs %s", used ? "; " : "", what, value ? " " : "",
-             value ? value : "", pronoun);
+    char one[128];
+    snprintf(one, sizeof one, "%s%s%s: the general path runs %s", what, value ? " " : "", value ? value : "", pronoun);
+    add_text(buf, len, one);
 }
 
 mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, int64_t memories, int arch,
@@ -146,8 +153,10 @@ mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, i
      * dimension of 256, as any rule) */
     const bool glu = r->glu && r->layers > 1;
     char no_fast[256];
-    snprintf(no_fast, sizeof no_fast, "%s%s%s", only_general, only_general[0] && glu ? "; " : "",
-             !glu ? "" : only_general[0] ? "glu: the general path runs it" : "glu: the general and large paths run it");
+    snprintf(no_fast, sizeof no_fast, "%s", only_general);
+    if (glu)
+        add_text(no_fast, sizeof no_fast,
+                 only_general[0] ? "glu: the general path runs it" : "glu: the general and large paths run it");
     if (no_fast[0]) {
         fused = 0;
         snprintf(nofuse, sizeof nofuse, "%s", no_fast);
@@ -158,7 +167,8 @@ mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, i
     if (r->out_norm != MN_NORM_NONE)
         add_reason(not_large, sizeof not_large, "out_norm", mn_part_name(&mn_norm_set, r->out_norm), "it");
     char no_large[400]; /* every reason the large path cannot run this */
-    snprintf(no_large, sizeof no_large, "%s%s%s", only_general, only_general[0] && not_large[0] ? "; " : "", not_large);
+    snprintf(no_large, sizeof no_large, "%s", only_general);
+    if (not_large[0]) add_text(no_large, sizeof no_large, not_large);
 
     const char *force = getenv("MNEMO_CUDA_PATH");
     if (force && *force && strcmp(force, "auto") != 0) {
