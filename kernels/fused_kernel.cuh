@@ -320,6 +320,34 @@ __device__ __forceinline__ float mn_fused_norm_y(const float *ln_g, const float 
     return y;
 }
 
+/* dL/do of a row, from this lane's columns of dL/dy (d), nhat (nh) and s
+ * (mn_fused_norm_row), in mn_out_norm_backward's formulas and order: with a
+ * = g dL/dy, do = s (a - nhat <a, nhat> / dv), centred for layernorm. Into
+ * dyr, the row's pdv floats (padded columns 0). */
+__device__ __forceinline__ void mn_fused_norm_vjp(const float (&d)[MN_NCW], const float (&nh)[MN_NCW], double sc,
+                                                  const float *ln_g, float *dyr)
+{
+    const int lane = threadIdx.x & 31;
+    const double D = (double)MN_DV;
+    double B = 0.0, mean = 0.0;
+#pragma unroll
+    for (int u = 0; u < MN_NCW; u++)
+        if (lane + 32 * u < MN_DV) B += (double)__fmul_rn(ln_g[lane + 32 * u], d[u]) * nh[u];
+    B = mn_warp_sum(B);
+    if (MN_OUT_NORM == 1) {
+#pragma unroll
+        for (int u = 0; u < MN_NCW; u++)
+            if (lane + 32 * u < MN_DV) mean += sc * ((double)__fmul_rn(ln_g[lane + 32 * u], d[u]) - nh[u] * B / D);
+        mean = mn_warp_sum(mean) / D;
+    }
+#pragma unroll
+    for (int u = 0; u < MN_NCW; u++) {
+        const int j = lane + 32 * u;
+        if (j < MN_PDV)
+            dyr[j] = j < MN_DV ? (float)(sc * ((double)__fmul_rn(ln_g[j], d[u]) - nh[u] * B / D) - mean) : 0.0f;
+    }
+}
+
 /* Retrieval: the first rows of o in fb.y normalised into yo (global, dv
  * floats a row), the residual's x rows in fb.x. Ends with a barrier (the
  * next chunk rewrites fb.x). */
@@ -710,26 +738,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                     loss_out[t + r] = l;
                     fb.lrow[r] = l;
                 }
-                const double D = (double)MN_DV;
-                double B = 0.0, mean = 0.0;
-#pragma unroll
-                for (int u = 0; u < MN_NCW; u++)
-                    if (lane + 32 * u < MN_DV) B += (double)__fmul_rn(MN_LN_G[lane + 32 * u], d[u]) * nh[u];
-                B = mn_warp_sum(B);
-                if (MN_OUT_NORM == 1) {
-#pragma unroll
-                    for (int u = 0; u < MN_NCW; u++)
-                        if (lane + 32 * u < MN_DV)
-                            mean += sc * ((double)__fmul_rn(MN_LN_G[lane + 32 * u], d[u]) - nh[u] * B / D);
-                    mean = mn_warp_sum(mean) / D;
-                }
-#pragma unroll
-                for (int u = 0; u < MN_NCW; u++) {
-                    const int j = lane + 32 * u;
-                    if (j < MN_PDV)
-                        dyr[j] = j < MN_DV ? (float)(sc * ((double)__fmul_rn(MN_LN_G[j], d[u]) - nh[u] * B / D) - mean)
-                                           : 0.0f;
-                }
+                mn_fused_norm_vjp(d, nh, sc, MN_LN_G, dyr);
             }
             __syncthreads();
 #else
