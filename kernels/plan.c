@@ -37,7 +37,7 @@ static long padded_param_floats(const mn_rule *r, const mn_dims *d)
 
 /* Must match the carve-up at the top of mn_fused_step_kernel. out_norm adds
  * nothing: its statistics live in the registers of the warp that takes a
- * row (fused_kernel.cuh, mn_fused_norm_row), and the one-row forward's
+ * row (fused_norm.cuh, mn_fused_norm_row), and the one-row forward's
  * output (dv floats) is already here. */
 long mn_fused_smem_bytes(const mn_rule *r, const mn_dims *d, int rows)
 {
@@ -240,7 +240,7 @@ long mn_fused_work_floats(const mn_rule *r, const mn_dims *d)
 char *mn_cuda_plan_source(const mn_rule *r, const mn_dims *d, mn_precision p, const mn_cuda_plan *pl)
 {
     if (pl->path == MN_PATH_FUSED) {
-        static const char *const fused[] = {"update_math", "rule_kernel", "fused_kernel", NULL};
+        static const char *const fused[] = {"update_math", "rule_kernel", "fused_norm", "fused_kernel", NULL};
         char defs[256];
         mn_fused_defines(pl, defs, sizeof defs);
         return mn_cuda_source_for(r, d, p, fused, defs);
