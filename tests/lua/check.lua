@@ -39,6 +39,16 @@ function T.raises(name, fn, pattern)
   print("PASS " .. name)
 end
 
+-- |a - b| / |b| of two tensors (L2 norms, in double on the CPU; |a - b| when
+-- b is 0); math.huge where a NaN makes it undefined, so that no comparison
+-- or math.max lets it through
+function T.rel(a, b)
+  a, b = a:cpu():double(), b:cpu():double()
+  local d, n = (a - b):norm(), b:norm()
+  if d ~= d then return math.huge end
+  return n > 0 and d / n or d
+end
+
 function T.skip(name, reason) print(("SKIP %s: %s"):format(name, reason)) end
 
 function T.done() os.exit(T.failures == 0 and 0 or 1) end

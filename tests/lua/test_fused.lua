@@ -100,12 +100,7 @@ local cases = {
     clip = "scale", clip_expr = "1 / (1 + n)", theta = 0.1 }, B = 2, H = 2, T = 48, dk = 20, dv = 24 },
 }
 
-local function rel(a, b)
-  local d = (a:double() - b:double()):norm()
-  local n = b:double():norm()
-  if d ~= d then return math.huge end
-  return n > 0 and d / n or d
-end
+local rel = T.rel
 
 -- every output of res against ref (mnemo.compare: the same NaN places,
 -- relative L2 error per dataset): nil when all pass, else the failing rows

@@ -126,11 +126,7 @@ end
 -- newton_schulz's steps take 6 rows: with fewer than a matrix's smaller
 -- side, its gradient is rank-deficient and the iteration multiplies the
 -- rounding in the missing directions by up to ~3.4445^5 (docs/rules.md).
-local function rel(a, b)
-  a, b = a:cpu(), b:cpu()
-  local num, den = (a - b):norm(), b:norm()
-  return den > 0 and num / den or num
-end
+local rel = T.rel
 local function glu_init(L, bias, ck, cv, ch, momenta)
   local p = {}
   for i = 1, L do

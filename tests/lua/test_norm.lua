@@ -20,10 +20,7 @@ local k, v, q = m.randn(B, H, Tn, d), m.randn(B, H, Tn, d), m.randn(B, H, Tn, d)
 local W1 = m.randn(d, d) * 0.4
 local g0, b0 = m.rand(d) + 0.5, m.randn(H, d) * 0.3
 
-local function rel(a, b)
-  local num, den = (a - b):norm(), b:norm()
-  return den > 0 and num / den or num
-end
+local rel = T.rel
 
 -- SPEC.md section 1's maps on the last dim, written independently of the engine.
 local function normalise(kind, x)

@@ -16,10 +16,7 @@
 local T = dofile("tests/lua/check.lua")
 local m = mnemo
 
-local function rel(a, b)
-  local num, den = (a - b):norm(), b:norm()
-  return den > 0 and num / den or num
-end
+local rel = T.rel
 
 ---------------------------------------------------------------- lengths
 m.seed(5)

@@ -34,10 +34,7 @@ local function with(t, extra)
   return r
 end
 
-local function rel(a, b)
-  local num, den = (a - b):norm(), b:norm()
-  return den > 0 and num / den or num
-end
+local rel = T.rel
 
 -- The worst relative error over y, loss and every final tensor.
 local function worst(res, ref)
