@@ -491,6 +491,40 @@ __device__ __forceinline__ void mn_bias_grad(float *gb, const float *src, int ld
     }
 }
 
+/* Ragged batches: steps sl .. nsteps - 1 of memory blockIdx.x start in the
+ * padding, so none changes S or W (SPEC.md section 2): y = 0 and loss = 0
+ * from the first of them on, and each reports grad_norm 0, clip_scale 1, not
+ * skipped and the unchanged weights' norm. A refresh block that would open
+ * among them sets the anchor to W, as the general path's walk does. */
+__device__ void mn_fused_padding_tail(const mn_rule_kargs &a, const mn_pset &Wp, float *const *A, long long sl,
+                                      float *y_out, float *loss_out)
+{
+    const long long m = blockIdx.x, n = a.n, nsteps = a.nsteps;
+    const int tid = threadIdx.x;
+    mn_zero_padding(y_out, loss_out, sl * MN_STEP, n);
+    bool anchor = false;
+    if (!MN_P_AT_W && MN_REFRESH > 0)
+        for (long long s = sl; s < nsteps; s++)
+            if ((a.steps_done + s) % (MN_REFRESH > 0 ? MN_REFRESH / MN_STEP : 1) == 0) anchor = true;
+    double wsq = 0.0;
+#pragma unroll
+    for (int p = 0; p < MN_NPARAMS; p++)
+        for (int e = tid; e < (int)MN_NUMEL(p); e += MN_FT) {
+            const float w = *mn_pset_el(Wp, p, e);
+            if (anchor) A[p][e] = w;
+            wsq += (double)w * w;
+        }
+    mn_block_sums<1>(&wsq);
+    for (long long s = sl + tid; s < nsteps; s += MN_FT) {
+        const long long o = m * nsteps + s;
+        a.step_loss[o] = 0.0f;
+        a.grad_norm[o] = 0.0f;
+        a.skipped[o] = 0.0f;
+        a.clip_scale[o] = 1.0f;
+        a.weight_norm[o] = (float)sqrt(wsq);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(const mn_rule_kargs a)
 {
     extern __shared__ float4 mn_smem4[];
@@ -554,6 +588,8 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
     float *y_out = a.y ? a.y + m * n * MN_DV : 0;
     float *loss_out = a.loss + m * n;
     const double R = MN_FEATURE_SCALE;
+    /* Ragged batches: tokens at and after real_end are padding (SPEC.md section 2) */
+    const long long real_end = a.lengths ? a.lengths[m / a.heads] : n;
     /* out_norm's gain and shift of this memory [dv] (never updated), formed
      * where used from the kernel's arguments: registers are short */
 #define MN_LN_G (a.ln_g + m * MN_DV)
@@ -589,18 +625,27 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
             __syncthreads();
             at_current = true;
         }
-        const double tscale = MN_TOKEN_MEAN ? 1.0 / (double)rows : 1.0;
-        const int before_rows = MN_RETRIEVE_BEFORE ? rows : rows - 1;
+        /* A step that starts in the padding leaves S and W as they are, and so
+         * does every later one: the segment's tail is written at once. A step
+         * that ends in it takes its grows real rows only. */
+        const int grows = (int)(t0 >= real_end ? 0 : (t0 + rows <= real_end ? rows : real_end - t0));
+        if (grows == 0) {
+            mn_fused_padding_tail(a, Wp, A, sl, y_out, loss_out);
+            break;
+        }
+        const double tscale = MN_TOKEN_MEAN ? 1.0 / (double)grows : 1.0;
+        const int before_all = MN_RETRIEVE_BEFORE ? rows : rows - 1;
+        const int before_rows = before_all < grows ? before_all : grows;
         double ss[MN_NPARAMS];
 #pragma unroll
         for (int p = 0; p < MN_NPARAMS; p++) ss[p] = 0.0;
         double step_lsum = 0.0; /* thread 0's */
         int last_cr = 0;
 
-        for (int r0 = 0; r0 < rows; r0 += MN_FR) {
-            const int cr = rows - r0 < MN_FR ? rows - r0 : MN_FR;
+        for (int r0 = 0; r0 < grows; r0 += MN_FR) {
+            const int cr = grows - r0 < MN_FR ? grows - r0 : MN_FR;
             const long long t = t0 + r0;
-            const bool first = r0 == 0, last = r0 + MN_FR >= rows;
+            const bool first = r0 == 0, last = r0 + MN_FR >= grows;
             last_cr = cr;
             mn_rows_store(fb.x, xnext, cr);
             {
@@ -756,6 +801,8 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
             }
         }
 
+        if (grows < rows) mn_zero_padding(y_out, loss_out, t0 + grows, t0 + rows);
+
         /* the step's gradient norm, clip and update */
         mn_block_sums<MN_NPARAMS>(ss);
         mn_step_control ctl = mn_step_control_of<MN_NPARAMS>(ss);
@@ -764,6 +811,30 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
             double scale[MN_NPARAMS];
             ctl.clip_scale = mn_clip_scales<MN_NPARAMS>(ss, ctl.gnorm, scale);
             const float e_s = eta[sl], keep = 1.0f - alpha[sl];
+#if MN_PRECOND
+            /* SPEC.md section 2's order, as the general path: the clip, each
+             * weight matrix's Newton-Schulz (in G, global), then momentum and decay */
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++) {
+                const float fs = (float)scale[p];
+                for (int e = tid; e < (int)MN_NUMEL(p); e += MN_FT) G[p][e] = mn_clip_elem(G[p][e], fs);
+            }
+            __syncthreads();
+            double *ns = a.ns_work + m * a.ns_doubles;
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++)
+                if (!mn_param_is_bias_glu(MN_LAYERS, MN_BIAS, p))
+                    mn_newton_schulz(G[p], MN_OUT(mn_param_layer_glu(MN_LAYERS, MN_BIAS, p)),
+                                     MN_IN(mn_param_layer_glu(MN_LAYERS, MN_BIAS, p)), ns);
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++)
+                for (int e = tid; e < (int)MN_NUMEL(p); e += MN_FT) {
+                    float *wp = mn_pset_el(Wp, p, e);
+                    const float w = mn_momentum_elem(G[p][e], e_s, keep, &Sm[p][e], *wp);
+                    *wp = w;
+                    wsq += (double)w * w;
+                }
+#else
             /* U elements (or float4s) per thread at a time, every load issued
              * before any store: the loop is bound by memory latency */
 #pragma unroll
@@ -816,6 +887,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                 }
                 (void)fs;
             }
+#endif
         } else {
 #pragma unroll
             for (int p = 0; p < MN_NPARAMS; p++)
@@ -827,10 +899,10 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
         mn_block_sums<1>(&wsq); /* its barriers also publish the new W */
         if (tid == 0) {
             const long long o = m * nsteps + sl;
-            mn_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, o, step_lsum, rows, ctl);
+            mn_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, o, step_lsum, grows, ctl);
             a.weight_norm[o] = (float)sqrt(wsq);
         }
-        if (y_out && !MN_RETRIEVE_BEFORE) {
+        if (y_out && !MN_RETRIEVE_BEFORE && grows == rows) { /* a padding last token keeps y = 0 */
             const long long lastt = t0 + rows - 1;
             /* with q = k, the last chunk's k rows are still in fb.x */
             const float *xr = fb.x + (last_cr - 1) * MN_LDK;

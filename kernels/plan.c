@@ -69,8 +69,10 @@ static int fused_fit(const mn_rule *r, const mn_dims *d, long limit, int threads
         return 0;
     }
     long first = up16(r->step < 64 ? r->step : 64);
-    /* the kernel's static shared memory: the block sums' partials, and a little */
+    /* the kernel's static shared memory: the block sums' partials (and
+     * newton_schulz's, mn_block_sum's), and a little */
     long fixed = 64 + 8L * r->layers * (r->bias ? 2 : 1) * (threads / 32);
+    if (r->precondition != MN_PRECOND_NONE) fixed += 8L * (threads / 32);
     for (int rows = 64; rows >= 16; rows /= 2) {
         if (rows > first) continue;
         long need = mn_fused_smem_bytes(r, d, rows);
@@ -107,11 +109,12 @@ static void add_text(char *buf, size_t len, const char *text)
     snprintf(buf + used, len - used, "%s%s", used ? "; " : "", text);
 }
 
-/* Appends "what[ value]: the general path runs it|them" to the list in buf. */
+/* Appends "what[ value]: the fused and general paths run it|them" to the list in buf. */
 static void add_reason(char *buf, size_t len, const char *what, const char *value, const char *pronoun)
 {
     char one[128];
-    snprintf(one, sizeof one, "%s%s%s: the general path runs %s", what, value ? " " : "", value ? value : "", pronoun);
+    snprintf(one, sizeof one, "%s%s%s: the fused and general paths run %s", what, value ? " " : "", value ? value : "",
+             pronoun);
     add_text(buf, len, one);
 }
 
@@ -141,34 +144,29 @@ mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, i
     if (d->dv > big) big = d->dv;
     if (r->layers > 1 && d->dh > big) big = d->dh;
 
-    /* What neither fast path runs in this version. */
-    char only_general[192] = "";
-    if (r->precondition != MN_PRECOND_NONE)
-        add_reason(only_general, sizeof only_general, "precondition", mn_part_name(&mn_precond_set, r->precondition),
-                   "it");
-    /* lengths are an input, not a rule field: the caller says whether the run has them */
-    if (ragged) add_reason(only_general, sizeof only_general, "lengths", "(ragged batches)", "them");
     /* glu: the fused path cannot hold the gates (1.5x the weights) in shared
      * memory; the general and large paths run it (the large path from a
      * dimension of 256, as any rule) */
     const bool glu = r->glu && r->layers > 1;
-    char no_fast[256];
-    snprintf(no_fast, sizeof no_fast, "%s", only_general);
-    if (glu)
-        add_text(no_fast, sizeof no_fast,
-                 only_general[0] ? "glu: the general path runs it" : "glu: the general and large paths run it");
-    if (no_fast[0]) {
-        fused = 0;
-        snprintf(nofuse, sizeof nofuse, "%s", no_fast);
-    }
     /* What the fused path runs but the large path does not: where the fused
      * path does not fit, the general path takes it instead of the large one. */
-    char not_large[128] = "";
+    char no_large[400] = "";
     if (r->out_norm != MN_NORM_NONE)
-        add_reason(not_large, sizeof not_large, "out_norm", mn_part_name(&mn_norm_set, r->out_norm), "it");
-    char no_large[400]; /* every reason the large path cannot run this */
-    snprintf(no_large, sizeof no_large, "%s", only_general);
-    if (not_large[0]) add_text(no_large, sizeof no_large, not_large);
+        add_reason(no_large, sizeof no_large, "out_norm", mn_part_name(&mn_norm_set, r->out_norm), "it");
+    if (r->precondition != MN_PRECOND_NONE)
+        add_reason(no_large, sizeof no_large, "precondition", mn_part_name(&mn_precond_set, r->precondition), "it");
+    /* lengths are an input, not a rule field: the caller says whether the run has them */
+    if (ragged) add_reason(no_large, sizeof no_large, "lengths", "(ragged batches)", "them");
+    char no_fast[256] = "";
+    if (glu)
+        add_text(no_fast, sizeof no_fast,
+                 no_large[0] ? "glu: the general path runs it" : "glu: the general and large paths run it");
+    if (no_fast[0]) {
+        /* a rule the fused path could not hold anyway keeps that reason too */
+        if (!fused) add_text(nofuse, sizeof nofuse, no_fast);
+        else snprintf(nofuse, sizeof nofuse, "%s", no_fast);
+        fused = 0;
+    }
 
     const char *force = getenv("MNEMO_CUDA_PATH");
     if (force && *force && strcmp(force, "auto") != 0) {
@@ -200,15 +198,15 @@ mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, i
         out->path = MN_PATH_LARGE;
         snprintf(out->why, sizeof out->why, "a dimension of %ld >= 256 (%s): cuBLAS products, steps from a CUDA graph",
                  big, nofuse);
-    } else if (glu && !only_general[0] && big < 256) {
+    } else if (glu && !no_large[0] && big < 256) {
         out->path = MN_PATH_GENERAL;
         snprintf(out->why, sizeof out->why, "%s; every dimension below 256 (the largest %ld): the general path", nofuse,
                  big);
     } else {
         out->path = MN_PATH_GENERAL;
         /* where the large path would have taken it, say what kept it away too */
-        bool large_size = big >= 256 && !only_general[0];
-        snprintf(out->why, sizeof out->why, "%s%s%s", nofuse, large_size ? "; " : "", large_size ? not_large : "");
+        bool large_size = big >= 256;
+        snprintf(out->why, sizeof out->why, "%s%s%s", nofuse, large_size ? "; " : "", large_size ? no_large : "");
     }
     if (out->path == MN_PATH_FUSED) {
         out->rows = rows;

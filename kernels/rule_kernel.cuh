@@ -469,10 +469,6 @@ __device__ __forceinline__ void mn_memory_params(float *const *base, long long m
 
 #define MN_NUMEL(p) mn_param_numel_glu(MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, (p))
 
-/* The general kernels; a fast path's source (MN_FUSED_ROWS defined) keeps
- * only the helpers above and brings its own step kernel. */
-#ifndef MN_FUSED_ROWS
-
 /* Ragged batches: padding tokens [from, to) of a memory have y = 0 and
  * loss = 0 (y_out NULL: no retrieval). No barrier: nothing else in the step
  * writes these rows. */
@@ -482,6 +478,10 @@ __device__ void mn_zero_padding(float *y_out, float *loss_out, long long from, l
     if (y_out)
         for (long long e = from * MN_DV + threadIdx.x; e < to * MN_DV; e += MN_RULE_THREADS) y_out[e] = 0.0f;
 }
+
+/* The general kernels; a fast path's source (MN_FUSED_ROWS defined) keeps
+ * only the helpers above and brings its own step kernel. */
+#ifndef MN_FUSED_ROWS
 
 /* This thread's part of |W|^2 over every parameter (a step that leaves W as
  * it was still reports its weight norm). */

@@ -190,9 +190,9 @@ local long_k, long_v = mnemo.randn(1, cH, 100, cd) * 0.6, mnemo.randn(1, cH, 100
 local function refused_by(c)
   if forced == "fused" then return "glu: the general" end
   if forced ~= "large" then return nil end
-  if c.rule.precondition then return "precondition newton_schulz: the general path runs it" end
-  if c.rule.out_norm then return "out_norm " .. c.rule.out_norm .. ": the general path runs it" end
-  if c.lengths then return "lengths (ragged batches): the general path runs them" end
+  if c.rule.precondition then return "precondition newton_schulz: the fused and general paths run it" end
+  if c.rule.out_norm then return "out_norm " .. c.rule.out_norm .. ": the fused and general paths run it" end
+  if c.lengths then return "lengths (ragged batches): the fused and general paths run them" end
   return nil
 end
 for _, c in ipairs(cases) do

@@ -143,7 +143,7 @@ local fast_forced = forced == "fused" or large_forced
 local path_name = forced or "planned"
 for _, on in ipairs({ "layernorm", "rmsnorm" }) do
   local rule = m.rule { out_norm = on, theta = 0.1 }
-  local what = ("out_norm %s: the general path runs it"):format(on)
+  local what = ("out_norm %s: the fused and general paths run it"):format(on)
   if large_forced then
     T.raises(("out_norm %s: rule:plan with MNEMO_CUDA_PATH=large is refused naming it"):format(on), function()
       return rule:plan { dk = d, dv = d }
@@ -241,7 +241,7 @@ for _, c in ipairs(cases) do
   elseif large_forced then
     T.raises(label .. ": refused naming out_norm", function()
       rule:run { k = ck, v = cv, init = c.init, device = "cuda" }
-    end, ("out_norm %s: the general path runs it"):format(c.rule.out_norm))
+    end, ("out_norm %s: the fused and general paths run it"):format(c.rule.out_norm))
   elseif forced == "fused" and layers > 2 then
     T.raises(label .. ": refused for its layers, not for out_norm", function()
       rule:run { k = ck, v = cv, init = c.init, device = "cuda" }
@@ -309,7 +309,7 @@ for _, c in ipairs(prec_cases) do
     elseif large_forced then
       T.raises(label .. ": refused naming out_norm", function()
         rule:run { k = ck, v = cv, init = c.init, device = "cuda", precision = prec }
-      end, ("out_norm %s: the general path runs it"):format(c.rule.out_norm))
+      end, ("out_norm %s: the fused and general paths run it"):format(c.rule.out_norm))
     else
       local cpu = rule:run { k = ck, v = cv, q = c.q, init = c.init }
       local gpu = rule:run { k = ck, v = cv, q = c.q, init = c.init, device = "cuda", precision = prec }

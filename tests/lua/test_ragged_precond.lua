@@ -165,13 +165,15 @@ T.ok("vocabulary: newton_schulz is a row that runs (not planned)", row ~= nil an
 
 -- The CUDA engine: tests/gpu/run_gpu_tests.sh runs this file with the
 -- planned path and with each path forced (MNEMO_CUDA_PATH). newton_schulz
--- and lengths run on the general path only: a forced fused or large path
--- refuses them by name.
+-- and lengths run on the fused and general paths: a forced large path
+-- refuses them by name, and a rule the fused path holds keeps it.
 local forced = os.getenv("MNEMO_CUDA_PATH")
-local fast_forced = forced == "fused" or forced == "large"
+local fast_forced = forced == "large"
+-- the path a small rule (1 or 2 layers, dims within the fused path) plans
+local small_path = forced == "general" and "general" or "fused"
 
--- newton_schulz runs on cuda's general path: rule:plan says so (without a
--- CUDA build: the cpu), and a cuda run equals the cpu's
+-- newton_schulz runs on cuda's fused path for a small rule: rule:plan says
+-- so (without a CUDA build: the cpu), and a cuda run equals the cpu's
 local nsrule = m.rule { layers = 2, hidden = 4, precondition = "newton_schulz", theta = 0.1 }
 local okp, plan = pcall(nsrule.plan, nsrule, { dk = 4, dv = 3 })
 if okp and plan.why:find("no CUDA", 1, true) then
@@ -180,8 +182,14 @@ elseif fast_forced then
   T.ok(("cuda: rule:plan with MNEMO_CUDA_PATH=%s refuses newton_schulz by name"):format(forced),
     not okp and tostring(plan):find("newton_schulz", 1, true) ~= nil, tostring(plan))
 else
-  T.ok("cuda: rule:plan takes the general path for newton_schulz: " .. tostring(okp and plan.why or plan),
-    okp and plan.path == "general" and (forced == "general" or plan.why:find("newton_schulz", 1, true) ~= nil))
+  T.ok(("cuda: rule:plan takes the %s path for a small newton_schulz rule: %s"):format(small_path,
+    tostring(okp and plan.why or plan)), okp and plan.path == small_path)
+  -- a wide one goes to the general path, not the large one, and says why
+  local okw, wide = pcall(nsrule.plan, m.rule { layers = 2, hidden = 512, precondition = "newton_schulz" },
+    { dk = 256, dv = 256 })
+  T.ok("cuda: rule:plan sends a wide newton_schulz rule to the general path, naming it: " ..
+    tostring(okw and wide.why or wide), forced == "fused" and not okw or okw and wide.path == "general" and
+    (forced == "general" or wide.why:find("precondition newton_schulz", 1, true) ~= nil))
 end
 if m.cuda_available() and fast_forced then
   T.raises(("cuda: a newton_schulz run with MNEMO_CUDA_PATH=%s is refused by name"):format(forced), function()
@@ -191,7 +199,9 @@ elseif m.cuda_available() then
                           { layers = 3, hidden = 6, step = 4, ns_steps = 2, retrieve = "before" },
                           -- one token a step: G has rank 1, and the iteration multiplies the
                           -- rounding in its other directions by ~3.4445^5 (docs/rules.md)
-                          { layers = 2, hidden = 16, step = 1, clip = "softvalue", clip_max = 0.2, tol = 1e-3 } }) do
+                          { layers = 2, hidden = 16, step = 1, clip = "softvalue", clip_max = 0.2, tol = 1e-3 },
+                          { layers = 2, hidden = 8, step = 3, bias = true, refresh = 0 } }) do
+   if not (forced == "fused" and opts.layers > 2) then -- 3 layers: not the fused path's
     local tol = opts.tol or 1e-4
     opts.tol = nil
     opts.precondition, opts.theta, opts.eta, opts.alpha = "newton_schulz", 0.1, 0.5, 0.01
@@ -204,6 +214,7 @@ elseif m.cuda_available() then
       rel(gpu.final.S_W1:cpu(), cpu.final.S_W1) < tol, rel(gpu.final.S_W1:cpu(), cpu.final.S_W1))
     T.ok(name .. " (step outputs)", rel(gpu.outputs.grad_norm:cpu(), cpu.outputs.grad_norm) < tol and
       rel(gpu.outputs.clip_scale:cpu(), cpu.outputs.clip_scale) < tol)
+   end
   end
 else
   T.raises("cuda: without a GPU a newton_schulz run fails for that reason, not for newton_schulz", function()
@@ -211,8 +222,8 @@ else
 end
 
 ---------------------------------------------------------------- lengths on cuda
--- A ragged run on cuda takes the general path (rule:plan{lengths = true}
--- says so) and equals the cpu run: y and loss (the retrieval of the real
+-- A ragged run on cuda keeps the fused path where the rule fits it
+-- (rule:plan{lengths = true} says so) and equals the cpu run: y and loss (the retrieval of the real
 -- tokens of a step that has padding included), grad_norm, clip_scale,
 -- skipped, the trace, the final weights and momenta, and the gradients of
 -- grad = true (computed by the cpu from the call's lengths); its padding
@@ -226,11 +237,12 @@ elseif fast_forced then
   T.ok(("cuda/lengths: rule:plan{lengths = true} with MNEMO_CUDA_PATH=%s is refused naming lengths"):format(forced),
     not okr and tostring(rplan):find("lengths (ragged batches)", 1, true) ~= nil, tostring(rplan))
 else
-  T.ok("cuda/lengths: rule:plan{lengths = true} takes the general path: " .. tostring(okr and rplan.why or rplan),
-    okr and rplan.path == "general" and (forced == "general" or rplan.why:find("lengths", 1, true) ~= nil))
-  local fast = rrule:plan { dk = 8 }
-  T.ok("cuda/lengths: without lengths the same rule keeps its fast path", forced == "general" or fast.path == "fused",
-    fast.path)
+  T.ok(("cuda/lengths: rule:plan{lengths = true} takes the %s path: %s"):format(small_path,
+    tostring(okr and rplan.why or rplan)), okr and rplan.path == small_path)
+  local okw, wide = pcall(rrule.plan, m.rule { layers = 2, hidden = 512 }, { dk = 256, dv = 256, lengths = true })
+  T.ok("cuda/lengths: a wide rule with lengths takes the general path, not the large one, naming them: " ..
+    tostring(okw and wide.why or wide), forced == "fused" and not okw or okw and wide.path == "general" and
+    (forced == "general" or wide.why:find("lengths (ragged batches)", 1, true) ~= nil))
 end
 
 m.seed(21)

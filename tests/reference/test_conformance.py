@@ -327,12 +327,12 @@ CPU_ONLY_ATTRS = {}
 # The v2 options the CUDA engine runs (gen_experiments.V2_OPTIONS).
 CUDA_V2 = ("glu", "out_norm", "qk_norm", "precondition", "lengths")
 # Those of them only its general path runs (kernels/plan.c): a forced fused
-# or large path (MNEMO_CUDA_PATH) refuses them by name.
-GENERAL_ONLY_V2 = ("precondition", "lengths")
+# or large path (MNEMO_CUDA_PATH) refuses them by name. None in this version.
+GENERAL_ONLY_V2 = ()
 # Those the general and large paths run but the fused path does not.
 NOT_FUSED_V2 = ("glu",)
 # Those the general and fused paths run but the large path does not.
-NOT_LARGE_V2 = ("out_norm",)
+NOT_LARGE_V2 = ("out_norm", "precondition", "lengths")
 
 
 def path_cannot_run(path):

@@ -275,14 +275,34 @@ static void test_newton_schulz(void)
     CHECK("codegen/newton_schulz/forced_large_refused", mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) != MN_OK &&
                                                             strstr(mn_last_error(), "newton_schulz"));
     unsetenv("MNEMO_CUDA_PATH");
+    /* a rule the fused path holds keeps it: the step kernel orthogonalises
+     * G in its workspace, in each precision, 1 and 2 layers, with bias */
+    const mn_precision precs[] = {MN_PREC_FP32, MN_PREC_TF32, MN_PREC_BF16};
+    for (int layers = 1; layers <= 2; layers++)
+        for (int i = 0; i < 3; i++) {
+            mn_dims small = {2, 3, 10, 16, 8, layers > 1 ? 32 : 0, 0};
+            r.layers = layers;
+            r.bias = layers > 1;
+            planned = mn_cuda_plan_rule(&r, &small, precs[i], 6, 90, 0, &pl) == MN_OK;
+            char label[96], nvrtc[96];
+            snprintf(label, sizeof label, "codegen/newton_schulz/fused_plan_%dlayer_%s", layers, mn_precision_name(precs[i]));
+            CHECK(label, planned && pl.path == MN_PATH_FUSED);
+            if (!planned || pl.path != MN_PATH_FUSED) continue;
+            snprintf(label, sizeof label, "codegen/newton_schulz/fused_source_%dlayer_%s", layers,
+                     mn_precision_name(precs[i]));
+            snprintf(nvrtc, sizeof nvrtc, "codegen/nvrtc_sm90/newton_schulz/fused_%dlayer_%s", layers,
+                     mn_precision_name(precs[i]));
+            check_source(label, nvrtc, mn_cuda_plan_source(&r, &small, precs[i], &pl), "#define MN_PRECOND 1",
+                         "mn_newton_schulz(G[p]");
+        }
     mn_rule_free(&r);
 }
 
-/* lengths (ragged batches) are a run's input, read by the general kernel at
- * run time: the source does not change with them, and the plan of a run with
- * lengths is the general path, whatever the sizes would pick (fused for a
- * small rule, large for a wide one), with a forced fused or large path
- * refused by name. Without lengths the same rule keeps its fast path. */
+/* lengths (ragged batches) are a run's input, read by the general and fused
+ * kernels at run time: the source does not change with them. A run with
+ * lengths keeps the fused path where the rule fits it; a wide rule goes to
+ * the general path rather than the large one, with the reason, and a forced
+ * large path is refused by name. */
 static void test_ragged_plan(void)
 {
     mn_rule r;
@@ -295,17 +315,20 @@ static void test_ragged_plan(void)
     bool fused = mn_cuda_plan_run(&r, &small, MN_PREC_FP32, 6, 90, 0, false, &pl) == MN_OK && pl.path == MN_PATH_FUSED;
     CHECK("codegen/lengths/plan_without_lengths_fused", fused);
     bool planned = mn_cuda_plan_run(&r, &small, MN_PREC_FP32, 6, 90, 0, true, &pl) == MN_OK;
-    CHECK("codegen/lengths/plan_general", planned && pl.path == MN_PATH_GENERAL && strstr(pl.why, "lengths"));
+    CHECK("codegen/lengths/plan_fused", planned && pl.path == MN_PATH_FUSED);
     planned = mn_cuda_plan_run(&r, &wide, MN_PREC_FP32, 1, 90, 0, true, &pl) == MN_OK;
-    CHECK("codegen/lengths/plan_general_not_large", planned && pl.path == MN_PATH_GENERAL);
-    const char *paths[] = {"fused", "large"};
-    for (int i = 0; i < 2; i++) {
-        char label[64];
-        setenv("MNEMO_CUDA_PATH", paths[i], 1);
-        snprintf(label, sizeof label, "codegen/lengths/forced_%s_refused", paths[i]);
-        CHECK(label, mn_cuda_plan_run(&r, &small, MN_PREC_FP32, 6, 90, 0, true, &pl) != MN_OK &&
-                         strstr(mn_last_error(), "lengths") && strstr(mn_last_error(), paths[i]));
-    }
+    CHECK("codegen/lengths/plan_general_not_large",
+          planned && pl.path == MN_PATH_GENERAL && strstr(pl.why, "lengths (ragged batches): the fused and general"));
+    setenv("MNEMO_CUDA_PATH", "large", 1);
+    CHECK("codegen/lengths/forced_large_refused", mn_cuda_plan_run(&r, &small, MN_PREC_FP32, 6, 90, 0, true, &pl) != MN_OK &&
+                                                      strstr(mn_last_error(), "MNEMO_CUDA_PATH=large: lengths"));
+    setenv("MNEMO_CUDA_PATH", "fused", 1);
+    CHECK("codegen/lengths/forced_fused_taken", mn_cuda_plan_run(&r, &small, MN_PREC_FP32, 6, 90, 0, true, &pl) == MN_OK &&
+                                                    pl.path == MN_PATH_FUSED);
+    char *fsrc = mn_cuda_plan_source(&r, &small, MN_PREC_FP32, &pl);
+    CHECK("codegen/lengths/fused_source_reads_them", fsrc && strstr(fsrc, "a.lengths[m / a.heads]") &&
+                                                         strstr(fsrc, "mn_fused_padding_tail"));
+    free(fsrc);
     setenv("MNEMO_CUDA_PATH", "general", 1);
     CHECK("codegen/lengths/forced_general", mn_cuda_plan_run(&r, &small, MN_PREC_FP32, 6, 90, 0, true, &pl) == MN_OK &&
                                                 pl.path == MN_PATH_GENERAL);
@@ -423,9 +446,8 @@ static void test_out_norm(void)
         unsetenv("MNEMO_CUDA_PATH");
         bool planned = mn_cuda_plan_run(&r, &d, MN_PREC_BF16, 6, 90, 0, true, &pl) == MN_OK;
         CHECK("codegen/out_norm/plan_lists_every_reason",
-              planned && pl.path == MN_PATH_GENERAL && strstr(pl.why, "precondition newton_schulz") &&
-                  strstr(pl.why, "glu: the general path runs it") && !strstr(pl.why, "out_norm") &&
-                  strstr(pl.why, "lengths (ragged batches)"));
+              planned && pl.path == MN_PATH_GENERAL && strstr(pl.why, "3 layers") &&
+                  strstr(pl.why, "glu: the general path runs it") && !strstr(pl.why, "out_norm"));
         mn_rule_free(&r);
     }
     mn_rule r;
@@ -466,12 +488,13 @@ static void test_out_norm(void)
     r.out_norm = MN_NORM_RMSNORM;
     planned = mn_cuda_plan_rule(&r, &wide, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK;
     CHECK("codegen/out_norm/plan_general_not_large",
-          planned && pl.path == MN_PATH_GENERAL && strstr(pl.why, "out_norm rmsnorm: the general path runs it"));
+          planned && pl.path == MN_PATH_GENERAL &&
+                         strstr(pl.why, "out_norm rmsnorm: the fused and general paths run it"));
     mn_dims small2 = {2, 3, 10, 8, 8, 16, 0};
     setenv("MNEMO_CUDA_PATH", "large", 1);
     CHECK("codegen/out_norm/forced_large_refused",
           mn_cuda_plan_rule(&r, &small2, MN_PREC_TF32, 6, 90, 0, &pl) != MN_OK &&
-              strstr(mn_last_error(), "MNEMO_CUDA_PATH=large: out_norm rmsnorm: the general path runs it"));
+              strstr(mn_last_error(), "MNEMO_CUDA_PATH=large: out_norm rmsnorm: the fused and general paths run it"));
     setenv("MNEMO_CUDA_PATH", "fused", 1);
     CHECK("codegen/out_norm/forced_fused_taken",
           mn_cuda_plan_rule(&r, &small2, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK && pl.path == MN_PATH_FUSED);
