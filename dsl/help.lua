@@ -200,9 +200,9 @@ rule:run{k =, v = [, q =] [, lengths =] [, theta =, eta =, alpha =] [, init =] [
   batches; tokens at and after l_b of sequence b are padding (no gradient,
   not counted, y = 0, loss = 0; a step that starts there changes nothing).
   device = "cuda" runs on the GPU, precision = "tf32" or "bf16" there
-  (every SPEC v2 option too: precondition, lengths and out_norm on its
-  fused and general paths, glu on its general and large paths, qk_norm on
-  every path).
+  (every SPEC v2 option too: qk_norm, precondition and lengths on every
+  path, out_norm on its fused and general paths, glu on its general and
+  large paths).
   grad = true keeps what res:backward{...} needs (help("Result:backward")).]],
   ["Result:backward"] = [[
 res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block =]} -> gradients

@@ -21,9 +21,8 @@
 --   swiglu+ns    the same with precondition = "newton_schulz" (5 iterations)
 -- Each rule at each chunk size takes the best theta of 1, 2, 4, .. 32 on
 -- this text (the table says which). glu and newton_schulz run on the CPU
--- engine and on the CUDA engine's general path (glu also on its large path,
--- from a dimension of 256); this script runs on the
--- cpu.
+-- engine and on the CUDA engine's general and large paths (the large one
+-- from a dimension of 256); this script runs on the cpu.
 -- Output: a table rule x chunk size -> recall (nearest word value by cosine
 -- among all V words; chance is 1/V, about 0.001), recall by chunk of the
 -- sequence at the largest chunk size, a PNG plot (recall vs chunk size)

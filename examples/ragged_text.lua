@@ -14,8 +14,8 @@
 -- Newton-Schulz updates (precondition = "newton_schulz"), theta 2 (on
 -- these passages unpadded, 0.5 to 2 end with about the same loss, 4 with a
 -- higher one, and 8 diverges), the same initial weights for every
--- document. lengths and newton_schulz run on the CPU engine and on the
--- CUDA engine's general path; this script runs on the cpu.
+-- document. lengths and newton_schulz run on the CPU engine and on every
+-- path of the CUDA engine; this script runs on the cpu.
 -- Output: per-position loss (the memory's MSE on the next word's value
 -- before it learns from the token, averaged over the documents still
 -- running) and next-word recall (nearest word value by cosine among all V

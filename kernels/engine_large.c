@@ -50,6 +50,7 @@
 #include "cuda_module.h"
 #include "nvrtc.h"
 #include "large_kernels.cuh" /* its first part is C: the argument structs */
+#include "rule_kernel.cuh"   /* and this one's: newton_schulz's workspace */
 
 #include <cublas_v2.h>
 #include <limits.h>
@@ -67,11 +68,11 @@
 /* Grid-stride kernels: at most this many blocks per SM. */
 #define BLOCKS_PER_SM 16
 
-enum { K_PARAMS, K_STAGE, K_ACT, K_LOSS, K_COLS, K_NORM, K_UPDATE, K_OUT, K_ROW, K_COUNT };
+enum { K_PARAMS, K_STAGE, K_ACT, K_LOSS, K_COLS, K_NORM, K_UPDATE, K_OUT, K_ROW, K_NS, K_COUNT };
 const char *const mn_large_kernel_names[] = {
     "mn_large_params_kernel", "mn_large_stage_kernel",  "mn_large_act_kernel",
     "mn_large_loss_kernel",   "mn_large_cols_kernel",   "mn_large_norm_kernel",
-    "mn_large_update_kernel", "mn_large_out_kernel",    "mn_large_row_kernel",
+    "mn_large_update_kernel", "mn_large_out_kernel",    "mn_large_row_kernel", "mn_large_ns_kernel",
     NULL};
 
 char *mn_cuda_large_source(const mn_rule *r, const mn_dims *d, mn_precision p)
@@ -133,6 +134,7 @@ typedef struct run {
     mn_large_kargs a;
     int L, per, np, refresh, step;
     int nl;   /* the layers' parameters (W_i, b_i); glu's gates U_i, c_i follow (param_layout.h) */
+    bool ns;  /* precondition = newton_schulz: the ns kernel between the norm and the update */
     bool glu; /* the hidden layers are gated: h = phi(z) u */
     long long M, dk, dv, dh, wide, CR;
     mn_precision prec;
@@ -195,6 +197,7 @@ static mn_status run_init(run *R, const mn_memory_state *st, long long rows, boo
         return mn_fail(MN_ERR_ARG, "cuda large path: the state has %d parameters, the rule %d", R->np,
                        mn_param_count_glu(r->layers, r->bias, R->glu));
     R->refresh = mn_rule_refresh(r);
+    R->ns = r->precondition == MN_PRECOND_NEWTON_SCHULZ;
     R->step = r->step;
     R->dk = d->dk;
     R->dv = d->dv;
@@ -277,6 +280,11 @@ static size_t carve(run *R, char *base)
     a->scale = take(base, &off, M * R->np * sizeof(float));
     a->finite = take(base, &off, M * sizeof(int));
     a->rowbuf = take(base, &off, 2 * M * (size_t)(R->dh > 0 ? R->dh : 1) * sizeof(float));
+    if (R->ns) {
+        /* a slot per parameter of every memory: the ns kernel's blocks run at once */
+        a->ns_doubles = mn_rule_ns_doubles(R->L, R->per == 2, R->dk, R->dv, R->dh);
+        a->ns_work = take(base, &off, M * (size_t)R->np * (size_t)a->ns_doubles * sizeof(double));
+    }
     return off;
 }
 
@@ -348,14 +356,16 @@ static mn_status gemm(const run *R, cublasOperation_t ta, cublasOperation_t tb, 
                                                    (int)R->M, ct, CUBLAS_GEMM_DEFAULT));
 }
 
-/* Rows r0 .. r0 + cr - 1 of the step (of x: k or q) into X. */
-static mn_status stage(const run *R, const float *x, long long r0, long long cr)
+/* Rows r0 .. r0 + cr - 1 of the step (of x: k or q) into X; step_rows: the
+ * step's rows (those past a sequence's length become zeros). */
+static mn_status stage(const run *R, const float *x, long long r0, long long cr, long long step_rows)
 {
     mn_large_op o = {0};
     o.in = x;
     o.out_op = R->X;
     o.r0 = r0;
     o.rows = cr;
+    o.step_rows = step_rows;
     o.ld = R->CR;
     return launch(R, K_STAGE, grid_elems(R, cr * R->dk), block1, &o);
 }
@@ -460,10 +470,12 @@ static mn_status backward(const run *R, long long cr, bool accum)
     return MN_OK;
 }
 
-/* Retrieval rows r0 .. r0 + cr - 1 at the weights W (after stage + forward). */
-static mn_status out_rows(const run *R, const float *x, long long r0, long long cr)
+/* Retrieval rows r0 .. r0 + cr - 1 at the weights W (after stage + forward)
+ * of a step of step_rows rows (y 0 on a sequence's padding). */
+static mn_status out_rows(const run *R, const float *x, long long r0, long long cr, long long step_rows)
 {
     mn_large_op o = {0};
+    o.step_rows = step_rows;
     o.in = R->Y;
     o.bias = R->per == 2 ? R->a.W[R->nl - 1] : NULL; /* b_L (glu's gates follow it) */
     o.x = x;
@@ -487,7 +499,7 @@ static mn_status enqueue_step(const run *R, long long rows)
     }
     for (long long r0 = 0; r0 < rows; r0 += R->CR) {
         const long long cr = rows - r0 < R->CR ? rows - r0 : R->CR;
-        MN_TRY(stage(R, R->k, r0, cr));
+        MN_TRY(stage(R, R->k, r0, cr, rows));
         MN_TRY(forward(R, R->P, R->Pop, cr));
         memset(&o, 0, sizeof o);
         o.in = R->Y;
@@ -511,10 +523,15 @@ static mn_status enqueue_step(const run *R, long long rows)
         const float *x = R->q ? R->q : R->k;
         for (long long r0 = 0; r0 < before; r0 += R->CR) {
             const long long cr = before - r0 < R->CR ? before - r0 : R->CR;
-            MN_TRY(stage(R, x, r0, cr));
+            MN_TRY(stage(R, x, r0, cr, rows));
             MN_TRY(forward(R, R->a.W, R->Wop, cr));
-            MN_TRY(out_rows(R, x, r0, cr));
+            MN_TRY(out_rows(R, x, r0, cr, rows));
         }
+    }
+    if (R->ns) {
+        memset(&o, 0, sizeof o);
+        dim3 grid = {(unsigned)R->np, (unsigned)R->M, 1};
+        MN_TRY(launch(R, K_NS, grid, block1, &o));
     }
     const bool last_row = R->y && R->after;
     memset(&o, 0, sizeof o);
@@ -628,6 +645,14 @@ mn_status mn_cuda_large_segment_run(mn_memory_state *st, const mn_segment_inputs
     a->weight_norm = f32(&out->weight_norm);
     a->n = n;
     a->nsteps = nsteps;
+    /* ragged batches: the engine gives lengths as i64 on this device
+     * (model/engine.c), uploaded on the legacy stream, which begin() waits for */
+    if (in->lengths.storage) {
+        if (in->lengths.dtype != MN_I64 || in->lengths.storage->device != MN_CUDA)
+            return mn_fail(MN_ERR_ARG, "cuda engine: lengths must come as i64 on cuda");
+        a->lengths = (const long long *)mn_tensor_data(&in->lengths);
+        a->heads = st->dims.H;
+    }
     MN_TRY(alloc_work(&R));
     mn_status s = finish(&R, run_steps(&R, n));
     if (s != MN_OK) return s;
@@ -649,9 +674,10 @@ mn_status mn_cuda_large_read(const mn_memory_state *st, const mn_tensor *q, mn_t
     mn_status s = begin(&R);
     for (long long r0 = 0; s == MN_OK && r0 < rows; r0 += R.CR) {
         const long long cr = rows - r0 < R.CR ? rows - r0 : R.CR;
-        s = stage(&R, x, r0, cr);
+        /* every row real: the read has no lengths, and its rows are one "step" */
+        s = stage(&R, x, r0, cr, rows);
         if (s == MN_OK) s = forward(&R, R.a.W, R.Wop, cr);
-        if (s == MN_OK) s = out_rows(&R, x, r0, cr);
+        if (s == MN_OK) s = out_rows(&R, x, r0, cr, rows);
     }
     return finish(&R, s);
 }

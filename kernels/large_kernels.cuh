@@ -55,6 +55,10 @@ typedef struct mn_large_kargs {
     float *scale;                            /* [M, nparams]: clip scale of the step (norm-type clips) */
     int *finite;                             /* [M]: the step's gradient is finite (else skipped) */
     float *rowbuf;                           /* [2, M, dh]: hidden activations of the row forward */
+    const long long *lengths;                /* ragged batches: [B] real tokens from the segment's start, or NULL */
+    long long heads;                         /* H: memory m is sequence m / H's */
+    double *ns_work;                         /* newton_schulz: [M, NP, ns_doubles] iterates, or NULL */
+    long long ns_doubles;                    /* per parameter slot: the largest matrix's */
 } mn_large_kargs;
 
 /* What one launch works on; each kernel's comment says which fields. */
@@ -181,6 +185,15 @@ __device__ __forceinline__ int mn_lg_slice(const mn_large_kargs &a, long long s,
     return p;
 }
 
+/* Ragged batches (SPEC.md section 2): how many of the rows rows of memory
+ * m's step sl are real (before its sequence's length); rows without lengths. */
+__device__ __forceinline__ long long mn_lg_real_rows(const mn_large_kargs &a, long long m, long long sl, long long rows)
+{
+    if (!a.lengths) return rows;
+    const long long t0 = sl * MN_STEP, real = a.lengths[m / a.heads];
+    return t0 >= real ? 0 : (t0 + rows <= real ? rows : real - t0);
+}
+
 #define MN_LG_GRID_STRIDE(e, count)                                                                   \
     for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < (count);                \
          e += (long long)gridDim.x * blockDim.x)
@@ -225,14 +238,17 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_params_k
 /* GEMM operand rows: out_op[m, r, :] = in[m, t0 + r0 + r, :] for r < rows,
  * t0 = s * c (in: k or q). A copy, because a captured GEMM reads fixed
  * addresses while the step's rows move; in bf16 it is also the rounding.
- * Grid (x, M). */
+ * Padding rows (ragged batches; step_rows: the step's) are zeros, so that
+ * what they hold (NaN too) never reaches a product: their dL/dy is 0, and
+ * 0 times NaN would not be. Grid (x, M). */
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_stage_kernel(const mn_large_kargs a,
                                                                                      const mn_large_op o)
 {
-    const long long m = blockIdx.y, t = mn_lg_step(a) * MN_STEP + o.r0;
+    const long long m = blockIdx.y, sl = mn_lg_step(a), t = sl * MN_STEP + o.r0;
+    const long long real = mn_lg_real_rows(a, m, sl, o.step_rows) - o.r0; /* real rows of this launch's */
     const float *src = o.in + (m * a.n + t) * MN_DK;
     mn_lg_op *dst = (mn_lg_op *)o.out_op + m * o.ld * MN_DK;
-    MN_LG_GRID_STRIDE(e, o.rows * MN_DK) dst[e] = mn_lg_to_op(src[e]);
+    MN_LG_GRID_STRIDE(e, o.rows * MN_DK) dst[e] = mn_lg_to_op(e / MN_DK < real ? src[e] : 0.0f);
 }
 
 /* A hidden layer after its product: z = out + bias in place (kept for the
@@ -278,7 +294,8 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_loss_ker
     const long long m = blockIdx.y, r = (long long)blockIdx.x * MN_LG_WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (r >= o.rows) return; /* the whole warp */
-    const long long t = mn_lg_step(a) * MN_STEP + o.r0 + r;
+    const long long sl = mn_lg_step(a), t = sl * MN_STEP + o.r0 + r;
+    const long long grows = mn_lg_real_rows(a, m, sl, o.step_rows);
     const float *yr = o.in + (m * o.ld + r) * MN_DV;
     const float *vr = a.v + (m * a.n + t) * MN_DV;
     const float *xr = a.k + (m * a.n + t) * MN_DK;
@@ -286,8 +303,17 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_loss_ker
     float *dy = o.out + (m * o.ld + r) * MN_DV;
     mn_lg_op *dyo = o.out_op ? (mn_lg_op *)o.out_op + (m * o.ld + r) * MN_DV : 0;
     float *yo = (o.y && o.r0 + r < o.copy_rows) ? o.y + (m * a.n + t) * MN_DV : 0;
+    if (o.r0 + r >= grows) { /* padding: no gradient, loss 0, y 0 */
+        for (int j = lane; j < MN_DV; j += 32) {
+            dy[j] = 0.0f;
+            if (dyo) dyo[j] = mn_lg_to_op(0.0f);
+            if (yo) yo[j] = 0.0f;
+        }
+        if (lane == 0) a.loss[m * a.n + t] = 0.0f;
+        return;
+    }
     const double R = MN_FEATURE_SCALE;
-    const double tscale = MN_TOKEN_MEAN ? 1.0 / (double)o.step_rows : 1.0;
+    const double tscale = MN_TOKEN_MEAN ? 1.0 / (double)grows : 1.0;
     const float wt = (float)((double)a.theta[m * a.n + t] * tscale);
     double acc = 0.0;
     for (int j = lane; j < MN_DV; j += 32) {
@@ -415,15 +441,54 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_ker
                 if (lane == 0) a.scale[mm * MN_LG_NP + q] = (float)sc[q];
         }
         const float *lrow = a.loss + mm * a.n + sl * MN_STEP;
+        const long long grows = mn_lg_real_rows(a, mm, sl, o.step_rows);
         double lsum = 0.0;
-        for (long long r = lane; r < o.step_rows; r += 32) lsum += lrow[r];
+        for (long long r = lane; r < grows; r += 32) lsum += lrow[r];
         lsum = mn_lg_warp_sum(lsum);
         if (lane == 0) {
             const long long i = mm * a.nsteps + sl;
-            mn_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, i, lsum, o.step_rows, ctl);
-            a.finite[mm] = ctl.finite ? 1 : 0;
+            if (grows == 0) {
+                /* a step that starts in the padding changes nothing: the
+                 * update takes it as skipped, the outputs say it was not */
+                a.step_loss[i] = 0.0f;
+                a.grad_norm[i] = 0.0f;
+                a.skipped[i] = 0.0f;
+                a.clip_scale[i] = 1.0f;
+                a.finite[mm] = 0;
+            } else {
+                mn_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, i, lsum, grows, ctl);
+                a.finite[mm] = ctl.finite ? 1 : 0;
+            }
         }
     }
+}
+
+/* newton_schulz (SPEC.md section 2's order: the clip, each matrix's
+ * iteration, then momentum and decay in the update kernel), grid (NP, M),
+ * one block per parameter of a memory: where the step runs (finite[m]), G =
+ * clip(G), then a weight matrix's G orthogonalised in place in double
+ * (mn_newton_schulz, as the other paths and the CPU), its iterates in the
+ * parameter's slot of ns_work. */
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_ns_kernel(const mn_large_kargs a,
+                                                                                  const mn_large_op o)
+{
+    (void)o;
+#if MN_PRECOND
+    const long long m = blockIdx.y;
+    const int p = blockIdx.x;
+    if (!a.finite[m]) return; /* the whole block */
+    float *G = a.G[p] + m * a.numel[p];
+    const float fs = MN_CLIP_MODE == 1 ? a.scale[m * MN_LG_NP + p] : 1.0f;
+    for (long long e = threadIdx.x; e < a.numel[p]; e += MN_LARGE_THREADS) G[e] = mn_clip_elem(G[e], fs);
+    __syncthreads();
+    if (!mn_param_is_bias_glu(MN_LAYERS, MN_BIAS, p)) {
+        const int layer = mn_param_layer_glu(MN_LAYERS, MN_BIAS, p);
+        mn_newton_schulz(G, (int)mn_layer_out(layer, MN_LAYERS, MN_DV, MN_DH), (int)mn_layer_in(layer, MN_DK, MN_DH),
+                         a.ns_work + (m * MN_LG_NP + p) * a.ns_doubles);
+    }
+#else
+    (void)a;
+#endif
 }
 
 /* Clip, momentum, decay, grid (nslices, M): where finite[m],
@@ -446,7 +511,9 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_update_k
         const float e_s = a.eta[m * a.nsteps + sl], keep = 1.0f - a.alpha[m * a.nsteps + sl];
         const float fs = MN_CLIP_MODE == 1 ? a.scale[m * MN_LG_NP + p] : 1.0f;
         for (long long e = e0 + threadIdx.x; e < e1; e += MN_LARGE_THREADS) {
-            const float w = mn_update_elem(G[e], fs, e_s, keep, &Sm[e], W[e]);
+            /* newton_schulz: the ns kernel has clipped and orthogonalised G */
+            const float w = MN_PRECOND ? mn_momentum_elem(G[e], e_s, keep, &Sm[e], W[e])
+                                       : mn_update_elem(G[e], fs, e_s, keep, &Sm[e], W[e]);
             W[e] = w;
             if (Wb) Wb[e] = mn_lg_to_op(w);
             wsq += (double)w * w;
@@ -477,7 +544,8 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_update_k
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_out_kernel(const mn_large_kargs a,
                                                                                    const mn_large_op o)
 {
-    const long long m = blockIdx.y, t = mn_lg_step(a) * MN_STEP + o.r0;
+    const long long m = blockIdx.y, sl = mn_lg_step(a), t = sl * MN_STEP + o.r0;
+    const long long real = mn_lg_real_rows(a, m, sl, o.step_rows) - o.r0; /* y 0 from row real on */
     const float *in = o.in + m * o.ld * MN_DV;
     const float *b = o.bias ? o.bias + m * MN_DV : 0;
     const float *x = o.x + (m * a.n + t) * MN_DK;
@@ -487,7 +555,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_out_kern
         float v = in[e];
         if (b) v += b[e % MN_DV];
         if (MN_RESIDUAL) v += x[e];
-        y[e] = v;
+        y[e] = e / MN_DV < real ? v : 0.0f;
     }
 }
 
@@ -523,7 +591,8 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_row_kern
             if (MN_BIAS) acc += a.W[layer * MN_LG_PER + 1][m * no + j];
             if (last) {
                 if (MN_RESIDUAL) acc += x[j];
-                o.y[(m * a.n + t) * MN_DV + j] = acc;
+                /* a padding last token keeps y = 0 */
+                o.y[(m * a.n + t) * MN_DV + j] = mn_lg_real_rows(a, m, sl, o.step_rows) == o.step_rows ? acc : 0.0f;
             } else {
                 float h = mn_hook_act(acc);
                 if (gated) {

@@ -70,9 +70,9 @@ static int fused_fit(const mn_rule *r, const mn_dims *d, long limit, int threads
     }
     long first = up16(r->step < 64 ? r->step : 64);
     /* the kernel's static shared memory: the block sums' partials (and
-     * newton_schulz's, mn_block_sum's), and a little */
+     * newton_schulz's, mn_ns_block_sum's 32 doubles), and a little */
     long fixed = 64 + 8L * r->layers * (r->bias ? 2 : 1) * (threads / 32);
-    if (r->precondition != MN_PRECOND_NONE) fixed += 8L * (threads / 32);
+    if (r->precondition != MN_PRECOND_NONE) fixed += 8L * 32;
     for (int rows = 64; rows >= 16; rows /= 2) {
         if (rows > first) continue;
         long need = mn_fused_smem_bytes(r, d, rows);
@@ -153,10 +153,9 @@ mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, i
     char no_large[400] = "";
     if (r->out_norm != MN_NORM_NONE)
         add_reason(no_large, sizeof no_large, "out_norm", mn_part_name(&mn_norm_set, r->out_norm), "it");
-    if (r->precondition != MN_PRECOND_NONE)
-        add_reason(no_large, sizeof no_large, "precondition", mn_part_name(&mn_precond_set, r->precondition), "it");
-    /* lengths are an input, not a rule field: the caller says whether the run has them */
-    if (ragged) add_reason(no_large, sizeof no_large, "lengths", "(ragged batches)", "them");
+    /* lengths (an input, not a rule field: the caller says whether the run
+     * has them) and newton_schulz run on every path */
+    (void)ragged;
     char no_fast[256] = "";
     if (glu)
         add_text(no_fast, sizeof no_fast,

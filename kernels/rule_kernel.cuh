@@ -399,66 +399,6 @@ __device__ void mn_backward(float *const *P, const float *x, int rows, const mn_
     __syncthreads();
 }
 
-#if MN_PRECOND
-/* SPEC.md section 2's newton_schulz on one matrix's clipped gradient g
- * [rows x cols], in place, as model/precond.c computes it (double): X_0 =
- * Gt / (|Gt| + 1e-7), transposed to wide; MN_NS_STEPS times X <- a X +
- * (b A + c A^2) X with A = X X^T; then Gt = X |Gt| / |X|; a zero Gt stays 0.
- * ns: the block's 2 m n + 2 m^2 doubles. The block's threads share the
- * products; ends with a barrier. */
-__device__ void mn_newton_schulz(float *g, int rows, int cols, double *ns)
-{
-    const bool wide = rows <= cols;
-    const int m = wide ? rows : cols, n = wide ? cols : rows, tid = threadIdx.x;
-    double *X = ns, *Xn = ns + (long long)m * n, *A = Xn + (long long)m * n, *Bm = A + (long long)m * m;
-    double acc = 0.0;
-    for (int e = tid; e < m * n; e += MN_RULE_THREADS) {
-        const int a = e / n, b = e % n;
-        const double x = wide ? g[e] : g[(long long)b * cols + a];
-        X[e] = x;
-        acc += x * x;
-    }
-    const double nu = sqrt(mn_block_sum(acc));
-    if (!(nu > 0.0)) return; /* every thread sees the same nu */
-    for (int e = tid; e < m * n; e += MN_RULE_THREADS) X[e] /= nu + 1e-7;
-    __syncthreads();
-    for (int it = 0; it < MN_NS_STEPS; it++) {
-        for (int e = tid; e < m * m; e += MN_RULE_THREADS) {
-            const double *xi = X + (long long)(e / m) * n, *xj = X + (long long)(e % m) * n;
-            double s = 0.0;
-            for (int l = 0; l < n; l++) s += xi[l] * xj[l];
-            A[e] = s;
-        }
-        __syncthreads();
-        for (int e = tid; e < m * m; e += MN_RULE_THREADS) {
-            const int i = e / m, j = e % m;
-            double s = 0.0;
-            for (int l = 0; l < m; l++) s += A[i * m + l] * A[l * m + j];
-            Bm[e] = -4.7750 * A[e] + 2.0315 * s;
-        }
-        __syncthreads();
-        for (int e = tid; e < m * n; e += MN_RULE_THREADS) {
-            const int i = e / n, j = e % n;
-            double s = 0.0;
-            for (int l = 0; l < m; l++) s += Bm[i * m + l] * X[(long long)l * n + j];
-            Xn[e] = 3.4445 * X[e] + s;
-        }
-        __syncthreads();
-        double *t = X;
-        X = Xn;
-        Xn = t;
-    }
-    acc = 0.0;
-    for (int e = tid; e < m * n; e += MN_RULE_THREADS) acc += X[e] * X[e];
-    const double rho = sqrt(mn_block_sum(acc)), scale = rho > 0.0 ? nu / rho : 0.0;
-    for (int e = tid; e < m * n; e += MN_RULE_THREADS) {
-        const int a = e / n, b = e % n;
-        g[wide ? e : (long long)b * cols + a] = (float)(X[e] * scale);
-    }
-    __syncthreads();
-}
-#endif
-
 /* Pointers to memory m's slice of each parameter tensor. */
 __device__ __forceinline__ void mn_memory_params(float *const *base, long long m, float **out)
 {

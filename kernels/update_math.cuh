@@ -3,7 +3,8 @@
  * so that they compute it alike: the step's control from the gradient's
  * per-parameter sums of squares (global norm, non-finite guard, the scales
  * of a norm-type clip), one element's clip, momentum and decay, and the
- * step's outputs. Each path gathers the sums its own way. NVRTC only:
+ * step's outputs, and newton_schulz's orthogonalisation of a matrix's
+ * clipped gradient. Each path gathers the sums its own way. NVRTC only:
  * it needs the rule's hooks and MN_* constants, which kernels/codegen.c puts
  * in front of the templates. */
 #ifdef __CUDACC_RTC__
@@ -88,5 +89,81 @@ __device__ __forceinline__ float mn_update_elem(float g, float fs, float e_s, fl
 {
     return mn_momentum_elem(mn_clip_elem(g, fs), e_s, keep, s, w);
 }
+
+#if MN_PRECOND
+/* Sum of v over a 1-d block, to every thread, in a fixed order. Starts with
+ * a barrier, so back-to-back calls never overwrite partials still being read. */
+__device__ double mn_ns_block_sum(double v)
+{
+    __shared__ double part[32];
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    const int warps = (blockDim.x + 31) / 32;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double t = 0.0;
+    for (int w = 0; w < warps; w++) t += part[w];
+    return t;
+}
+
+/* SPEC.md section 2's newton_schulz on one matrix's clipped gradient g
+ * [rows x cols], in place, as model/precond.c computes it (double): X_0 =
+ * Gt / (|Gt| + 1e-7), transposed to wide; MN_NS_STEPS times X <- a X +
+ * (b A + c A^2) X with A = X X^T; then Gt = X |Gt| / |X|; a zero Gt stays 0.
+ * ns: the block's 2 m n + 2 m^2 doubles. The block's threads (1-d, any
+ * count) share the products; ends with a barrier. The three paths call it
+ * from their step kernels (general, fused) or a kernel of its own (large). */
+__device__ void mn_newton_schulz(float *g, int rows, int cols, double *ns)
+{
+    const bool wide = rows <= cols;
+    const int m = wide ? rows : cols, n = wide ? cols : rows, tid = threadIdx.x, nt = blockDim.x;
+    double *X = ns, *Xn = ns + (long long)m * n, *A = Xn + (long long)m * n, *Bm = A + (long long)m * m;
+    double acc = 0.0;
+    for (int e = tid; e < m * n; e += nt) {
+        const int a = e / n, b = e % n;
+        const double x = wide ? g[e] : g[(long long)b * cols + a];
+        X[e] = x;
+        acc += x * x;
+    }
+    const double nu = sqrt(mn_ns_block_sum(acc));
+    if (!(nu > 0.0)) return; /* every thread sees the same nu */
+    for (int e = tid; e < m * n; e += nt) X[e] /= nu + 1e-7;
+    __syncthreads();
+    for (int it = 0; it < MN_NS_STEPS; it++) {
+        for (int e = tid; e < m * m; e += nt) {
+            const double *xi = X + (long long)(e / m) * n, *xj = X + (long long)(e % m) * n;
+            double s = 0.0;
+            for (int l = 0; l < n; l++) s += xi[l] * xj[l];
+            A[e] = s;
+        }
+        __syncthreads();
+        for (int e = tid; e < m * m; e += nt) {
+            const int i = e / m, j = e % m;
+            double s = 0.0;
+            for (int l = 0; l < m; l++) s += A[i * m + l] * A[l * m + j];
+            Bm[e] = -4.7750 * A[e] + 2.0315 * s;
+        }
+        __syncthreads();
+        for (int e = tid; e < m * n; e += nt) {
+            const int i = e / n, j = e % n;
+            double s = 0.0;
+            for (int l = 0; l < m; l++) s += Bm[i * m + l] * X[(long long)l * n + j];
+            Xn[e] = 3.4445 * X[e] + s;
+        }
+        __syncthreads();
+        double *t = X;
+        X = Xn;
+        Xn = t;
+    }
+    acc = 0.0;
+    for (int e = tid; e < m * n; e += nt) acc += X[e] * X[e];
+    const double rho = sqrt(mn_ns_block_sum(acc)), scale = rho > 0.0 ? nu / rho : 0.0;
+    for (int e = tid; e < m * n; e += nt) {
+        const int a = e / n, b = e % n;
+        g[wide ? e : (long long)b * cols + a] = (float)(X[e] * scale);
+    }
+    __syncthreads();
+}
+#endif
 
 #endif /* __CUDACC_RTC__ */

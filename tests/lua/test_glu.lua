@@ -7,8 +7,7 @@
 -- weights and momenta, gradients) and a memory's write and read equal the
 -- cpu's; with MNEMO_CUDA_PATH (as tests/gpu/run_gpu_tests.sh runs this
 -- file) a forced fused path is refused naming glu, a forced large path runs
--- glu and refuses, by name, only what it never runs (newton_schulz,
--- out_norm, lengths).
+-- glu and refuses, by name, only what it never runs (out_norm).
 -- Run from the repository root: mnemo tests/lua/test_glu.lua
 local T = dofile("tests/lua/check.lua")
 
@@ -171,6 +170,10 @@ local cases = {
   {name = "gelu_L2_bias_hidden256", hidden = 256, rule = {layers = 2, activation = "gelu", step = 4, theta = 0.005}},
   {name = "silu_L3_bias_hidden256_residual", hidden = 256, momenta = true,
    rule = {layers = 3, activation = "silu", residual = true, step = 6, refresh = 12, theta = 0.005}},
+  -- LaCT's memory on the large path: SwiGLU with newton_schulz, and ragged
+  -- lengths (inside a step, T)
+  {name = "silu_L2_bias_hidden256_ns_ragged", hidden = 256, lengths = {13, 24},
+   rule = {layers = 2, activation = "silu", step = 8, precondition = "newton_schulz", theta = 0.005}},
   -- every SPEC v2 option at once: glu, out_norm (a given gain and shift),
   -- qk_norm, newton_schulz and ragged lengths (0, inside a step, T)
   {name = "all_v2_layernorm_l2_ns_ragged", ln = true, lengths = {13, 24},
@@ -185,14 +188,12 @@ mnemo.seed(33)
 local ck, cv, cq = mnemo.randn(cB, cH, cT, cd) * 0.6, mnemo.randn(cB, cH, cT, cd), mnemo.randn(cB, cH, cT, cd) * 0.6
 local long_k, long_v = mnemo.randn(1, cH, 100, cd) * 0.6, mnemo.randn(1, cH, 100, cd)
 -- What a forced path refuses in a case, by name (nil: it runs the case):
--- the fused path never runs glu; the large path runs it, but neither
--- newton_schulz nor out_norm nor lengths (kernels/plan.c).
+-- the fused path never runs glu; the large path runs it, but not out_norm
+-- (kernels/plan.c).
 local function refused_by(c)
   if forced == "fused" then return "glu: the general" end
   if forced ~= "large" then return nil end
-  if c.rule.precondition then return "precondition newton_schulz: the fused and general paths run it" end
   if c.rule.out_norm then return "out_norm " .. c.rule.out_norm .. ": the fused and general paths run it" end
-  if c.lengths then return "lengths (ragged batches): the fused and general paths run them" end
   return nil
 end
 for _, c in ipairs(cases) do

@@ -165,12 +165,12 @@ T.ok("vocabulary: newton_schulz is a row that runs (not planned)", row ~= nil an
 
 -- The CUDA engine: tests/gpu/run_gpu_tests.sh runs this file with the
 -- planned path and with each path forced (MNEMO_CUDA_PATH). newton_schulz
--- and lengths run on the fused and general paths: a forced large path
--- refuses them by name, and a rule the fused path holds keeps it.
+-- and lengths run on every path, and a rule keeps the path it has without
+-- them: fused for a small one, large for a wide one.
 local forced = os.getenv("MNEMO_CUDA_PATH")
-local fast_forced = forced == "large"
--- the path a small rule (1 or 2 layers, dims within the fused path) plans
-local small_path = forced == "general" and "general" or "fused"
+if forced ~= "general" and forced ~= "fused" and forced ~= "large" then forced = nil end
+-- the path a small rule (1 or 2 layers, dims within the fused path) plans, and a wide one
+local small_path, wide_path = forced or "fused", forced or "large"
 
 -- newton_schulz runs on cuda's fused path for a small rule: rule:plan says
 -- so (without a CUDA build: the cpu), and a cuda run equals the cpu's
@@ -178,23 +178,16 @@ local nsrule = m.rule { layers = 2, hidden = 4, precondition = "newton_schulz", 
 local okp, plan = pcall(nsrule.plan, nsrule, { dk = 4, dv = 3 })
 if okp and plan.why:find("no CUDA", 1, true) then
   T.ok("cuda: rule:plan in a build without CUDA: the cpu engine runs it", plan.path == "cpu")
-elseif fast_forced then
-  T.ok(("cuda: rule:plan with MNEMO_CUDA_PATH=%s refuses newton_schulz by name"):format(forced),
-    not okp and tostring(plan):find("newton_schulz", 1, true) ~= nil, tostring(plan))
 else
   T.ok(("cuda: rule:plan takes the %s path for a small newton_schulz rule: %s"):format(small_path,
     tostring(okp and plan.why or plan)), okp and plan.path == small_path)
-  -- a wide one goes to the general path, not the large one, and says why
+  -- a wide one takes the large path (a forced fused path refuses it for its size)
   local okw, wide = pcall(nsrule.plan, m.rule { layers = 2, hidden = 512, precondition = "newton_schulz" },
     { dk = 256, dv = 256 })
-  T.ok("cuda: rule:plan sends a wide newton_schulz rule to the general path, naming it: " ..
-    tostring(okw and wide.why or wide), forced == "fused" and not okw or okw and wide.path == "general" and
-    (forced == "general" or wide.why:find("precondition newton_schulz", 1, true) ~= nil))
+  T.ok(("cuda: rule:plan takes the %s path for a wide newton_schulz rule: %s"):format(wide_path,
+    tostring(okw and wide.why or wide)), forced == "fused" and not okw or okw and wide.path == wide_path)
 end
-if m.cuda_available() and fast_forced then
-  T.raises(("cuda: a newton_schulz run with MNEMO_CUDA_PATH=%s is refused by name"):format(forced), function()
-    return nsrule:run { k = k, v = v, device = "cuda" } end, "newton_schulz")
-elseif m.cuda_available() then
+if m.cuda_available() then
   for _, opts in ipairs({ { layers = 2, hidden = 5, step = 2 }, { layers = 1, step = 3, clip = "norm", clip_max = 0.05 },
                           { layers = 3, hidden = 6, step = 4, ns_steps = 2, retrieve = "before" },
                           -- one token a step: G has rank 1, and the iteration multiplies the
@@ -233,16 +226,12 @@ local rrule = m.rule { layers = 2, hidden = 8, step = 4, theta = 0.1 }
 local okr, rplan = pcall(rrule.plan, rrule, { dk = 8, lengths = true })
 if okr and rplan.why:find("no CUDA", 1, true) then
   T.ok("cuda/lengths: rule:plan{lengths = true} in a build without CUDA: the cpu engine runs it", rplan.path == "cpu")
-elseif fast_forced then
-  T.ok(("cuda/lengths: rule:plan{lengths = true} with MNEMO_CUDA_PATH=%s is refused naming lengths"):format(forced),
-    not okr and tostring(rplan):find("lengths (ragged batches)", 1, true) ~= nil, tostring(rplan))
 else
   T.ok(("cuda/lengths: rule:plan{lengths = true} takes the %s path: %s"):format(small_path,
     tostring(okr and rplan.why or rplan)), okr and rplan.path == small_path)
   local okw, wide = pcall(rrule.plan, m.rule { layers = 2, hidden = 512 }, { dk = 256, dv = 256, lengths = true })
-  T.ok("cuda/lengths: a wide rule with lengths takes the general path, not the large one, naming them: " ..
-    tostring(okw and wide.why or wide), forced == "fused" and not okw or okw and wide.path == "general" and
-    (forced == "general" or wide.why:find("lengths (ragged batches)", 1, true) ~= nil))
+  T.ok(("cuda/lengths: a wide rule with lengths takes the %s path: %s"):format(wide_path,
+    tostring(okw and wide.why or wide)), forced == "fused" and not okw or okw and wide.path == wide_path)
 end
 
 m.seed(21)
@@ -303,15 +292,7 @@ local cases = {
   { "layers 2, retrieve after, refresh 2c, q", { layers = 2, hidden = dh, step = 4, retrieve = "after", refresh = 8 }, lens4,
     true },
 }
-if m.cuda_available() and fast_forced then
-  local r = m.rule { layers = 2, hidden = dh, step = 4, theta = 0.3 }
-  T.raises(("cuda/lengths: a ragged run with MNEMO_CUDA_PATH=%s is refused naming lengths"):format(forced), function()
-    return r:run { k = rk, v = rv, lengths = lens4, init = rinit2, device = "cuda" } end,
-    ("MNEMO_CUDA_PATH=%s: lengths (ragged batches)"):format(forced))
-  local mem = r:memory { B = RB, H = RH, dk = dk, dv = dv, init = rinit2, device = "cuda" }
-  T.raises(("cuda/lengths: a ragged memory write with MNEMO_CUDA_PATH=%s is refused naming lengths"):format(forced),
-    function() return mem:write { k = rk, v = rv, lengths = lens4 } end, "lengths (ragged batches)")
-elseif m.cuda_available() then
+if m.cuda_available() then
   for _, case in ipairs(cases) do
     local cname, opts, lens, with_q = case[1], case[2], case[3], case[4]
     opts.eta, opts.alpha = 0.6, 0.02

@@ -332,7 +332,7 @@ GENERAL_ONLY_V2 = ()
 # Those the general and large paths run but the fused path does not.
 NOT_FUSED_V2 = ("glu",)
 # Those the general and fused paths run but the large path does not.
-NOT_LARGE_V2 = ("out_norm", "precondition", "lengths")
+NOT_LARGE_V2 = ("out_norm",)
 
 
 def path_cannot_run(path):

@@ -269,15 +269,26 @@ static void test_newton_schulz(void)
     free(src);
     mn_cuda_plan pl;
     unsetenv("MNEMO_CUDA_PATH");
+    /* hidden 256: too wide for the fused path, the large path's; its source
+     * has the ns kernel, in each precision */
     bool planned = mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK;
-    CHECK("codegen/newton_schulz/plan_general", planned && pl.path == MN_PATH_GENERAL && strstr(pl.why, "newton_schulz"));
+    CHECK("codegen/newton_schulz/plan_large", planned && pl.path == MN_PATH_LARGE);
+    const mn_precision precs[] = {MN_PREC_FP32, MN_PREC_TF32, MN_PREC_BF16};
+    for (int i = 0; i < 3; i++) {
+        char label[96], nvrtc[96];
+        snprintf(label, sizeof label, "codegen/newton_schulz/large_source_%s", mn_precision_name(precs[i]));
+        snprintf(nvrtc, sizeof nvrtc, "codegen/nvrtc_sm90/newton_schulz/large_%s", mn_precision_name(precs[i]));
+        check_source(label, nvrtc, mn_cuda_large_source(&r, &d, precs[i]), "#define MN_PRECOND 1", "mn_large_ns_kernel");
+    }
     setenv("MNEMO_CUDA_PATH", "large", 1);
-    CHECK("codegen/newton_schulz/forced_large_refused", mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) != MN_OK &&
-                                                            strstr(mn_last_error(), "newton_schulz"));
+    CHECK("codegen/newton_schulz/forced_large_taken",
+          mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK && pl.path == MN_PATH_LARGE);
+    setenv("MNEMO_CUDA_PATH", "general", 1);
+    CHECK("codegen/newton_schulz/forced_general_taken",
+          mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK && pl.path == MN_PATH_GENERAL);
     unsetenv("MNEMO_CUDA_PATH");
     /* a rule the fused path holds keeps it: the step kernel orthogonalises
      * G in its workspace, in each precision, 1 and 2 layers, with bias */
-    const mn_precision precs[] = {MN_PREC_FP32, MN_PREC_TF32, MN_PREC_BF16};
     for (int layers = 1; layers <= 2; layers++)
         for (int i = 0; i < 3; i++) {
             mn_dims small = {2, 3, 10, 16, 8, layers > 1 ? 32 : 0, 0};
@@ -298,11 +309,10 @@ static void test_newton_schulz(void)
     mn_rule_free(&r);
 }
 
-/* lengths (ragged batches) are a run's input, read by the general and fused
- * kernels at run time: the source does not change with them. A run with
- * lengths keeps the fused path where the rule fits it; a wide rule goes to
- * the general path rather than the large one, with the reason, and a forced
- * large path is refused by name. */
+/* lengths (ragged batches) are a run's input, read by the kernels of every
+ * path at run time: the source does not change with them, and a run with
+ * lengths keeps the path the same rule has without them (fused for a small
+ * rule, large for a wide one); a forced path takes them. */
 static void test_ragged_plan(void)
 {
     mn_rule r;
@@ -317,11 +327,13 @@ static void test_ragged_plan(void)
     bool planned = mn_cuda_plan_run(&r, &small, MN_PREC_FP32, 6, 90, 0, true, &pl) == MN_OK;
     CHECK("codegen/lengths/plan_fused", planned && pl.path == MN_PATH_FUSED);
     planned = mn_cuda_plan_run(&r, &wide, MN_PREC_FP32, 1, 90, 0, true, &pl) == MN_OK;
-    CHECK("codegen/lengths/plan_general_not_large",
-          planned && pl.path == MN_PATH_GENERAL && strstr(pl.why, "lengths (ragged batches): the fused and general"));
+    CHECK("codegen/lengths/plan_large", planned && pl.path == MN_PATH_LARGE);
+    char *lsrc = mn_cuda_plan_source(&r, &wide, MN_PREC_FP32, &pl);
+    CHECK("codegen/lengths/large_source_reads_them", lsrc && strstr(lsrc, "a.lengths[m / a.heads]"));
+    free(lsrc);
     setenv("MNEMO_CUDA_PATH", "large", 1);
-    CHECK("codegen/lengths/forced_large_refused", mn_cuda_plan_run(&r, &small, MN_PREC_FP32, 6, 90, 0, true, &pl) != MN_OK &&
-                                                      strstr(mn_last_error(), "MNEMO_CUDA_PATH=large: lengths"));
+    CHECK("codegen/lengths/forced_large_taken", mn_cuda_plan_run(&r, &small, MN_PREC_FP32, 6, 90, 0, true, &pl) == MN_OK &&
+                                                    pl.path == MN_PATH_LARGE);
     setenv("MNEMO_CUDA_PATH", "fused", 1);
     CHECK("codegen/lengths/forced_fused_taken", mn_cuda_plan_run(&r, &small, MN_PREC_FP32, 6, 90, 0, true, &pl) == MN_OK &&
                                                     pl.path == MN_PATH_FUSED);
@@ -574,17 +586,22 @@ static void test_glu(void)
     CHECK("codegen/glu/plan_large_at_256", big_fused && planned && pl.path == MN_PATH_LARGE &&
                                                strstr(pl.why, "glu: the general and large paths run it") &&
                                                strstr(pl.why, "256 >= 256") && !strchr(pl.why, '\n'));
-    /* the large path runs neither newton_schulz nor out_norm: general, both named */
+    /* LaCT's memory, glu with newton_schulz: the large path; with out_norm
+     * too, the general path, out_norm named */
     r.precondition = MN_PRECOND_NEWTON_SCHULZ;
     planned = mn_cuda_plan_rule(&r, &big, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK;
-    CHECK("codegen/glu/plan_general_with_ns", planned && pl.path == MN_PATH_GENERAL &&
-                                                  strstr(pl.why, "precondition newton_schulz") &&
-                                                  strstr(pl.why, "glu: the general path runs it"));
+    CHECK("codegen/glu/plan_large_with_ns", planned && pl.path == MN_PATH_LARGE);
+    r.out_norm = MN_NORM_LAYERNORM;
+    planned = mn_cuda_plan_rule(&r, &big, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK;
+    CHECK("codegen/glu/plan_general_with_out_norm", planned && pl.path == MN_PATH_GENERAL &&
+                                                        strstr(pl.why, "out_norm layernorm") &&
+                                                        strstr(pl.why, "glu: the general path runs it"));
     setenv("MNEMO_CUDA_PATH", "large", 1);
-    CHECK("codegen/glu/forced_large_refuses_ns", mn_cuda_plan_rule(&r, &big, MN_PREC_TF32, 6, 90, 0, &pl) != MN_OK &&
-                                                     strstr(mn_last_error(), "newton_schulz") &&
-                                                     !strchr(mn_last_error(), '\n'));
+    CHECK("codegen/glu/forced_large_refuses_out_norm",
+          mn_cuda_plan_rule(&r, &big, MN_PREC_TF32, 6, 90, 0, &pl) != MN_OK && strstr(mn_last_error(), "out_norm") &&
+              !strchr(mn_last_error(), '\n'));
     unsetenv("MNEMO_CUDA_PATH");
+    r.out_norm = MN_NORM_NONE;
     r.precondition = MN_PRECOND_NONE;
     r.glu = false;
     char *src = mn_cuda_rule_source(&r, &d, MN_PREC_FP32);
