@@ -30,6 +30,11 @@ a forward tensor that the float64 reference itself moves by more than half
 the bound when its products round their operands to that format
 (mnemo_ref.rounded_products) is held to the bound against that rounded
 reference instead: the format's error on this rule is not the engine's.
+Also in tf32 and bf16, newton_schulz on a step with fewer rows than a
+weight matrix's smaller side (ns_rank_deficient) is held to the bounds, and
+where it misses them, to finiteness and NaN placement (the PASS line says
+so): the iteration lifts the format's rounding in the gradient's missing
+directions to O(1), differently for each implementation.
 
 Environment (all optional):
   MNEMO                       the binary (default ./mnemo)
@@ -140,6 +145,29 @@ def kinked_rule(rule):
     elif r["clip"] in ("scale", "elementwise"):
         why += ["clip_expr %s" % k for k in _expr_kinks(r["clip_expr"])]
     return ", ".join(dict.fromkeys(why)) or None
+
+
+def ns_rank_deficient(exp):
+    """Why newton_schulz cannot be compared in a reduced precision (a short
+    string), or None: a step with fewer real rows than a weight matrix's
+    smaller side has a gradient of rank below it, and the iteration lifts
+    the format's rounding in the missing directions by about 3.4445 per
+    iteration (docs/rules.md) to O(1), differently in every implementation
+    of the same products. The shortest step: c, the last short one, or (with
+    lengths) a single row."""
+    r = exp.rule
+    if r.get("precondition", "none") != "newton_schulz":
+        return None
+    c = int(r["step"])
+    rows = [c] + ([exp.T % c] if exp.T % c else []) + ([1] if getattr(exp, "lengths", None) is not None else [])
+    fewest = min(rows)
+    L = int(r["layers"])
+    dims = [exp.dk] + [exp.dh] * (L - 1) + [exp.dv]
+    side = max(min(dims[i], dims[i + 1]) for i in range(L))
+    if fewest < side:
+        return "newton_schulz on a step of %d row%s < a matrix's smaller side %d" % (
+            fewest, "" if fewest == 1 else "s", side)
+    return None
 
 
 def rule_width(exp):
@@ -451,6 +479,11 @@ def main():
                 continue
             kink = kinked_rule(exp.rule) if run_precision != "fp32" else None
             width = rule_width(exp)
+            # a rank-deficient newton_schulz is held to the bounds first, and
+            # where it misses them, to finiteness and NaN placement
+            ill = ns_rank_deficient(exp) if run_precision != "fp32" else None
+            ill_note = ("%s: the %s rounding is lifted to O(1); finiteness and NaN placement only"
+                        % (ill, run_precision)) if ill else None
             loose = kink is not None and width < KINK_WIDTH
             if loose:
                 # SPEC.md section 3: rounding can move a residual across the
@@ -480,6 +513,8 @@ def main():
                 notes = pin_note + notes
                 if cmp.returncode == 0 or (cmp.returncode == 1 and not forward_failing):
                     print("PASS %s%s" % (label, " (%s)" % "; ".join(notes) if notes else ""))
+                elif ill and cmp.returncode == 1 and not forward_placement(res_path, ref_path):
+                    print("PASS %s (%s)" % (label, "; ".join(notes + [ill_note])))
                 else:
                     failures += 1
                     rows = "\n".join("    " + r for r in (cmp.stdout + cmp.stderr).strip().splitlines())
@@ -496,6 +531,9 @@ def main():
                 continue
             probe = float32_probe(exp, ref["grads"]) if not loose else None
             rows, notes = compare_grads(res_path, exp, ref["grads"], grad_rtol, not loose, probe)
+            if rows and ill and not loose:
+                rows, notes = compare_grads(res_path, exp, ref["grads"], grad_rtol, False, None)
+                notes = notes + [ill_note]
             if rows:
                 failures += 1
                 print("FAIL %s: gradients differ from the reference\n    config: %s\n%s"

@@ -4,7 +4,9 @@ SPEC.md section 3 holds to the reduced-precision bounds on widths >= 16 only
 (a kink that rounding can flip: l1, huber, lp with p < 2, relu, value clips,
 custom expressions with abs, sign, min, max, relu, where or comparisons).
 The conformance runs that use it (tf32, bf16) need a GPU; this checks the
-classification itself over a table of rules. Prints PASS/FAIL lines.
+classification itself over a table of rules, and ns_rank_deficient, which
+lets a rank-deficient newton_schulz that misses the tf32 or bf16 bounds pass
+on finiteness and NaN placement. Prints PASS/FAIL lines.
 """
 import os
 import sys
@@ -104,8 +106,49 @@ def main():
     finally:
         if os.path.exists(path):
             os.unlink(path)
+    failed += precision_problem_ns()
     failed += precision_probe()
     return 1 if failed else 0
+
+
+def precision_problem_ns():
+    """ns_rank_deficient, which lets a newton_schulz run that misses the
+    reduced-precision bounds pass on finiteness and NaN placement: the
+    case the H100 met (seed 5, exp_00007: one token a step, matrices of
+    smaller side 7 and 15), a step as long as the widest matrix's smaller
+    side (full rank: held to the bounds), lengths (a step may keep one real
+    row), and a rule without newton_schulz."""
+    import types
+    failed = 0
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "ns_rank_%d.h5" % os.getpid())
+    try:
+        gen_experiments.write_config(path, gen_experiments.make_config(5, 7, 64))
+        exp = mnemo_ref.load_experiment(path)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+    got = conf.ns_rank_deficient(exp)
+    cases = [("seed5/exp_00007", got, "step of 1 row < a matrix's smaller side 15")]
+
+    def fake(step, T, dk, dv, dh, layers, lengths=None, precondition="newton_schulz"):
+        rule = {"step": step, "layers": layers, "precondition": precondition}
+        return types.SimpleNamespace(rule=rule, T=T, dk=dk, dv=dv, dh=dh, lengths=lengths)
+    cases += [
+        ("full rank", conf.ns_rank_deficient(fake(16, 64, 16, 8, 12, 2)), None),
+        ("short last step", conf.ns_rank_deficient(fake(16, 58, 16, 8, 12, 2)), "step of 10 rows"),
+        ("last step as long as the side", conf.ns_rank_deficient(fake(16, 60, 16, 8, 12, 2)), None),
+        ("lengths", conf.ns_rank_deficient(fake(16, 64, 16, 8, 12, 2, lengths=[3])), "step of 1 row"),
+        ("linear, step 4 < 8", conf.ns_rank_deficient(fake(4, 64, 8, 8, 0, 1)), "smaller side 8"),
+        ("no newton_schulz", conf.ns_rank_deficient(fake(1, 64, 16, 16, 16, 2, precondition="none")), None),
+    ]
+    for name, got, want in cases:
+        ok = got is None if want is None else (got is not None and want in got)
+        if ok:
+            print("PASS ns_rank_deficient/%s: %s" % (name, got or "held to the bounds"))
+        else:
+            failed += 1
+            print("FAIL ns_rank_deficient/%s: %r, want %s" % (name, got, want or "None"))
+    return failed
 
 
 def precision_probe():
