@@ -273,7 +273,7 @@ char *mn_cuda_rule_source(const mn_rule *r, const mn_dims *d, mn_precision p)
 char *mn_cuda_grad_source(const mn_rule *r, const mn_dims *d)
 {
     char why[256];
-    if (!mn_cuda_backward_covers(r, why, sizeof why)) {
+    if (!mn_cuda_backward_rule_covers(r, why, sizeof why)) {
         mn_fail(MN_ERR_UNSUPPORTED, "cuda backward source: %s", why);
         return NULL;
     }

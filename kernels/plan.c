@@ -260,6 +260,17 @@ static void add_cpu_backward(char *why, size_t len, const char *what)
 
 bool mn_cuda_backward_covers(const mn_rule *r, char *why, size_t len)
 {
+    /* a switch for tests and comparisons, as MNEMO_CUDA_PATH is for the forward */
+    const char *force = getenv("MNEMO_CUDA_BACKWARD");
+    if (force && strcmp(force, "cpu") == 0) {
+        snprintf(why, len, "MNEMO_CUDA_BACKWARD=cpu");
+        return false;
+    }
+    return mn_cuda_backward_rule_covers(r, why, len);
+}
+
+bool mn_cuda_backward_rule_covers(const mn_rule *r, char *why, size_t len)
+{
     why[0] = '\0';
     /* what the CUDA backward does not run in this version: the CPU's backward takes those runs */
     char one[128];

@@ -24,8 +24,11 @@ local m = mnemo or require("mnemo")
 
 ---------------------------------------------------------------- the plan's backward line
 local has_cuda_build = pcall(function() return m.rule {}:source() end)
+local backward_env = os.getenv("MNEMO_CUDA_BACKWARD")
 if not has_cuda_build then
   T.skip("grad_cuda/plan", "this build has no CUDA")
+elseif backward_env == "cpu" then
+  T.eq("grad_cuda/plan/MNEMO_CUDA_BACKWARD=cpu", m.rule {}:plan { dk = 8 }.backward_why, "MNEMO_CUDA_BACKWARD=cpu")
 else
   local covered = {
     linear = m.rule {},
