@@ -27,6 +27,12 @@
  * Not covered (the CPU runs their backward: mn_cuda_backward_covers in
  * kernels/plan.c): glu, out_norm, precondition, qk_norm.
  *
+ * Checked on a GPU against the CPU by tests/lua/test_grad_cuda.lua, and
+ * without one by tests/unit/test_grad_emulated.c, which compiles this
+ * source as C++ over tests/emu/cuda_shim.h (a block's threads as pthreads):
+ * keep it to the CUDA that shim knows (__syncthreads, __shfl_*_sync on
+ * doubles, the _rn intrinsics) or teach the shim.
+ *
  * Two parts, as rule_kernel.cuh: plain C shared with the host (arguments,
  * workspace layout), then the NVRTC part, after rule_kernel.cuh (mn_forward,
  * mn_backward, mn_block_sum) and the hooks of kernels/codegen.c, which for
