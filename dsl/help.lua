@@ -217,7 +217,11 @@ res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block 
   g.init.ln_b (its gain and shift). Each is summed back to the shape
   the call gave: a scalar gate gets a scalar, [H,T] gets [H,T], W1 given
   as [dh,dk] gets [dh,dk]; what the call did not give comes at full
-  shape [B,H,...]. The backward runs on the cpu and recomputes the
+  shape [B,H,...]. The backward runs where the run ran: a cuda run's on
+  the GPU (the general path's backward kernel, fp32) unless the rule has
+  glu, out_norm, qk_norm or a precondition, whose backward runs on the
+  cpu (rule:plan's backward line says which); a cpu run's on the cpu.
+  Either way it recomputes the
   forward from checkpoints every block steps (default about sqrt(steps);
   a cpu run with grad = true keeps them as it goes); g.memory reports
   block, backward_bytes (checkpoints and scratch) and forward_bytes (the
@@ -293,7 +297,10 @@ rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =
              the fused path does not fit (never large)
   For the GPU here, else for arch (e.g. 80 for sm_80; default sm_90).
   Fields: path, why, forced, rows (token rows per chunk), threads,
-  smem_bytes, kernel, memories, precision, arch, device.
+  smem_bytes, kernel, memories, precision, arch, device; backward and
+  backward_why: where a cuda run's res:backward runs ("general (cuda)",
+  or "cpu" and why: glu, out_norm, qk_norm, precondition;
+  MNEMO_CUDA_BACKWARD=cpu keeps every backward on the cpu).
   MNEMO_CUDA_PATH=general, fused or large forces a path (for tests and
   benchmarks). lengths = true: the plan of a run with lengths (ragged
   batches: the general path). Needs no GPU.

@@ -4,9 +4,12 @@
  * rule:run gives every result table a metatable whose __index is
  * mnemo.Result (the methods) and, with grad = true, whose __mnemo_grad holds
  * what the backward needs: the rule, the inputs and gates as the call gave
- * them, the initial state, and (on the cpu) the forward's checkpoints. The
- * backward runs on the cpu (model/grad_cpu.c), recomputing the forward block
- * by block from the checkpoints, and sums every gradient back to the shape the user
+ * them, the initial state, the run's device and (on the cpu) the forward's
+ * checkpoints. The backward runs where the run ran when it can: a cuda run's
+ * on the GPU's general path (kernels/grad_kernel.cuh) for every rule that
+ * path covers (rule:plan's backward line says which), else on the cpu
+ * (model/grad_cpu.c), recomputing the forward block by block from the
+ * checkpoints; either way it sums every gradient back to the shape the user
  * gave (a scalar gate gets a scalar, [H,T] gets [H,T], W1 given as [dh,dk]
  * gets [dh,dk]). */
 #include "l_rule_internal.h"
@@ -29,6 +32,7 @@ typedef struct grad_ctx {
     mn_tensor init[MN_MAX_PARAMS], momenta[MN_MAX_PARAMS];
     mn_tensor outer[MN_OUTER_COUNT];   /* ln_g, ln_b as given (empty: defaults) */
     mn_run_checkpoints ck;             /* the forward's, when it ran on the cpu */
+    mn_device dev;                     /* where the run ran: its backward runs there if it can */
     bool ready;
 } grad_ctx;
 
@@ -73,8 +77,10 @@ int l_grad_begin(lua_State *L, int opts)
 mn_status l_grad_forward(lua_State *L, int ctx_idx, mn_memory_state *st, const mn_segment_inputs *in,
                          mn_segment_outputs *out)
 {
-    if (!ctx_idx || st->device != MN_CPU) return mn_segment_run(st, in, out);
+    if (!ctx_idx) return mn_segment_run(st, in, out);
     grad_ctx *c = luaL_checkudata(L, ctx_idx, GRAD_CTX_MT);
+    c->dev = st->device;
+    if (st->device != MN_CPU) return mn_segment_run(st, in, out);
     return mn_run_forward_checkpointed(st, in, 0, out, &c->ck);
 }
 
@@ -176,7 +182,8 @@ static int l_result_backward(lua_State *L)
     mn_run_grads g;
     /* the forward's checkpoints serve when no other block size is asked for */
     const mn_run_checkpoints *ck = c->ck.data && (block == 0 || block == c->ck.K) ? &c->ck : NULL;
-    mn_status st = mn_run_backward(&c->rule, &c->dims, c->init, c->momenta, c->outer, &c->in, up, block, ck, &g);
+    mn_status st =
+        mn_run_backward_on(c->dev, &c->rule, &c->dims, c->init, c->momenta, c->outer, &c->in, up, block, ck, &g);
     mn_upstream_free(up);
     if (st != MN_OK) {
         mn_fail_context(st, "backward: ");

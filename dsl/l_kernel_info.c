@@ -222,6 +222,17 @@ static void kernel_opts(lua_State *L, const mn_rule *r, int opts, const char *wh
     *archp = arch;
 }
 
+/* The backward's path of a cuda run (kernels/plan.h) into the plan table
+ * on top: backward = "general (cuda)" or "cpu", and backward_why. */
+static void set_backward(lua_State *L, const mn_rule *r)
+{
+    char why[256];
+    bool gpu = mn_cuda_backward_covers(r, why, sizeof why);
+    set_str(L, "backward", gpu ? "general (cuda)" : "cpu");
+    set_str(L, "backward_why",
+            gpu ? "every part of the rule has its adjoint in the general backward kernel (grad_kernel.cuh)" : why);
+}
+
 /* rule:plan{...}: which CUDA path would run the rule, and why. */
 int l_rule_plan(lua_State *L, const mn_rule *r, int opts)
 {
@@ -235,6 +246,7 @@ int l_rule_plan(lua_State *L, const mn_rule *r, int opts)
         lua_createtable(L, 0, 2);
         set_str(L, "path", "cpu");
         set_str(L, "why", mn_last_error());
+        set_backward(L, r);
         luaL_setmetatable(L, PLAN_MT);
         return 1;
     }
@@ -261,6 +273,7 @@ int l_rule_plan(lua_State *L, const mn_rule *r, int opts)
     }
     set_int(L, "arch", arch > 0 ? arch : 90);
     set_str(L, "device", mn_cuda_available() ? mn_cuda_describe() : "none");
+    set_backward(L, r);
     luaL_setmetatable(L, PLAN_MT);
     return 1;
 }
@@ -278,6 +291,16 @@ static int plan_tostring(lua_State *L)
         lua_pushfstring(L, "plan: %s path: %s\n  %d-row chunks, %d threads per memory, %d KB shared memory",
                         lua_tostring(L, -5), lua_tostring(L, -4), (int)lua_tointeger(L, -3),
                         (int)lua_tointeger(L, -2), (int)(lua_tointeger(L, -1) / 1024));
+    }
+    int text = lua_gettop(L);
+    lua_getfield(L, 1, "backward");
+    lua_getfield(L, 1, "backward_why");
+    if (lua_isstring(L, -2)) {
+        bool gpu = strcmp(lua_tostring(L, -2), "cpu") != 0;
+        lua_pushfstring(L, "%s\n  backward: %s%s%s", lua_tostring(L, text), lua_tostring(L, -2), gpu ? "" : ", because ",
+                        gpu ? "" : lua_tostring(L, -1));
+    } else {
+        lua_pushvalue(L, text);
     }
     return 1;
 }

@@ -17,9 +17,8 @@ each key's value at its second appearance.
 
     /usr/bin/python3 examples/titans_torch.py [--steps 200] [--device cpu|cuda]
 
-(The engine's backward runs on the CPU for now: with --device cuda the
-mnemo op copies to the CPU for its backward, so the GPU ratio waits for the
-CUDA backward.)"""
+(With --device cuda the mnemo op's backward runs on the GPU too, one
+thread block per memory: plain, not yet fast.)"""
 
 import argparse
 import os

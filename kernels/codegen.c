@@ -4,7 +4,9 @@
  * folded, exactly as the CPU engine evaluates them. The kernel template is
  * kernels/rule_kernel.cuh, embedded at build time (dsl/embed_sources.sh). */
 #include "codegen.h"
+#include "../model/grad.h"
 #include "../model/rownorm.h"
+#include "plan.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -121,8 +123,58 @@ static mn_status put_hooks(text *t, const mn_rule *r)
     return MN_OK;
 }
 
+/* d(e)/d(var), a new reference (NULL when e is NULL or out of memory). */
+static mn_expr *diff_of(mn_expr *e, const char *var)
+{
+    return e ? mn_expr_diff(e, var) : NULL;
+}
+
+/* The backward's hooks (kernels/grad_kernel.cuh), in double as the CPU's
+ * expression programs (model/mlp_grad_cpu.c, model/grad_cpu.c): the loss's
+ * f', df/dv, f'' and d2f/dydv (r = y - v counted through), phi' and phi''
+ * of the activation, and the clip's derivative in n or g. */
+static mn_status put_grad_hooks(text *t, const mn_rule *r)
+{
+    put(t, "\n/* ---- the backward's hooks (double, as the CPU's programs) ---- */\n");
+    mn_expr *ld[4];
+    MN_TRY(mn_loss_derivative_exprs(r, ld));
+    static const char *const lnames[] = {"mn_ghook_loss_dy", "mn_ghook_loss_dv", "mn_ghook_loss_dyy", "mn_ghook_loss_dyv"};
+    mn_status s = MN_OK;
+    for (int i = 0; i < 4; i++) {
+        if (s == MN_OK) s = put_hook(t, r, "double", lnames[i], "double y, double v, double r", ld[i], loss_vars, 3, false);
+        else mn_expr_unref(ld[i]);
+    }
+    MN_TRY(s);
+    mn_expr *dphi = mn_rule_activation_grad_expr(r);
+    mn_expr *ddphi = diff_of(dphi, "z");
+    s = put_hook(t, r, "double", "mn_ghook_act_d", "double z", dphi, act_vars, 1, false);
+    if (s == MN_OK) s = put_hook(t, r, "double", "mn_ghook_act_dd", "double z", ddphi, act_vars, 1, false);
+    else mn_expr_unref(ddphi);
+    MN_TRY(s);
+    if (mn_rule_clip_scales(r)) {
+        mn_expr *e = mn_rule_clip_expr(r);
+        mn_expr *de = diff_of(e, "n");
+        mn_expr_unref(e);
+        MN_TRY(put_hook(t, r, "double", "mn_ghook_clip_dscale", "double n", de, scale_vars, 1, false));
+    } else {
+        put(t, "__device__ __forceinline__ double mn_ghook_clip_dscale(double n) { (void)n; return 0.0; }\n");
+    }
+    if (mn_rule_clip_elementwise(r)) {
+        mn_expr *e = mn_rule_clip_expr(r);
+        mn_expr *de = diff_of(e, "g");
+        s = put_hook(t, r, "double", "mn_ghook_clip_elem", "double g", e, elem_vars, 1, false);
+        if (s == MN_OK) s = put_hook(t, r, "double", "mn_ghook_clip_delem", "double g", de, elem_vars, 1, false);
+        else mn_expr_unref(de);
+        MN_TRY(s);
+    } else {
+        put(t, "__device__ __forceinline__ double mn_ghook_clip_elem(double g) { return g; }\n");
+        put(t, "__device__ __forceinline__ double mn_ghook_clip_delem(double g) { (void)g; return 1.0; }\n");
+    }
+    return MN_OK;
+}
+
 static mn_status build(text *t, const mn_rule *r, const mn_dims *d, mn_precision p, const char *const *templates,
-                       const char *defines)
+                       const char *defines, bool grad)
 {
     MN_TRY(mn_rule_validate(r));
     if (r->layers >= 2 && d->dh < 1)
@@ -186,6 +238,7 @@ static mn_status build(text *t, const mn_rule *r, const mn_dims *d, mn_precision
     put(t, mn_expr_c_prelude(false));
     if (defines) put(t, defines);
     MN_TRY(put_hooks(t, r));
+    if (grad) MN_TRY(put_grad_hooks(t, r));
     /* The parameter layout (model/param_layout.h) that every template uses. */
     const char *layout = embedded("param_layout");
     if (!layout) return mn_fail(MN_ERR_UNSUPPORTED, "cuda source: param_layout.h is not in this build");
@@ -202,7 +255,7 @@ char *mn_cuda_source_for(const mn_rule *r, const mn_dims *d, mn_precision p, con
                          const char *defines)
 {
     text t = {0};
-    mn_status s = build(&t, r, d, p, templates, defines);
+    mn_status s = build(&t, r, d, p, templates, defines, false);
     if (s == MN_OK && t.failed) s = mn_fail(MN_ERR_OOM, "cuda source: out of memory");
     if (s != MN_OK) {
         free(t.s);
@@ -215,4 +268,23 @@ char *mn_cuda_rule_source(const mn_rule *r, const mn_dims *d, mn_precision p)
 {
     static const char *const general[] = {"update_math", "rule_kernel", NULL};
     return mn_cuda_source_for(r, d, p, general, NULL);
+}
+
+char *mn_cuda_grad_source(const mn_rule *r, const mn_dims *d)
+{
+    char why[256];
+    if (!mn_cuda_backward_rule_covers(r, why, sizeof why)) {
+        mn_fail(MN_ERR_UNSUPPORTED, "cuda backward source: %s", why);
+        return NULL;
+    }
+    static const char *const grad[] = {"update_math", "rule_kernel", "grad_kernel", NULL};
+    text t = {0};
+    /* fp32: the backward computes as the CPU's does, whatever the forward's precision */
+    mn_status s = build(&t, r, d, MN_PREC_FP32, grad, "#define MN_GRAD_SOURCE 1\n", true);
+    if (s == MN_OK && t.failed) s = mn_fail(MN_ERR_OOM, "cuda source: out of memory");
+    if (s != MN_OK) {
+        free(t.s);
+        return NULL;
+    }
+    return t.s;
 }

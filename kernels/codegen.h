@@ -21,6 +21,11 @@ char *mn_cuda_rule_source(const mn_rule *r, const mn_dims *d, mn_precision p);
 char *mn_cuda_source_for(const mn_rule *r, const mn_dims *d, mn_precision p, const char *const *templates,
                          const char *defines);
 
+/* The source of the backward on the general path (kernels/grad_kernel.cuh,
+ * its kernel MN_GRAD_KERNEL) for a rule that mn_cuda_backward_covers, in
+ * fp32, or NULL with the error set (a rule it does not cover: why). */
+char *mn_cuda_grad_source(const mn_rule *r, const mn_dims *d);
+
 /* Names of the kernels in that source (extern "C", unmangled). */
 #define MN_RULE_STEP_KERNEL "mn_rule_step_kernel"
 #define MN_RULE_READ_KERNEL "mn_rule_read_kernel"

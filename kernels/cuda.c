@@ -400,5 +400,6 @@ bool mn_cuda_register(void)
     mn_register_device_copy(MN_CPU, MN_CUDA, copy_to_host);
     mn_register_device_copy(MN_CUDA, MN_CUDA, copy_on_device);
     mn_cuda_engine_register();
+    mn_cuda_grad_register();
     return true;
 }

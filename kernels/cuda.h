@@ -42,6 +42,9 @@ mn_status mn_cuda_memory(mn_cuda_memory_stats *out);
  * mn_register_engine(MN_CUDA, ...); mn_cuda_register() calls this once a
  * device is known to be usable. */
 void mn_cuda_engine_register(void);
+/* The backward of a run on the GPU (kernels/grad_cuda.c) registers itself
+ * with mn_register_grad_backend(MN_CUDA, ...) the same way. */
+void mn_cuda_grad_register(void);
 
 /* The stream the layer's tensor ops and the per-memory kernels (fused and
  * general paths) go to: NULL, the legacy default stream, unless a caller

@@ -250,3 +250,47 @@ const char *mn_cuda_plan_step_kernel(const mn_cuda_plan *pl)
 {
     return pl->path == MN_PATH_FUSED ? MN_FUSED_STEP_KERNEL : MN_RULE_STEP_KERNEL;
 }
+
+/* Appends "what: its backward runs on the cpu" to the "; "-separated list in why. */
+static void add_cpu_backward(char *why, size_t len, const char *what)
+{
+    size_t used = strlen(why);
+    if (used + 1 < len) snprintf(why + used, len - used, "%s%.100s: its backward runs on the cpu", used ? "; " : "", what);
+}
+
+bool mn_cuda_backward_covers(const mn_rule *r, char *why, size_t len)
+{
+    /* a switch for tests and comparisons, as MNEMO_CUDA_PATH is for the forward */
+    const char *force = getenv("MNEMO_CUDA_BACKWARD");
+    if (force && strcmp(force, "cpu") == 0) {
+        snprintf(why, len, "MNEMO_CUDA_BACKWARD=cpu");
+        return false;
+    }
+    return mn_cuda_backward_rule_covers(r, why, len);
+}
+
+bool mn_cuda_backward_rule_covers(const mn_rule *r, char *why, size_t len)
+{
+    why[0] = '\0';
+    /* what the CUDA backward does not run in this version: the CPU's backward takes those runs */
+    char one[128];
+    if (mn_rule_device_check(r, MN_CUDA) != MN_OK) {
+        snprintf(one, sizeof one, "%.100s", mn_last_error());
+        add_cpu_backward(why, len, one);
+    }
+    if (r->glu && r->layers > 1) add_cpu_backward(why, len, "glu");
+    if (r->out_norm != MN_NORM_NONE) {
+        snprintf(one, sizeof one, "out_norm %s", mn_part_name(&mn_norm_set, r->out_norm));
+        add_cpu_backward(why, len, one);
+    }
+    if (r->qk_norm != MN_QKNORM_NONE) {
+        snprintf(one, sizeof one, "qk_norm %s", mn_part_name(&mn_qknorm_set, r->qk_norm));
+        add_cpu_backward(why, len, one);
+    }
+    if (r->precondition != MN_PRECOND_NONE) {
+        snprintf(one, sizeof one, "precondition %s", mn_part_name(&mn_precond_set, r->precondition));
+        add_cpu_backward(why, len, one);
+    }
+    if (mn_param_count(r->layers, r->bias) > MN_RULE_MAX_PARAMS) add_cpu_backward(why, len, "more parameters than the kernel takes");
+    return why[0] == '\0';
+}

@@ -62,6 +62,16 @@ char *mn_cuda_plan_source(const mn_rule *r, const mn_dims *d, mn_precision p, co
 const char *mn_cuda_plan_step_kernel(const mn_cuda_plan *pl);
 #define MN_FUSED_STEP_KERNEL "mn_fused_step_kernel"
 
+/* Whether the backward of a run (SPEC.md section 7) of this rule runs on
+ * the GPU, on the general path (kernels/grad_kernel.cuh), for a run on
+ * cuda; if not, why (one line into why: the options that keep it on the
+ * CPU, whose backward then runs such a run's, "glu: ..."), or when
+ * MNEMO_CUDA_BACKWARD=cpu says to keep every backward there. Plain C. */
+bool mn_cuda_backward_covers(const mn_rule *r, char *why, size_t len);
+/* The same for the rule alone: MNEMO_CUDA_BACKWARD=cpu (tests and
+ * comparisons: every backward on the cpu) is not asked. */
+bool mn_cuda_backward_rule_covers(const mn_rule *r, char *why, size_t len);
+
 /* The extra #define lines of the fused source (MN_FUSED_ROWS, ...). */
 void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len);
 

@@ -419,9 +419,10 @@ __device__ void mn_zero_padding(float *y_out, float *loss_out, long long from, l
         for (long long e = from * MN_DV + threadIdx.x; e < to * MN_DV; e += MN_RULE_THREADS) y_out[e] = 0.0f;
 }
 
-/* The general kernels; a fast path's source (MN_FUSED_ROWS defined) keeps
- * only the helpers above and brings its own step kernel. */
-#ifndef MN_FUSED_ROWS
+/* The general kernels; a fast path's source (MN_FUSED_ROWS defined) and
+ * the backward's (MN_GRAD_SOURCE, grad_kernel.cuh) keep only the helpers
+ * above and bring their own kernels. */
+#if !defined(MN_FUSED_ROWS) && !defined(MN_GRAD_SOURCE)
 
 /* This thread's part of |W|^2 over every parameter (a step that leaves W as
  * it was still reports its weight norm). */
@@ -608,6 +609,6 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_read_kerne
     }
 }
 
-#endif /* MN_FUSED_ROWS */
+#endif /* !MN_FUSED_ROWS && !MN_GRAD_SOURCE */
 
 #endif /* __CUDACC_RTC__ */

@@ -335,6 +335,42 @@ mn_status mn_segment_run(mn_memory_state *st, const mn_segment_inputs *in, mn_se
     mn_device dev = st->device;
 
     /* The backend sees contiguous f32 inputs with gates already broadcast. */
+    mn_segment_inputs mat;
+    int64_t vshape[4] = {d->B, d->H, n, d->dv};
+    int64_t tshape[3] = {d->B, d->H, n}, sshape[3] = {d->B, d->H, S};
+    mn_status s = mn_segment_inputs_materialize(st, in, n, S, &mat);
+    /* Every output row at its shape (MN_SEGMENT_OUTPUTS); y only when wanted. */
+#define ALLOC_TOKEN_DV(t) (in->want_y ? mn_tensor_empty((t), MN_F32, 4, vshape, dev) : MN_OK)
+#define ALLOC_TOKEN(t) mn_tensor_empty((t), MN_F32, 3, tshape, dev)
+#define ALLOC_STEP(t) mn_tensor_empty((t), MN_F32, 3, sshape, dev)
+#define ALLOC_OUTPUT(name, group, shape) if (s == MN_OK) s = ALLOC_##shape(&out->name);
+    MN_SEGMENT_OUTPUTS(ALLOC_OUTPUT)
+#undef ALLOC_OUTPUT
+#undef ALLOC_TOKEN_DV
+#undef ALLOC_TOKEN
+#undef ALLOC_STEP
+    if (s == MN_OK) s = eng->segment_run(st, &mat, out, n, S);
+    mn_segment_inputs_release(&mat);
+    if (s != MN_OK) mn_segment_outputs_free(out);
+    return s;
+}
+
+void mn_segment_inputs_release(mn_segment_inputs *mat)
+{
+    mn_tensor_release(&mat->k);
+    mn_tensor_release(&mat->v);
+    mn_tensor_release(&mat->q);
+    mn_tensor_release(&mat->theta);
+    mn_tensor_release(&mat->eta);
+    mn_tensor_release(&mat->alpha);
+    mn_tensor_release(&mat->lengths);
+}
+
+mn_status mn_segment_inputs_materialize(const mn_memory_state *st, const mn_segment_inputs *in, int64_t n, int64_t S,
+                                        mn_segment_inputs *out)
+{
+    const mn_dims *d = &st->dims;
+    mn_device dev = st->device;
     mn_segment_inputs mat = {0};
     mat.want_y = in->want_y;
     int64_t kshape[4] = {d->B, d->H, n, d->dk}, vshape[4] = {d->B, d->H, n, d->dv};
@@ -352,25 +388,8 @@ mn_status mn_segment_run(mn_memory_state *st, const mn_segment_inputs *in, mn_se
         else s = mn_tensor_zeros(&mat.alpha, MN_F32, 3, sshape, dev);
     }
     if (s == MN_OK && in->lengths.storage) s = lengths_view(&mat.lengths, &in->lengths, d->B, dev);
-    /* Every output row at its shape (MN_SEGMENT_OUTPUTS); y only when wanted. */
-#define ALLOC_TOKEN_DV(t) (in->want_y ? mn_tensor_empty((t), MN_F32, 4, vshape, dev) : MN_OK)
-#define ALLOC_TOKEN(t) mn_tensor_empty((t), MN_F32, 3, tshape, dev)
-#define ALLOC_STEP(t) mn_tensor_empty((t), MN_F32, 3, sshape, dev)
-#define ALLOC_OUTPUT(name, group, shape) if (s == MN_OK) s = ALLOC_##shape(&out->name);
-    MN_SEGMENT_OUTPUTS(ALLOC_OUTPUT)
-#undef ALLOC_OUTPUT
-#undef ALLOC_TOKEN_DV
-#undef ALLOC_TOKEN
-#undef ALLOC_STEP
-    if (s == MN_OK) s = eng->segment_run(st, &mat, out, n, S);
-    mn_tensor_release(&mat.k);
-    mn_tensor_release(&mat.v);
-    mn_tensor_release(&mat.q);
-    mn_tensor_release(&mat.theta);
-    mn_tensor_release(&mat.eta);
-    mn_tensor_release(&mat.alpha);
-    mn_tensor_release(&mat.lengths);
-    if (s != MN_OK) mn_segment_outputs_free(out);
+    if (s != MN_OK) mn_segment_inputs_release(&mat);
+    *out = mat;
     return s;
 }
 

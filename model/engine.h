@@ -109,6 +109,16 @@ mn_status mn_segment_run(mn_memory_state *st, const mn_segment_inputs *in,
                          mn_segment_outputs *out);
 void mn_segment_outputs_free(mn_segment_outputs *out);
 
+/* A segment's inputs as the backends read them (mn_segment_run gives them
+ * these): contiguous f32 on the state's device at full shape, the gates
+ * broadcast to [B,H,n] and [B,H,S] (an empty eta or alpha: zeros), lengths
+ * as i64, keys and queries normalised with qk_norm; n and S from
+ * mn_segment_check. out is released on failure; else release it with
+ * mn_segment_inputs_release. */
+mn_status mn_segment_inputs_materialize(const mn_memory_state *st, const mn_segment_inputs *in, int64_t n, int64_t S,
+                                        mn_segment_inputs *out);
+void mn_segment_inputs_release(mn_segment_inputs *mat);
+
 /* Retrieval only: y = M(q; W) with the current weights. */
 mn_status mn_memory_read(const mn_memory_state *st, const mn_tensor *q, mn_tensor *y);
 

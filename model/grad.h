@@ -71,6 +71,35 @@ mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_ten
                           const mn_tensor *init_momenta, const mn_tensor *init_outer, const mn_segment_inputs *in,
                           const mn_run_upstream *up, int64_t block_steps, const mn_run_checkpoints *ck,
                           mn_run_grads *out);
+/* The same for a run on dev: where a backend registered for dev covers the
+ * rule (mn_grad_backend), it computes the gradients there; else the CPU
+ * does. mn_run_backward is this with dev the device of in->k (a run whose
+ * inputs are on cuda). The gradients come back on the CPU either way. */
+mn_status mn_run_backward_on(mn_device dev, const mn_rule *rule, const mn_dims *dims, const mn_tensor *init_params,
+                             const mn_tensor *init_momenta, const mn_tensor *init_outer,
+                             const mn_segment_inputs *in, const mn_run_upstream *up, int64_t block_steps,
+                             const mn_run_checkpoints *ck, mn_run_grads *out);
+
+/* A backward on another device (the CUDA general path registers one,
+ * kernels/grad_cuda.c), so that model/ never calls kernels/: covers says
+ * whether it runs the rule's backward, and if not why (one line into why);
+ * run has mn_run_backward's contract for a rule it covers (no
+ * checkpoints: it keeps its own). */
+typedef struct mn_grad_backend {
+    const char *name;
+    bool (*covers)(const mn_rule *rule, char *why, size_t why_len);
+    mn_status (*run)(const mn_rule *rule, const mn_dims *dims, const mn_tensor *init_params,
+                     const mn_tensor *init_momenta, const mn_tensor *init_outer, const mn_segment_inputs *in,
+                     const mn_run_upstream *up, int64_t block_steps, mn_run_grads *out);
+} mn_grad_backend;
+void mn_register_grad_backend(mn_device dev, const mn_grad_backend *b);
+const mn_grad_backend *mn_grad_backend_for(mn_device dev);
+
+/* An upstream tensor as the backward reads it: empty stays empty (zero);
+ * otherwise src, which must broadcast to shape (with exact: have its ndim
+ * too), as a new contiguous f32 tensor on dev. The error names it. */
+mn_status mn_grad_upstream_input(mn_tensor *out, const mn_tensor *src, const char *name, int ndim,
+                                 const int64_t *shape, bool exact, mn_device dev);
 void mn_run_grads_free(mn_run_grads *g);
 
 /* full summed back to a broadcast shape (numpy rules: leading dims dropped,
@@ -82,6 +111,10 @@ mn_status mn_sum_to_shape(mn_tensor *out, const mn_tensor *full, int ndim, const
 /* The pointwise parts of the loss as programs in (y, v, r): f' = df/dy,
  * df/dv, d2f/dy2 and d2f/dydv (r = y - v counted through), from the rule's
  * loss expression, so a custom loss gets its second derivative for free. */
+/* The expressions of those four parts (new references in out: fy, fv, fyy,
+ * fyv), the CPU's programs and the CUDA backward's hooks alike. */
+mn_status mn_loss_derivative_exprs(const mn_rule *r, mn_expr *out[4]);
+
 typedef struct mn_loss_programs {
     mn_expr_program *fy, *fv, *fyy, *fyv;
     double feature_scale;   /* R: 1/dv (mean) or 1 (sum) */

@@ -453,9 +453,8 @@ static mn_status materialize(mn_tensor *out, const mn_tensor *src, int ndim, con
     return st;
 }
 
-/* An upstream tensor: empty (zero), or a shape that broadcasts to full. */
-static mn_status upstream_input(mn_tensor *out, const mn_tensor *src, const char *name, int ndim,
-                                const int64_t *shape, bool exact)
+mn_status mn_grad_upstream_input(mn_tensor *out, const mn_tensor *src, const char *name, int ndim,
+                                 const int64_t *shape, bool exact, mn_device dev)
 {
     if (!src->storage) return MN_OK;
     int nd;
@@ -469,7 +468,16 @@ static mn_status upstream_input(mn_tensor *out, const mn_tensor *src, const char
         mn_shape_string_of(ndim, shape, want, sizeof want);
         return mn_fail(MN_ERR_ARG, "upstream %s has shape %s; expected %s", name, got, want);
     }
-    return materialize(out, src, ndim, shape);
+    MN_TRY(mn_tensor_empty(out, MN_F32, ndim, shape, dev));
+    mn_status st = mn_tensor_copy_into(out, src);
+    if (st != MN_OK) mn_tensor_release(out);
+    return st;
+}
+
+static mn_status upstream_input(mn_tensor *out, const mn_tensor *src, const char *name, int ndim,
+                                const int64_t *shape, bool exact)
+{
+    return mn_grad_upstream_input(out, src, name, ndim, shape, exact, MN_CPU);
 }
 
 void mn_run_grads_free(mn_run_grads *g)
@@ -505,10 +513,50 @@ static mn_status clip_forms(run_ctx *x)
     return x->dscale ? MN_OK : MN_ERR_OOM;
 }
 
+/* ---- where the backward runs ---- */
+
+static const mn_grad_backend *grad_backends[2];
+
+void mn_register_grad_backend(mn_device dev, const mn_grad_backend *b) { grad_backends[dev] = b; }
+
+const mn_grad_backend *mn_grad_backend_for(mn_device dev)
+{
+    return (unsigned)dev < sizeof grad_backends / sizeof *grad_backends ? grad_backends[dev] : NULL;
+}
+
+static mn_status cpu_backward(const mn_rule *rule, const mn_dims *dims, const mn_tensor *init_params,
+                              const mn_tensor *init_momenta, const mn_tensor *init_outer, const mn_segment_inputs *in,
+                              const mn_run_upstream *up, int64_t block_steps, const mn_run_checkpoints *ck,
+                              mn_run_grads *out);
+
+mn_status mn_run_backward_on(mn_device dev, const mn_rule *rule, const mn_dims *dims, const mn_tensor *init_params,
+                             const mn_tensor *init_momenta, const mn_tensor *init_outer,
+                             const mn_segment_inputs *in, const mn_run_upstream *up, int64_t block_steps,
+                             const mn_run_checkpoints *ck, mn_run_grads *out)
+{
+    const mn_grad_backend *b = dev == MN_CPU ? NULL : mn_grad_backend_for(dev);
+    char why[256];
+    if (b && b->covers(rule, why, sizeof why)) {
+        memset(out, 0, sizeof *out);
+        return b->run(rule, dims, init_params, init_momenta, init_outer, in, up, block_steps, out);
+    }
+    return cpu_backward(rule, dims, init_params, init_momenta, init_outer, in, up, block_steps, ck, out);
+}
+
 mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_tensor *init_params,
                           const mn_tensor *init_momenta, const mn_tensor *init_outer, const mn_segment_inputs *in,
                           const mn_run_upstream *up, int64_t block_steps, const mn_run_checkpoints *ck,
                           mn_run_grads *out)
+{
+    mn_device dev = in->k.storage ? in->k.storage->device : MN_CPU;
+    return mn_run_backward_on(dev, rule, dims, init_params, init_momenta, init_outer, in, up, block_steps, ck, out);
+}
+
+/* The CPU's backward (the contract of mn_run_backward). */
+static mn_status cpu_backward(const mn_rule *rule, const mn_dims *dims, const mn_tensor *init_params,
+                              const mn_tensor *init_momenta, const mn_tensor *init_outer, const mn_segment_inputs *in,
+                              const mn_run_upstream *up, int64_t block_steps, const mn_run_checkpoints *ck,
+                              mn_run_grads *out)
 {
     memset(out, 0, sizeof *out);
     mn_memory_state st;

@@ -20,7 +20,7 @@ static const char run_usage[] =
     "  --device     engine to run on (default: cpu)\n"
     "  --precision  matrix precision (default fp32; tf32 and bf16 need cuda)\n"
     "  --trace      also write /trace (per-step mean loss and weight norm)\n"
-    "  An experiment with /upstream also gets the run's backward (on the cpu), written to /grads.\n"
+    "  An experiment with /upstream also gets the run's backward (on the device where it covers the rule, else the cpu), written to /grads.\n"
     "  -q, --quiet  no progress line (it only shows on a terminal, for runs over a second)\n";
 
 /* Whether two paths name one file: same device and inode, so that "e.h5",
@@ -120,7 +120,7 @@ int mn_cli_run(int argc, char **argv)
     s = mn_result_tree(&e.rule, e.rule_group, &final, &out, device, precision, trace, &root);
     mn_run_grads grads = {0};
     if (s == MN_OK && e.upstream) {
-        s = mn_experiment_backward(&e, exp_path, ck.data ? &ck : NULL, &grads);
+        s = mn_experiment_backward(&e, exp_path, dev, ck.data ? &ck : NULL, &grads);
         if (s == MN_OK) s = mn_grads_to_tree(&e.rule, &grads, root);
     }
     if (s == MN_OK) s = mn_h5_save(out_path, root);

@@ -75,7 +75,7 @@ for name, res, args in [
                                          ctypes.POINTER(_P)]),
     ("mnt_param_info", ctypes.c_int, [_P, _I64P, ctypes.c_int, ctypes.c_char_p, _I64P]),
     ("mnt_forward", ctypes.c_int, [_P, _I64P, ctypes.c_int, _P, _ARGP, _ARGP, _ARGP, _ARGP, _ARGP, _ARGP, _ARGP]),
-    ("mnt_backward", ctypes.c_int, [_P, _I64P, _ARGP, _ARGP, _ARGP, _ARGP, _ARGP, _ARGP]),
+    ("mnt_backward", ctypes.c_int, [_P, _I64P, ctypes.c_int, _P, _ARGP, _ARGP, _ARGP, _ARGP, _ARGP, _ARGP]),
 ]:
     fn = getattr(lib, name)
     fn.restype = res

@@ -113,18 +113,18 @@ def backward_tensors(rule, inputs, params, momenta, upstream, wanted, outer=(Non
     """The gradients of <dy, y> + <dloss, loss> + sum <dP, P^(S)> for every
     input, parameter, momentum and ln_g, ln_b; upstream: dy, dloss,
     dparams..., dmomenta... (None: zero). wanted: booleans in the order
-    inputs, params, momenta, outer. The engine's backward is CPU-only: CUDA
-    tensors go through CPU copies."""
+    inputs, params, momenta, outer. With CUDA tensors the engine's backward
+    runs on the GPU (on torch's current stream) for the rules its GPU
+    backward covers (rule:plan's backward line), else on the CPU from
+    copies; the gradients come back on the inputs' device."""
     like = inputs[0]
-    if like.is_cuda:
-        _warn_once("cpu-backward", "mnemo_torch: the engine's backward runs on the CPU for now; "
-                   "CUDA tensors are copied to the CPU and the gradients back")
-    cpu = lambda t: None if t is None else t.detach().to("cpu", torch.float32).contiguous()  # noqa: E731
-    inputs_c = [cpu(t) for t in inputs]
-    params_c = [cpu(t) for t in params]
-    momenta_c = [cpu(t) for t in momenta]
-    upstream_c = [cpu(t) for t in upstream]
-    outer_c = [cpu(t) for t in outer]
+    dev = like.device
+    prep = lambda t: None if t is None else t.detach().to(dev, torch.float32).contiguous()  # noqa: E731
+    inputs_c = [prep(t) for t in inputs]
+    params_c = [prep(t) for t in params]
+    momenta_c = [prep(t) for t in momenta]
+    upstream_c = [prep(t) for t in upstream]
+    outer_c = [prep(t) for t in outer]
     dims = _dims(rule, inputs_c[0], inputs_c[1], params_c)
     given = inputs_c + params_c + momenta_c + outer_c
     if len(inputs_c) != 6 or len(outer_c) != 2 or len(wanted) != len(given):
@@ -133,7 +133,11 @@ def backward_tensors(rule, inputs, params, momenta, upstream, wanted, outer=(Non
                          % (len(inputs_c), len(outer_c), len(wanted), len(given)))
     grads = [torch.zeros(t.shape, dtype=torch.float32) if (t is not None and w) else None
              for t, w in zip(given, wanted)]
-    nat.check(nat.lib.mnt_backward(rule.handle, nat.int64s(dims), nat.arg_array(inputs_c + [lengths]),
+    if like.is_cuda and not nat.lib.mnt_cuda_available():
+        raise nat.MnemoError("mnemo_torch: CUDA tensors, but the engine has no usable CUDA device")
+    # the gradients come from the engine on the CPU (model/grad.h), summed to these CPU tensors
+    nat.check(nat.lib.mnt_backward(rule.handle, nat.int64s(dims), nat.CUDA if like.is_cuda else nat.CPU,
+                                   _stream_of(like), nat.arg_array(inputs_c + [lengths]),
                                    nat.arg_array(params_c), nat.arg_array(momenta_c), nat.arg_array(outer_c),
                                    nat.arg_array(upstream_c), nat.arg_array(grads)))
     return [None if g is None else g.to(like.device) for g in grads]

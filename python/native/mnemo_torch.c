@@ -289,13 +289,16 @@ int mnt_forward(const mn_rule *r, const int64_t *dims6, int device, void *stream
     return s;
 }
 
-/* Backward (SPEC.md section 7) on the cpu. inputs, outer as for
+/* Backward (SPEC.md section 7) of a run on device (mn_run_backward_on: on
+ * the GPU for the rules its backward covers, else on the cpu; stream: the
+ * caller's cudaStream_t or NULL, as for mnt_forward). inputs, outer as for
  * mnt_forward. upstream: dy, dloss, then dparams[np], dmomenta[np] (absent:
- * zero). grads: k, v, q, theta, eta, alpha, then params[np], momenta[np],
- * then ln_g, ln_b: each given tensor is filled with the gradient summed to
- * its shape (that of the matching input). */
-int mnt_backward(const mn_rule *r, const int64_t *dims6, const mnt_arg *inputs, const mnt_arg *params,
-                 const mnt_arg *momenta, const mnt_arg *outer, const mnt_arg *upstream, const mnt_arg *grads)
+ * zero). grads (cpu tensors): k, v, q, theta, eta, alpha, then params[np],
+ * momenta[np], then ln_g, ln_b: each given tensor is filled with the
+ * gradient summed to its shape (that of the matching input). */
+int mnt_backward(const mn_rule *r, const int64_t *dims6, int device, void *stream, const mnt_arg *inputs,
+                 const mnt_arg *params, const mnt_arg *momenta, const mnt_arg *outer, const mnt_arg *upstream,
+                 const mnt_arg *grads)
 {
     mn_clear_error();
     call c;
@@ -305,6 +308,16 @@ int mnt_backward(const mn_rule *r, const int64_t *dims6, const mnt_arg *inputs, 
     memset(&g, 0, sizeof g);
     bool have_grads = false;
     mn_status s = call_init(&c, r, dims6, inputs, params, momenta, outer);
+#ifdef MN_HAVE_CUDA
+    /* the GPU backward's work goes to the caller's stream, as the forward's does */
+    if (s == MN_OK && device == MN_CUDA) {
+        if (!mnt_cuda_available()) s = mn_fail(MN_ERR_DEVICE, "cuda: %s", mn_cuda_unavailable_reason());
+        else mn_cuda_set_stream(stream);
+    }
+#else
+    (void)stream;
+    if (s == MN_OK && device == MN_CUDA) s = mn_fail(MN_ERR_UNSUPPORTED, "cuda: this build of mnemo has no CUDA (make CUDA=1)");
+#endif
     if (s == MN_OK) s = wrap(&up.dy, &upstream[0], "dy");
     if (s == MN_OK) s = wrap(&up.dloss, &upstream[1], "dloss");
     for (int p = 0; p < c.np && s == MN_OK; p++) {
@@ -312,7 +325,8 @@ int mnt_backward(const mn_rule *r, const int64_t *dims6, const mnt_arg *inputs, 
         if (s == MN_OK) s = wrap(&up.dmomenta[p], &upstream[2 + c.np + p], "dmomenta");
     }
     if (s == MN_OK) {
-        s = mn_run_backward(&c.rule, &c.dims, c.params, c.momenta, c.outer, &c.in, &up, 0, NULL, &g);
+        s = mn_run_backward_on((mn_device)device, &c.rule, &c.dims, c.params, c.momenta, c.outer, &c.in, &up, 0, NULL,
+                               &g);
         have_grads = s == MN_OK;
         if (s != MN_OK) mn_fail_context(s, "backward: ");
     }
@@ -348,5 +362,8 @@ int mnt_backward(const mn_rule *r, const int64_t *dims6, const mnt_arg *inputs, 
     }
     if (have_grads) mn_run_grads_free(&g);
     call_free(&c);
+#ifdef MN_HAVE_CUDA
+    mn_cuda_set_stream(NULL); /* the REPL's and every other caller's default */
+#endif
     return s;
 }

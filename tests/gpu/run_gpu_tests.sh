@@ -4,12 +4,15 @@
 # `. tests/gpu/env.sh && sh tests/gpu/run_gpu_tests.sh`):
 #   - the unit-test binaries and the Lua tests (the CUDA ones run for real),
 #   - the rule engine from Lua on cuda against cpu (run, memory in pieces,
-#     read, precision modes, rule:source),
+#     read, precision modes, rule:source), and the backward of a cuda run on
+#     the GPU against the cpu's (tests/lua/test_grad_cuda.lua),
 #   - the conformance suite (tests/reference) on cuda in fp32, tf32 and bf16
 #     on the path the plan picks (the fused kernel for layers 1 and 2), in
 #     fp32 on sequences up to 400 tokens (steps longer than a chunk), and in
 #     fp32 with the general and the large path forced (MNEMO_CUDA_PATH), all
-#     at once (they share the kernel cache, written atomically),
+#     at once (they share the kernel cache, written atomically); the forced
+#     general run's /grads come from the GPU backward, the others' from the
+#     CPU's (MNEMO_CUDA_BACKWARD=cpu),
 #   - the PyTorch bridge (tests/python/test_bridge.py, tests/gpu/test_bridge_gpu.py),
 #   - compute-sanitizer (memcheck; racecheck, initcheck, synccheck on fewer)
 #     on a few `mnemo run` calls,
@@ -75,21 +78,28 @@ echo "python: $PYTHON; sanitizer: $SANITIZER; logs: $OUT"
 
 # ---- conformance, in the background: the longest part ----
 if [ -n "$PYTHON" ]; then
+    # The backward of a cuda run goes to the GPU (kernels/grad_kernel.cuh)
+    # where it covers the rule: one more NVRTC compile per configuration. The
+    # forced general-path run below checks those gradients against the
+    # reference; the others keep the CPU's backward (MNEMO_CUDA_BACKWARD=cpu)
+    # so that their time stays what it was.
     for prec in fp32 tf32 bf16; do
-        ( MNEMO_DEVICE=cuda MNEMO_PRECISION=$prec timeout "${CONFORMANCE_TIMEOUT:-540}" \
+        ( MNEMO_CUDA_BACKWARD=cpu MNEMO_DEVICE=cuda MNEMO_PRECISION=$prec timeout "${CONFORMANCE_TIMEOUT:-540}" \
               "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_$prec.log" 2>&1
           echo $? > "$WORK/conformance_$prec.rc" ) &
     done
     # the paths the plan did not pick for these small rules, forced
     # (kernels/plan.h): the general kernel, and the cuBLAS + graph path
     for path in general large; do
-        ( MNEMO_CUDA_PATH=$path MNEMO_DEVICE=cuda MNEMO_PRECISION=fp32 MNEMO_CONFORMANCE_SEED=3 \
+        backward=cpu
+        [ "$path" = general ] && backward=auto
+        ( MNEMO_CUDA_BACKWARD=$backward MNEMO_CUDA_PATH=$path MNEMO_DEVICE=cuda MNEMO_PRECISION=fp32 MNEMO_CONFORMANCE_SEED=3 \
               MNEMO_CONFORMANCE_COUNT=${PATH_CONFORMANCE_COUNT:-80} timeout "${CONFORMANCE_TIMEOUT:-540}" \
               "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_$path.log" 2>&1
           echo $? > "$WORK/conformance_$path.rc" ) &
     done
     # long sequences: steps of more than 64 tokens take the kernel's chunked path
-    ( MNEMO_DEVICE=cuda MNEMO_PRECISION=fp32 MNEMO_CONFORMANCE_SEED=7 MNEMO_CONFORMANCE_MAX_T=400 \
+    ( MNEMO_CUDA_BACKWARD=cpu MNEMO_DEVICE=cuda MNEMO_PRECISION=fp32 MNEMO_CONFORMANCE_SEED=7 MNEMO_CONFORMANCE_MAX_T=400 \
           MNEMO_CONFORMANCE_COUNT=${LONG_CONFORMANCE_COUNT:-40} timeout "${CONFORMANCE_TIMEOUT:-540}" \
           "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_long.log" 2>&1
       echo $? > "$WORK/conformance_long.rc" ) &
@@ -99,6 +109,8 @@ fi
 for t in "$BIN_DIR"/test_*; do
     [ -x "$t" ] && run_one "unit/$(basename "$t")" "$t"
 done
+# (test_grad_cuda.lua among them: the backward of cuda runs on the GPU against
+# the cpu's; its kernel recomputes the forward itself, whatever path ran it)
 for t in tests/lua/test_*.lua; do
     [ -f "$t" ] && run_one "lua/$(basename "$t")" "$MNEMO" "$t"
 done

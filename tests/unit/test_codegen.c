@@ -124,6 +124,14 @@ static void test_compile_cases(void)
             if (fast) compile_line(name, fast);
             free(fast);
         }
+        /* the backward's source (kernels/grad_kernel.cuh) for the same rule */
+        char *gsrc = mn_cuda_grad_source(&r, &d);
+        snprintf(name, sizeof name, "codegen/grad_source/%s", c->name);
+        CHECK(name, gsrc && strstr(gsrc, "mn_grad_kernel") && strstr(gsrc, "mn_ghook_loss_dyy(double y") &&
+                        strstr(gsrc, "mn_ghook_act_dd(double z)") && strstr(gsrc, "#define MN_GRAD_SOURCE 1"));
+        snprintf(name, sizeof name, "codegen/nvrtc_sm90/%s/backward", c->name);
+        if (gsrc) compile_line(name, gsrc);
+        free(gsrc);
         mn_rule_free(&r);
     }
 }

@@ -1,0 +1,214 @@
+/* grad_cuda.c: the backward of a run (SPEC.md section 7) on the GPU, general
+ * path: the host side of kernels/grad_kernel.cuh, registered with
+ * model/grad_cpu.c's mn_run_backward_on as the MN_CUDA grad backend (model/
+ * never calls kernels/). For a rule that mn_cuda_backward_covers (plan.c):
+ * the initial state and the inputs go to the GPU as the forward's do
+ * (mn_memory_create, mn_segment_inputs_materialize), the upstream too; one
+ * launch of the generated kernel, one block per memory, computes every
+ * gradient into zeroed device tensors, which come back to the CPU, where
+ * mn_run_backward's callers expect them (grad.h). The workspace (checkpoints
+ * and the block's states, per memory) is sized here by
+ * mn_grad_layout_init, the kernel's own layout. Every device allocation is
+ * a tensor or the workspace, given back on every path out. */
+#include "cuda_check.h"
+#include "codegen.h"
+#include "cuda_module.h"
+#include "plan.h"
+#include "rule_kernel.cuh" /* its first part is C: MN_RULE_MAX_PARAMS, the forward's chunk layout */
+#include "grad_kernel.cuh" /* its first part is C: the arguments and the workspace layout */
+#include "../model/grad.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool cuda_grad_covers(const mn_rule *rule, char *why, size_t why_len)
+{
+    return mn_cuda_backward_covers(rule, why, why_len);
+}
+
+static float *f32(const mn_tensor *t) { return t->storage ? (float *)mn_tensor_data(t) : NULL; }
+
+/* What one backward holds on the device, released in one place. */
+typedef struct grad_run {
+    mn_memory_state st;
+    bool have_state;
+    mn_segment_inputs in;
+    mn_tensor dy, dloss, dW[MN_MAX_PARAMS], dS[MN_MAX_PARAMS];
+    mn_tensor gk, gv, gq, gtheta, geta, galpha, gW[MN_MAX_PARAMS], gS[MN_MAX_PARAMS];
+    void *work;
+    size_t work_bytes;
+} grad_run;
+
+static void grad_run_free(grad_run *g)
+{
+    mn_tensor *ts[] = {&g->dy, &g->dloss, &g->gk, &g->gv, &g->gq, &g->gtheta, &g->geta, &g->galpha};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) mn_tensor_release(ts[i]);
+    for (int p = 0; p < MN_MAX_PARAMS; p++) {
+        mn_tensor_release(&g->dW[p]);
+        mn_tensor_release(&g->dS[p]);
+        mn_tensor_release(&g->gW[p]);
+        mn_tensor_release(&g->gS[p]);
+    }
+    mn_segment_inputs_release(&g->in);
+    if (g->work) mn_cuda_free(g->work, g->work_bytes);
+    if (g->have_state) mn_memory_free(&g->st);
+    memset(g, 0, sizeof *g);
+}
+
+/* The launch on the layer's current stream, waited for: a fault inside the
+ * kernel is reported here. */
+static mn_status launch(const mn_cuda_module *mod, int64_t memories, mn_grad_kargs *a)
+{
+    dim3 grid = {(unsigned)memories, 1, 1}, block = {MN_RULE_THREADS, 1, 1};
+    void *args[1] = {a};
+    cudaStream_t stream = (cudaStream_t)mn_cuda_get_stream();
+    /* lengths came up with a cudaMemcpy on the legacy stream (model/engine.c):
+     * a caller's stream must not start the kernel before it lands */
+    if (stream) MN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+    MN_CUDA_CHECK(cudaLaunchKernel((const void *)mod->k[0], grid, block, args, 0, stream));
+    MN_CUDA_CHECK_LAUNCH();
+    MN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return MN_OK;
+}
+
+/* The device tensor src as a new CPU tensor in *dst. */
+static mn_status to_host(mn_tensor *dst, const mn_tensor *src)
+{
+    return src->storage ? mn_tensor_to_device(dst, src, MN_CPU) : MN_OK;
+}
+
+static mn_status run_kernel(grad_run *g, int64_t n, int64_t S, int64_t block_steps, mn_run_grads *out)
+{
+    const mn_rule *r = &g->st.rule;
+    const mn_dims *d = &g->st.dims;
+    int64_t memories = d->B * d->H;
+    int64_t K = mn_grad_block_steps(S, block_steps), nblocks = S > 0 ? (S + K - 1) / K : 0;
+    mn_grad_layout lo;
+    mn_grad_layout_init(&lo, r->layers, r->bias, d->dk, d->dv, r->layers > 1 ? d->dh : 0, mn_rule_chunk_rows(r->step),
+                        K, nblocks);
+    out->block = K;
+    out->backward_bytes = (int64_t)sizeof(float) * lo.total * memories;
+    out->forward_bytes = memories * 3 * lo.P * 4;
+    if (n == 0 || memories == 0) return MN_OK;
+    if (memories > 2147483647LL)
+        return mn_fail(MN_ERR_UNSUPPORTED, "cuda backward: %lld memories (B x H) exceed one launch's grid",
+                       (long long)memories);
+    char *src = mn_cuda_grad_source(r, d);
+    if (!src) return MN_ERR_ARG;
+    static const char *const names[] = {MN_GRAD_KERNEL, NULL};
+    mn_cuda_module *mod;
+    mn_status s = mn_cuda_module_get(src, names, &mod);
+    free(src);
+    MN_TRY(s);
+    g->work_bytes = sizeof(float) * (size_t)lo.total * (size_t)memories;
+    s = mn_cuda_alloc(g->work_bytes, &g->work);
+    if (s != MN_OK) {
+        g->work = NULL;
+        return mn_fail_context(s, "cuda backward: workspace of %.1f MB (checkpoints every %lld steps): ",
+                               (double)g->work_bytes / 1e6, (long long)K);
+    }
+    mn_grad_kargs a;
+    memset(&a, 0, sizeof a);
+    for (int p = 0; p < g->st.nparams; p++) {
+        a.W0[p] = f32(&g->st.params[p]);
+        a.S0[p] = f32(&g->st.momenta[p]);
+        a.dWf[p] = f32(&g->dW[p]);
+        a.dSf[p] = f32(&g->dS[p]);
+        a.gW[p] = f32(&g->gW[p]);
+        a.gS[p] = f32(&g->gS[p]);
+    }
+    a.k = f32(&g->in.k);
+    a.v = f32(&g->in.v);
+    a.q = f32(&g->in.q);
+    a.theta = f32(&g->in.theta);
+    a.eta = f32(&g->in.eta);
+    a.alpha = f32(&g->in.alpha);
+    a.dy = f32(&g->dy);
+    a.dloss = f32(&g->dloss);
+    a.gk = f32(&g->gk);
+    a.gv = f32(&g->gv);
+    a.gq = f32(&g->gq);
+    a.gtheta = f32(&g->gtheta);
+    a.geta = f32(&g->geta);
+    a.galpha = f32(&g->galpha);
+    if (g->in.lengths.storage) {
+        if (g->in.lengths.dtype != MN_I64 || g->in.lengths.storage->device != MN_CUDA)
+            return mn_fail(MN_ERR_ARG, "cuda backward: lengths must come as i64 on cuda");
+        a.lengths = (const long long *)mn_tensor_data(&g->in.lengths);
+    }
+    a.heads = d->H;
+    a.work = g->work;
+    a.work_floats = lo.total;
+    a.n = n;
+    a.nsteps = S;
+    a.K = K;
+    a.nblocks = nblocks;
+    return launch(mod, memories, &a);
+}
+
+static mn_status cuda_grad_run(const mn_rule *rule, const mn_dims *dims, const mn_tensor *init_params,
+                               const mn_tensor *init_momenta, const mn_tensor *init_outer, const mn_segment_inputs *in,
+                               const mn_run_upstream *up, int64_t block_steps, mn_run_grads *out)
+{
+    memset(out, 0, sizeof *out);
+    MN_TRY(mn_cuda_ensure_device());
+    grad_run *g = calloc(1, sizeof *g);
+    if (!g) return mn_fail(MN_ERR_OOM, "cuda backward: out of memory");
+    mn_status s = mn_memory_create(&g->st, rule, dims, init_params, init_momenta, MN_CUDA);
+    g->have_state = s == MN_OK;
+    int64_t n = 0, S = 0;
+    if (s == MN_OK) s = mn_memory_set_outer(&g->st, init_outer);
+    if (s == MN_OK) s = mn_segment_check(&g->st, in, &n, &S);
+    if (s == MN_OK) s = mn_segment_inputs_materialize(&g->st, in, n, S, &g->in);
+    const mn_dims *d = &g->st.dims;
+    int np = g->st.nparams;
+    int64_t kshape[4] = {d->B, d->H, n, d->dk}, vshape[4] = {d->B, d->H, n, d->dv};
+    int64_t tshape[3] = {d->B, d->H, n}, sshape[3] = {d->B, d->H, S};
+    /* the upstream, checked as the CPU's backward checks it */
+    if (s == MN_OK) s = mn_grad_upstream_input(&g->dy, &up->dy, "dy", 4, vshape, true, MN_CUDA);
+    if (s == MN_OK) s = mn_grad_upstream_input(&g->dloss, &up->dloss, "dloss", 3, tshape, true, MN_CUDA);
+    for (int p = 0; p < np && s == MN_OK; p++) {
+        char name[16], dname[24];
+        mn_rule_param_name(&g->st.rule, p, name, sizeof name);
+        const mn_tensor *pt = &g->st.params[p];
+        snprintf(dname, sizeof dname, "d%s", name);
+        s = mn_grad_upstream_input(&g->dW[p], &up->dparams[p], dname, pt->ndim, pt->shape, false, MN_CUDA);
+        snprintf(dname, sizeof dname, "dS_%s", name);
+        if (s == MN_OK)
+            s = mn_grad_upstream_input(&g->dS[p], &up->dmomenta[p], dname, pt->ndim, pt->shape, false, MN_CUDA);
+    }
+    /* the gradients, zeroed: the kernel's passes accumulate into them */
+    if (s == MN_OK) s = mn_tensor_zeros(&g->gk, MN_F32, 4, kshape, MN_CUDA);
+    if (s == MN_OK) s = mn_tensor_zeros(&g->gv, MN_F32, 4, vshape, MN_CUDA);
+    if (s == MN_OK && in->q.storage) s = mn_tensor_zeros(&g->gq, MN_F32, 4, kshape, MN_CUDA);
+    if (s == MN_OK) s = mn_tensor_zeros(&g->gtheta, MN_F32, 3, tshape, MN_CUDA);
+    if (s == MN_OK) s = mn_tensor_zeros(&g->geta, MN_F32, 3, sshape, MN_CUDA);
+    if (s == MN_OK) s = mn_tensor_zeros(&g->galpha, MN_F32, 3, sshape, MN_CUDA);
+    for (int p = 0; p < np && s == MN_OK; p++) {
+        const mn_tensor *pt = &g->st.params[p];
+        s = mn_tensor_zeros(&g->gW[p], MN_F32, pt->ndim, pt->shape, MN_CUDA);
+        if (s == MN_OK) s = mn_tensor_zeros(&g->gS[p], MN_F32, pt->ndim, pt->shape, MN_CUDA);
+    }
+    if (s == MN_OK) s = run_kernel(g, n, S, block_steps, out);
+    /* back to the CPU, where mn_run_backward's callers read them */
+    out->nparams = np;
+    if (s == MN_OK) s = to_host(&out->k, &g->gk);
+    if (s == MN_OK) s = to_host(&out->v, &g->gv);
+    if (s == MN_OK) s = to_host(&out->q, &g->gq);
+    if (s == MN_OK) s = to_host(&out->theta, &g->gtheta);
+    if (s == MN_OK) s = to_host(&out->eta, &g->geta);
+    if (s == MN_OK) s = to_host(&out->alpha, &g->galpha);
+    for (int p = 0; p < np && s == MN_OK; p++) {
+        s = to_host(&out->params[p], &g->gW[p]);
+        if (s == MN_OK) s = to_host(&out->momenta[p], &g->gS[p]);
+    }
+    grad_run_free(g);
+    free(g);
+    if (s != MN_OK) mn_run_grads_free(out);
+    return s;
+}
+
+static const mn_grad_backend cuda_grad = {"cuda", cuda_grad_covers, cuda_grad_run};
+
+void mn_cuda_grad_register(void) { mn_register_grad_backend(MN_CUDA, &cuda_grad); }

@@ -1,0 +1,77 @@
+/* cuda_shim.h: just enough of CUDA to run a generated kernel source on the
+ * CPU (tests/unit/test_grad_emulated.c): a block's threads are pthreads,
+ * __syncthreads a barrier of all of them, a warp shuffle an exchange
+ * through a buffer between two barriers of the warp's 32 threads, shared
+ * memory a static (one block runs at a time), the _rn intrinsics plain IEEE
+ * operations (compiled with -ffp-contract=off: no fused multiply-adds).
+ * Not a CUDA: it runs the kernel's logic, its barriers and its reductions
+ * as written, so that an index, phase or formula error shows on a machine
+ * without a GPU; races it may not show. */
+#ifndef MN_CUDA_SHIM_H
+#define MN_CUDA_SHIM_H
+
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#define __CUDACC_RTC__ 1
+#define __device__
+#define __host__
+#define __global__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __shared__ static
+
+struct mn_dim3 {
+    unsigned x, y, z;
+};
+extern thread_local mn_dim3 threadIdx;
+extern mn_dim3 blockIdx;
+extern pthread_barrier_t mn_shim_block_barrier;
+extern pthread_barrier_t mn_shim_warp_barrier[32];
+extern double mn_shim_warp_buffer[32][32];
+
+static inline void __syncthreads() { pthread_barrier_wait(&mn_shim_block_barrier); }
+
+/* Lane l reads what lane source(l) put (its own value outside the warp). */
+static inline double mn_shim_shuffle(double v, int source)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    mn_shim_warp_buffer[warp][lane] = v;
+    pthread_barrier_wait(&mn_shim_warp_barrier[warp]);
+    const double r = source >= 0 && source < 32 ? mn_shim_warp_buffer[warp][source] : v;
+    pthread_barrier_wait(&mn_shim_warp_barrier[warp]);
+    return r;
+}
+static inline double __shfl_down_sync(unsigned, double v, int off)
+{
+    return mn_shim_shuffle(v, (int)(threadIdx.x & 31) + off);
+}
+static inline double __shfl_xor_sync(unsigned, double v, int off)
+{
+    return mn_shim_shuffle(v, (int)(threadIdx.x & 31) ^ off);
+}
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline double __longlong_as_double(long long x)
+{
+    double d;
+    memcpy(&d, &x, sizeof d);
+    return d;
+}
+static inline float __uint_as_float(unsigned x)
+{
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
+static inline unsigned __float_as_uint(float x)
+{
+    unsigned u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+#endif

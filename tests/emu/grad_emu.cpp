@@ -1,0 +1,141 @@
+/* grad_emu.cpp: kernels/grad_kernel.cuh's mn_grad_kernel, as generated for
+ * one rule (the source file is -DMN_EMU_SOURCE="path"), run on the CPU
+ * through cuda_shim.h, one block after another. Reads CASE.bin as
+ * tests/unit/test_grad_emulated.c writes it (sizes, inputs, upstream, and
+ * the CPU backward's gradients), runs the kernel, and prints one line per
+ * gradient "NAME relative-error" and last "worst E NAME". The workspace
+ * starts as NaN, so that a read of scratch the kernel did not write shows. */
+#include "cuda_shim.h"
+#include MN_EMU_SOURCE
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <vector>
+
+thread_local mn_dim3 threadIdx;
+mn_dim3 blockIdx;
+pthread_barrier_t mn_shim_block_barrier;
+pthread_barrier_t mn_shim_warp_barrier[32];
+double mn_shim_warp_buffer[32][32];
+
+static mn_grad_kargs args;
+
+static void *thread_main(void *tid)
+{
+    threadIdx.x = (unsigned)(intptr_t)tid;
+    mn_grad_kernel(args);
+    return NULL;
+}
+
+static std::vector<float> read_tensor(FILE *f)
+{
+    long long n = 0;
+    if (fread(&n, 8, 1, f) != 1 || n < 0) exit(3);
+    std::vector<float> v((size_t)n);
+    if (n && fread(v.data(), 4, (size_t)n, f) != (size_t)n) exit(3);
+    return v;
+}
+
+/* |got - want| / |want| over the entries where want is finite (a
+ * non-finite input's own entries are unspecified, SPEC.md section 7) */
+static double rel(const std::vector<float> &got, const std::vector<float> &want)
+{
+    if (got.size() != want.size()) return 1e30;
+    double d = 0, w = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        if (!std::isfinite(want[i])) continue;
+        d += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+        w += (double)want[i] * want[i];
+    }
+    double e = w > 0 ? sqrt(d / w) : sqrt(d);
+    return e == e ? e : 1e30;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) return 2;
+    FILE *f = fopen(argv[1], "rb");
+    if (!f) return 2;
+    long long h[8];
+    if (fread(h, 8, 8, f) != 8) return 3;
+    const long long B = h[0], H = h[1], n = h[2], S = h[3], np = h[4], K = h[5], nlen = h[6];
+    std::vector<long long> lengths((size_t)nlen);
+    if (nlen && fread(lengths.data(), 8, (size_t)nlen, f) != (size_t)nlen) return 3;
+    std::vector<float> in[8]; /* k, v, q, theta, eta, alpha, dy, dloss */
+    for (int i = 0; i < 8; i++) in[i] = read_tensor(f);
+    std::vector<float> param[MN_RULE_MAX_PARAMS][4]; /* W0, S0, dW, dS */
+    for (int p = 0; p < np; p++)
+        for (int j = 0; j < 4; j++) param[p][j] = read_tensor(f);
+    std::vector<float> want[6], want_param[MN_RULE_MAX_PARAMS][2];
+    for (int i = 0; i < 6; i++) want[i] = read_tensor(f);
+    for (int p = 0; p < np; p++)
+        for (int j = 0; j < 2; j++) want_param[p][j] = read_tensor(f);
+    fclose(f);
+
+    const long long memories = B * H, nblocks = (S + K - 1) / K;
+    mn_grad_layout lo;
+    mn_grad_layout_init(&lo, MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, MN_ROWS, K, nblocks);
+    std::vector<float> work((size_t)(lo.total * memories), NAN);
+    std::vector<float> got[6], got_param[MN_RULE_MAX_PARAMS][2];
+    for (int i = 0; i < 6; i++) got[i].assign(in[i].size(), 0.0f);
+    memset(&args, 0, sizeof args);
+    for (int p = 0; p < np; p++) {
+        args.W0[p] = param[p][0].data();
+        args.S0[p] = param[p][1].data();
+        args.dWf[p] = param[p][2].size() ? param[p][2].data() : NULL;
+        args.dSf[p] = param[p][3].size() ? param[p][3].data() : NULL;
+        got_param[p][0].assign(param[p][0].size(), 0.0f);
+        got_param[p][1].assign(param[p][0].size(), 0.0f);
+        args.gW[p] = got_param[p][0].data();
+        args.gS[p] = got_param[p][1].data();
+    }
+    float *gin[6];
+    for (int i = 0; i < 6; i++) gin[i] = got[i].size() ? got[i].data() : NULL;
+    args.k = in[0].data();
+    args.v = in[1].data();
+    args.q = in[2].size() ? in[2].data() : NULL;
+    args.theta = in[3].data();
+    args.eta = in[4].data();
+    args.alpha = in[5].data();
+    args.dy = in[6].size() ? in[6].data() : NULL;
+    args.dloss = in[7].size() ? in[7].data() : NULL;
+    args.gk = gin[0], args.gv = gin[1], args.gq = gin[2], args.gtheta = gin[3], args.geta = gin[4], args.galpha = gin[5];
+    args.lengths = nlen ? lengths.data() : NULL;
+    args.heads = H;
+    args.work = work.data();
+    args.work_floats = lo.total;
+    args.n = n;
+    args.nsteps = S;
+    args.K = K;
+    args.nblocks = nblocks;
+
+    pthread_barrier_init(&mn_shim_block_barrier, NULL, MN_RULE_THREADS);
+    for (int w = 0; w < MN_RULE_THREADS / 32; w++) pthread_barrier_init(&mn_shim_warp_barrier[w], NULL, 32);
+    for (long long m = 0; m < memories; m++) {
+        blockIdx.x = (unsigned)m;
+        pthread_t t[MN_RULE_THREADS];
+        for (int i = 0; i < MN_RULE_THREADS; i++)
+            if (pthread_create(&t[i], NULL, thread_main, (void *)(intptr_t)i) != 0) return 4;
+        for (int i = 0; i < MN_RULE_THREADS; i++) pthread_join(t[i], NULL);
+    }
+
+    static const char *const names[] = {"k", "v", "q", "theta", "eta", "alpha"};
+    double worst = 0;
+    char worst_name[32] = "none";
+    for (int i = 0; i < 6; i++) {
+        if (!want[i].size()) continue;
+        double e = rel(got[i], want[i]);
+        printf("%s %.3g\n", names[i], e);
+        if (e > worst) worst = e, snprintf(worst_name, sizeof worst_name, "%s", names[i]);
+    }
+    for (int p = 0; p < np; p++)
+        for (int j = 0; j < 2; j++) {
+            char name[32];
+            snprintf(name, sizeof name, "%s%d", j ? "S_param" : "param", p);
+            double e = rel(got_param[p][j], want_param[p][j]);
+            printf("%s %.3g\n", name, e);
+            if (e > worst) worst = e, snprintf(worst_name, sizeof worst_name, "%s", name);
+        }
+    printf("worst %.3g %s\n", worst, worst_name);
+    return 0;
+}

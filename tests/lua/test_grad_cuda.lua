@@ -1,0 +1,243 @@
+-- test_grad_cuda.lua: the backward of a run on the GPU, general path
+-- (kernels/grad_kernel.cuh, SPEC.md section 7).
+--   Everywhere (a CUDA build, GPU or not): rule:plan's backward line says
+--   where a cuda run's backward runs: "general (cuda)" for a covered rule,
+--   "cpu, because ..." naming glu, out_norm, qk_norm, precondition.
+--   On a GPU: for a table of rules across the axes the kernel covers (every
+--   loss, activation and clip kind, scopes, custom expressions, depth 1-3,
+--   bias, residual, q given or not, step / refresh 0, c, k c / retrieve,
+--   reductions, steps longer than a chunk, lengths, skipped steps,
+--   non-finite k, v and theta, initial momenta, block sizes), a run on cuda
+--   and the same run on cpu give the same gradient of every input (k, v, q,
+--   theta, eta, alpha) and initial parameter and momentum, to fp32
+--   tolerance: 1e-4 relative (L2 over the tensor) where the rule is smooth,
+--   2e-3 where it has a kink (relu, l1, lp, huber, value/norm clips, where):
+--   an element within rounding of a kink may take the other branch on one
+--   side, and a branch moves its entry by O(1) times a small factor. A
+--   failure names the case, the gradient, the error and the tolerance. A
+--   rule the kernel does not cover (glu) runs its cuda backward on the cpu
+--   and agrees exactly in shape and closely in value.
+-- Without a GPU the GPU part is SKIP lines (and a cuda run is refused by
+-- name). Run from the repository root: mnemo tests/lua/test_grad_cuda.lua
+local T = dofile("tests/lua/check.lua")
+local m = mnemo or require("mnemo")
+
+---------------------------------------------------------------- the plan's backward line
+local has_cuda_build = pcall(function() return m.rule {}:source() end)
+local backward_env = os.getenv("MNEMO_CUDA_BACKWARD")
+if not has_cuda_build then
+  T.skip("grad_cuda/plan", "this build has no CUDA")
+elseif backward_env == "cpu" then
+  T.eq("grad_cuda/plan/MNEMO_CUDA_BACKWARD=cpu", m.rule {}:plan { dk = 8 }.backward_why, "MNEMO_CUDA_BACKWARD=cpu")
+else
+  local covered = {
+    linear = m.rule {},
+    mlp2 = m.rule { layers = 2, hidden = 8, activation = "gelu", clip = "norm", clip_max = 1 },
+    custom = m.rule { layers = 3, hidden = 8, activation = "z*tanh(softplus(z))", loss = "log(1 + r^2)",
+                      clip = "elementwise", clip_expr = "m*tanh(g/m)", constants = { m = 0.01 } },
+  }
+  for name, r in pairs(covered) do
+    local p = r:plan { dk = 8 }
+    T.eq("grad_cuda/plan/" .. name .. "/backward", p.backward, "general (cuda)")
+    T.ok("grad_cuda/plan/" .. name .. "/printed", tostring(p):find("backward: general (cuda)", 1, true) ~= nil,
+         tostring(p))
+  end
+  local uncovered = {
+    glu = { m.rule { layers = 2, hidden = 8, glu = true }, "glu" },
+    out_norm = { m.rule { out_norm = "layernorm" }, "out_norm layernorm" },
+    qk_norm = { m.rule { qk_norm = "l2" }, "qk_norm l2" },
+    newton_schulz = { m.rule { precondition = "newton_schulz" }, "precondition newton_schulz" },
+  }
+  for name, c in pairs(uncovered) do
+    local p = c[1]:plan { dk = 8 }
+    T.eq("grad_cuda/plan/" .. name .. "/backward", p.backward, "cpu")
+    T.ok("grad_cuda/plan/" .. name .. "/why", (p.backward_why or ""):find(c[2], 1, true) ~= nil,
+         tostring(p.backward_why))
+    T.ok("grad_cuda/plan/" .. name .. "/printed",
+         tostring(p):find("backward: cpu, because " .. c[2], 1, true) ~= nil, tostring(p))
+  end
+  -- every reason at once, in one line
+  local all = m.rule { layers = 2, hidden = 8, glu = true, out_norm = "rmsnorm", precondition = "newton_schulz" }
+  local why = all:plan { dk = 8 }.backward_why
+  T.ok("grad_cuda/plan/all_reasons", why:find("glu", 1, true) and why:find("out_norm rmsnorm", 1, true) and
+       why:find("newton_schulz", 1, true) and not why:find("\n", 1, true), why)
+end
+
+if not m.cuda_available() then
+  T.raises("grad_cuda: without a GPU a cuda run is refused by name",
+           function() return m.rule {}:run { k = m.randn(4, 3), v = m.randn(4, 3), device = "cuda", grad = true } end,
+           "cuda")
+  T.skip("grad_cuda/cases", "no usable CUDA device")
+  T.done()
+end
+
+---------------------------------------------------------------- cuda against cpu
+local SMOOTH, KINK = 1e-4, 2e-3
+
+-- One case: rule fields, sizes, and what the run gets. opts: B, H, Tn, dk,
+-- dv, dh; q (a query tensor), lengths, momenta (initial S_*), bad = {what,
+-- b, h, t} (a non-finite entry), dloss, dparams (upstream of the finals),
+-- block (res:backward{block =}).
+local cases = {
+  { name = "linear_mse", rule = { theta = 0.1, eta = 0.6 }, tol = SMOOTH },
+  { name = "linear_bias_dot_step3", rule = { bias = true, loss = "dot", step = 3, refresh = 3, theta = 0.05, eta = 0.5 },
+    tol = SMOOTH },
+  { name = "mlp2_gelu_huber_softnorm_tensor_q", rule = { layers = 2, activation = "gelu", bias = true, loss = "huber",
+    loss_delta = 0.7, clip = "softnorm", clip_max = 0.5, clip_scope = "tensor", step = 3, refresh = 6 },
+    q = true, tol = KINK },
+  { name = "mlp2_relu_lp_value_before_mean_sum", rule = { layers = 2, activation = "relu", residual = true,
+    loss = "lp", loss_p = 1.5, clip = "value", clip_max = 0.05, step = 2, refresh = 2, retrieve = "before",
+    token_reduce = "mean", feature_reduce = "sum" }, dv = 5, tol = KINK },
+  { name = "mlp3_tanh_dot_residual_refresh0", rule = { layers = 3, activation = "tanh", bias = true, residual = true,
+    loss = "dot", step = 1, refresh = 0, theta = 0.02 }, dv = 5, tol = SMOOTH },
+  { name = "mlp2_identity_custom_loss_scale", rule = { layers = 2, activation = "identity", bias = true,
+    loss = "w*(y - v)^2 + c3*abs(r)^3", clip = "scale", clip_expr = "exp(-n/(n + m))",
+    constants = { w = 0.7, c3 = 0.1, m = 0.25 }, step = 5, refresh = 10 }, tol = KINK },
+  { name = "mlp3_custom_act_elementwise_where_loss", rule = { layers = 3, activation = "max(z, a*z)",
+    loss = "where(abs(r) <= delta, 0.5*r^2, delta*(abs(r) - 0.5*delta))", clip = "elementwise",
+    clip_expr = "m*tanh(g/m)", constants = { a = 0.1, m = 0.25, delta = 0.3 }, step = 1, refresh = 1,
+    retrieve = "before" }, tol = KINK },
+  { name = "mlp2_custom_act_log_loss_scale_tensor", rule = { layers = 2, activation = "z*tanh(softplus(z))",
+    bias = true, loss = "log(1 + r^2)", clip = "scale", clip_expr = "where(n > m, m/n, 1)", clip_scope = "tensor",
+    constants = { m = 0.25 }, step = 7, refresh = 0, token_reduce = "mean" }, q = true, tol = KINK },
+  { name = "mlp2_silu_logcosh_softvalue", rule = { layers = 2, activation = "silu", loss = "logcosh",
+    clip = "softvalue", clip_max = 0.1, step = 4, refresh = 8 }, tol = SMOOTH },
+  { name = "linear_long_step_chunked", rule = { bias = true, clip = "norm", clip_max = 0.5, clip_scope = "tensor",
+    step = 70, refresh = 140, retrieve = "before", token_reduce = "mean", theta = 0.3 }, Tn = 150, tol = KINK },
+  { name = "mlp2_l1_norm_global", rule = { layers = 2, activation = "gelu", loss = "l1", clip = "norm",
+    clip_max = 0.2, step = 4, refresh = 0 }, tol = KINK },
+  { name = "mlp2_lengths_after", rule = { layers = 2, activation = "silu", bias = true, step = 4, refresh = 8,
+    token_reduce = "mean" }, B = 3, Tn = 22, lengths = { 0, 9, 22 }, tol = SMOOTH },
+  { name = "linear_lengths_before_q", rule = { step = 3, refresh = 6, retrieve = "before" }, B = 3, Tn = 13,
+    lengths = { 13, 4, 7 }, q = true, tol = SMOOTH },
+  { name = "mlp2_momenta_given", rule = { layers = 2, activation = "tanh", step = 2, refresh = 4, eta = 0.9 },
+    momenta = true, tol = SMOOTH },
+  { name = "mlp2_skipped_step_nan_theta", rule = { layers = 2, activation = "silu", step = 3, refresh = 6 },
+    bad = { "theta", 1, 2, 5 }, skips = true, tol = SMOOTH },
+  { name = "mlp2_nonfinite_k", rule = { layers = 2, activation = "gelu", step = 2, refresh = 4 },
+    bad = { "k", 2, 1, 6 }, skips = true, tol = SMOOTH },
+  { name = "linear_nonfinite_v_l1", rule = { loss = "l1", step = 3, refresh = 3 }, bad = { "v", 1, 2, 4 },
+    tol = KINK },
+  { name = "mlp2_block1", rule = { layers = 2, activation = "gelu", step = 2, refresh = 4 }, block = 1, tol = SMOOTH },
+  { name = "mlp2_block3_no_dloss_no_dparams", rule = { layers = 2, activation = "silu", step = 2, refresh = 6 },
+    block = 3, dloss = false, dparams = false, tol = SMOOTH },
+  { name = "mlp2_dk_ne_dv_q", rule = { layers = 2, activation = "silu", bias = true, step = 4, refresh = 4 },
+    dk = 6, dv = 3, dh = 5, q = true, tol = SMOOTH },
+}
+
+local function put_bad(t, b, h, tok, value) t[{ b, h, tok }] = value end
+
+-- grads of one side, the bad token's own entries zeroed (SPEC.md section 7:
+-- unspecified) so that the comparison reads only what must agree
+local function masked(g, bad)
+  if not bad then return g end
+  local _, b, h, tok = table.unpack(bad)
+  for _, key in ipairs { "k", "v", "q", "theta" } do
+    if g[key] then
+      local c = g[key]:cpu():clone()
+      c[{ b, h, tok }] = 0
+      g[key] = c
+    end
+  end
+  return g
+end
+
+for ci, c in ipairs(cases) do
+  m.seed(100 + ci)
+  local B, H, Tn = c.B or 2, c.H or 2, c.Tn or 12
+  local dk, dv, dh = c.dk or 4, c.dv or (c.rule.residual and 4) or 4, c.dh or 6
+  if c.rule.residual then dk = dv end
+  local ropts = { hidden = dh }
+  for key, val in pairs(c.rule) do ropts[key] = val end
+  ropts.theta, ropts.eta = nil, nil
+  local rule = m.rule(ropts)
+  local step = c.rule.step or 1
+  local S = (Tn + step - 1) // step
+  local k, v = m.randn(B, H, Tn, dk) * 0.5, m.randn(B, H, Tn, dv) * 0.5
+  local q = c.q and m.randn(B, H, Tn, dk) * 0.5 or nil
+  local theta = m.rand(B, H, Tn) * 0.1 + (c.rule.theta or 0.1)
+  local eta = m.rand(B, H, S) * 0.2 + (c.rule.eta or 0.5)
+  local alpha = m.rand(B, H, S) * 0.02
+  if c.bad then
+    local what, b, h, tok = table.unpack(c.bad)
+    local t = ({ k = k, v = v, theta = theta })[what]
+    put_bad(t, b, h, tok, what == "v" and 1 / 0 or 0 / 0)
+  end
+  -- initial parameters (and momenta) as CPU tensors: both runs start alike
+  local init, up = {}, {}
+  local np = 0
+  for name, t in pairs(rule:run { k = k, v = v, theta = 0.1, seed = 7 + ci }.final) do
+    if not name:match("^S_") then
+      init[name] = m.randn(table.unpack(t.shape)) * (name:match("^b") and 0.1 or 0.4)
+      if c.momenta then init["S_" .. name] = m.randn(table.unpack(t.shape)) * 0.05 end
+      if c.dparams ~= false then
+        up["d" .. name] = m.randn(table.unpack(t.shape))
+        up["dS_" .. name] = m.randn(table.unpack(t.shape)) * 0.5
+      end
+      np = np + 1
+    end
+  end
+  up.dy = m.randn(B, H, Tn, dv)
+  if c.dloss ~= false then up.dloss = m.randn(B, H, Tn) end
+  up.block = c.block
+  local function run_on(device)
+    local ok, res = pcall(rule.run, rule, { k = k, v = v, q = q, theta = theta, eta = eta, alpha = alpha,
+                                            init = init, lengths = c.lengths, device = device, grad = true })
+    if not ok then return nil, res end
+    local ok2, g = pcall(res.backward, res, up)
+    if not ok2 then return nil, g end
+    return masked(g, c.bad), res
+  end
+  local gc, ec = run_on("cpu")
+  local gg, eg = run_on("cuda")
+  local label = "grad_cuda/" .. c.name
+  if c.skips and gc then
+    local skipped = ec.outputs.skipped:sum()
+    T.ok(label .. "/has_a_skipped_step", (type(skipped) == "number" and skipped or skipped:item()) > 0,
+         "the case meant to skip a step skipped none")
+  end
+  if not gc or not gg then
+    T.ok(label .. "/runs", false, "cpu: " .. tostring(ec) .. "; cuda: " .. tostring(eg))
+  else
+    local names = { "k", "v", "theta", "eta", "alpha" }
+    if q then names[#names + 1] = "q" end
+    local rows, worst = {}, 0
+    local function compare(name, a, b)
+      if not a or not b then
+        rows[#rows + 1] = name .. " missing on " .. (a and "cpu" or "cuda")
+        return
+      end
+      local e = T.rel(a, b)
+      if e > worst then worst = e end
+      if not (e <= c.tol) then rows[#rows + 1] = ("%s rel %.3g"):format(name, e) end
+    end
+    for _, name in ipairs(names) do compare(name, gg[name], gc[name]) end
+    local ninit = 0
+    for name, t in pairs(gc.init) do
+      compare("init." .. name, gg.init[name], t)
+      ninit = ninit + 1
+    end
+    T.ok(label .. "/every_init_gradient", ninit == 2 * np, ("%d init gradients for %d parameters"):format(ninit, np))
+    T.ok(label, #rows == 0, table.concat(rows, "; ") .. (" (tolerance %g)"):format(c.tol))
+    print(("# %s: worst relative error %.3g (tolerance %g)"):format(label, worst, c.tol))
+    -- every entry that must be finite is (the bad token's were masked)
+    local finite = true
+    for _, name in ipairs(names) do finite = finite and T.rel(gg[name], gg[name]) == 0 end
+    T.ok(label .. "/finite", finite, "a gradient of the cuda backward has a NaN")
+  end
+end
+
+-- a rule the kernel does not cover: the cuda run's backward runs on the cpu
+do
+  m.seed(5)
+  local rule = m.rule { layers = 2, hidden = 6, glu = true, step = 2 }
+  local k, v = m.randn(1, 2, 8, 4) * 0.5, m.randn(1, 2, 8, 4) * 0.5
+  local init = { W1 = m.randn(6, 4) * 0.4, U1 = m.randn(6, 4) * 0.4, W2 = m.randn(4, 6) * 0.4 }
+  local up = { dy = m.randn(1, 2, 8, 4) }
+  local gc = rule:run { k = k, v = v, theta = 0.1, init = init, grad = true }:backward(up)
+  local gg = rule:run { k = k, v = v, theta = 0.1, init = init, grad = true, device = "cuda" }:backward(up)
+  T.ok("grad_cuda/glu_on_the_cpu", T.rel(gg.k, gc.k) < 1e-4 and T.rel(gg.init.U1, gc.init.U1) < 1e-4,
+       ("k %.3g, U1 %.3g"):format(T.rel(gg.k, gc.k), T.rel(gg.init.U1, gc.init.U1)))
+end
+
+T.done()

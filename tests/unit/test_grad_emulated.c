@@ -1,0 +1,256 @@
+/* test_grad_emulated.c: the GPU's backward kernel (kernels/grad_kernel.cuh)
+ * against the CPU's (model/grad_cpu.c) on a machine without a GPU. For each
+ * case (rules across losses, activations, clip kinds and scopes, custom
+ * expressions, depth 1-3, bias, residual, q, steps longer than a chunk,
+ * refresh 0 / c / k c, both retrieve modes, lengths, non-finite k, v and
+ * theta, block sizes) it generates the rule's backward source as the CUDA
+ * backend does (mn_cuda_grad_source), compiles it as C++ with
+ * tests/emu/cuda_shim.h (threads as pthreads, barriers as barriers, warp
+ * shuffles through a buffer) and runs tests/emu/grad_emu.cpp on the inputs
+ * of a CPU backward it ran here, which compares every gradient. The same
+ * algorithm in the same fp32 order (bar the sums of small products) agrees
+ * to about 1e-7; the bound is 1e-5. Needs a C++ compiler (g++ or $CXX):
+ * without one, SKIP. Run from the repository root (tests/run.sh does). */
+#include "check.h"
+
+#ifdef MN_HAVE_CUDA
+#include "rule_cases.h"
+#include "grad.h"
+#include "../../kernels/codegen.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+typedef struct {
+    int rule;          /* index in rules[] */
+    bool q;            /* a query input */
+    int bad;           /* 1: a NaN key, 2: a NaN theta, 3: an Inf value */
+    bool lengths;      /* ragged: lengths {T, 6} */
+    int block;         /* K (0: about sqrt(S)) */
+} variant;
+
+static const rule_case rules[] = {
+    {"linear_mse", 1, 0, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NONE, MN_SCOPE_GLOBAL, NULL, 1, 1,
+     MN_RETRIEVE_AFTER, MN_PREC_FP32, 4, 4, 0, false, false},
+    {"linear_l1_norm", 1, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_L1, NULL, MN_CLIP_NORM, MN_SCOPE_GLOBAL, NULL, 4, 0,
+     MN_RETRIEVE_BEFORE, MN_PREC_FP32, 5, 3, 0, true, true},
+    {"mlp2_gelu_huber_softnorm_tensor", 2, 1, 0, MN_ACT_GELU, NULL, MN_LOSS_HUBER, NULL, MN_CLIP_SOFTNORM,
+     MN_SCOPE_TENSOR, NULL, 3, 6, MN_RETRIEVE_AFTER, MN_PREC_FP32, 5, 7, 9, false, false},
+    {"mlp2_relu_lp_value_residual", 2, 0, 1, MN_ACT_RELU, NULL, MN_LOSS_LP, NULL, MN_CLIP_VALUE, MN_SCOPE_GLOBAL,
+     NULL, 2, 2, MN_RETRIEVE_BEFORE, MN_PREC_FP32, 6, 6, 12, false, true},
+    {"mlp3_tanh_dot_residual_refresh0", 3, 1, 1, MN_ACT_TANH, NULL, MN_LOSS_DOT, NULL, MN_CLIP_NONE, MN_SCOPE_GLOBAL,
+     NULL, 1, 0, MN_RETRIEVE_AFTER, MN_PREC_FP32, 4, 4, 16, true, false},
+    {"mlp2_identity_custom_scale", 2, 1, 0, MN_ACT_IDENTITY, NULL, MN_LOSS_CUSTOM, "w*(y - v)^2 + c3*abs(r)^3",
+     MN_CLIP_SCALE, MN_SCOPE_GLOBAL, "exp(-n/(n + m))", 5, 10, MN_RETRIEVE_AFTER, MN_PREC_FP32, 3, 2, 5, false,
+     false},
+    {"mlp3_custom_act_elementwise", 3, 0, 0, MN_ACT_CUSTOM, "max(z, a*z)", MN_LOSS_CUSTOM,
+     "where(abs(r) <= delta, 0.5*r^2, delta*(abs(r) - 0.5*delta))", MN_CLIP_ELEMENTWISE, MN_SCOPE_GLOBAL,
+     "m*tanh(g/m)", 1, 1, MN_RETRIEVE_BEFORE, MN_PREC_FP32, 8, 3, 4, false, true},
+    {"mlp2_custom_act_scale_tensor", 2, 1, 0, MN_ACT_CUSTOM, "z*tanh(softplus(z))", MN_LOSS_CUSTOM, "log(1 + r^2)",
+     MN_CLIP_SCALE, MN_SCOPE_TENSOR, "where(n > m, m/n, 1)", 7, 0, MN_RETRIEVE_AFTER, MN_PREC_FP32, 2, 9, 3, true,
+     false},
+    {"linear_long_step_chunked", 1, 1, 1, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NORM, MN_SCOPE_TENSOR, NULL,
+     70, 140, MN_RETRIEVE_BEFORE, MN_PREC_FP32, 4, 4, 0, false, true},
+    {"mlp2_silu_logcosh_softvalue", 2, 0, 0, MN_ACT_SILU, NULL, MN_LOSS_LOGCOSH, NULL, MN_CLIP_SOFTVALUE,
+     MN_SCOPE_GLOBAL, NULL, 4, 8, MN_RETRIEVE_AFTER, MN_PREC_FP32, 4, 5, 6, false, false},
+};
+
+static const variant variants[] = {
+    {0, false, 0, false, 0}, {1, false, 3, false, 0}, {2, true, 0, true, 0}, {3, false, 1, false, 0},
+    {4, true, 0, false, 5},  {5, false, 2, false, 0}, {6, false, 0, true, 0}, {7, true, 0, false, 0},
+    {8, true, 0, true, 0},   {9, false, 0, false, 1},
+};
+
+static uint64_t rng_state = 88172645463325252ULL;
+static double uniform(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) / 9007199254740992.0;
+}
+static double normal(void)
+{
+    double u = uniform() + 1e-12, v = uniform();
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+/* A new f32 CPU tensor of offset + scale N(0, 1) entries. */
+static mn_status random_tensor(mn_tensor *t, int ndim, const int64_t *shape, double scale, double offset)
+{
+    MN_TRY(mn_tensor_empty(t, MN_F32, ndim, shape, MN_CPU));
+    float *p = mn_tensor_data(t);
+    for (int64_t i = 0; i < mn_tensor_numel(t); i++) p[i] = (float)(offset + scale * normal());
+    return MN_OK;
+}
+
+static bool write_tensor(FILE *f, const mn_tensor *t)
+{
+    long long n = t->storage ? (long long)mn_tensor_numel(t) : 0;
+    return fwrite(&n, 8, 1, f) == 1 && (n == 0 || fwrite(mn_tensor_data(t), 4, (size_t)n, f) == (size_t)n);
+}
+
+/* The case's inputs, the CPU backward and the file grad_emu.cpp reads;
+ * also the generated source. Returns false with why. */
+static bool prepare(const variant *va, const char *dir, char *why, size_t wlen)
+{
+    const rule_case *c = &rules[va->rule];
+    mn_rule r;
+    if (make_rule(c, &r) != MN_OK) {
+        snprintf(why, wlen, "the rule is invalid: %s", mn_last_error());
+        mn_rule_free(&r);
+        return false;
+    }
+    int64_t B = 2, H = 2, n = c->step >= 64 ? 150 : 13, S = (n + c->step - 1) / c->step;
+    mn_dims d = {B, H, n, c->dk, c->dv, c->dh, S};
+    char path[512];
+    char *src = mn_cuda_grad_source(&r, &d);
+    snprintf(path, sizeof path, "%s/grad.cu", dir);
+    FILE *f = src ? fopen(path, "w") : NULL;
+    bool ok = f && fputs(src, f) >= 0;
+    if (f) ok = fclose(f) == 0 && ok;
+    free(src);
+    if (!ok) {
+        snprintf(why, wlen, "no source: %s", mn_last_error());
+        mn_rule_free(&r);
+        return false;
+    }
+    int64_t ks[4] = {B, H, n, c->dk}, vs[4] = {B, H, n, c->dv}, ts[3] = {B, H, n}, ss[3] = {B, H, S};
+    mn_segment_inputs in = {0};
+    mn_tensor init[MN_MAX_PARAMS] = {{0}}, mom[MN_MAX_PARAMS] = {{0}};
+    mn_run_upstream up;
+    memset(&up, 0, sizeof up);
+    mn_run_grads g = {0};
+    mn_status s = random_tensor(&in.k, 4, ks, 0.5, 0);
+    if (s == MN_OK) s = random_tensor(&in.v, 4, vs, 0.5, 0);
+    if (s == MN_OK && va->q) s = random_tensor(&in.q, 4, ks, 0.5, 0);
+    if (s == MN_OK) s = random_tensor(&in.theta, 3, ts, 0.03, 0.1);
+    if (s == MN_OK) s = random_tensor(&in.eta, 3, ss, 0.05, 0.5);
+    if (s == MN_OK) s = random_tensor(&in.alpha, 3, ss, 0.005, 0.01);
+    if (s == MN_OK && va->bad == 1) ((float *)mn_tensor_data(&in.k))[(1 * H * n + 0 * n + 5) * c->dk] = NAN;
+    if (s == MN_OK && va->bad == 2) ((float *)mn_tensor_data(&in.theta))[0 * H * n + 1 * n + 4] = NAN;
+    if (s == MN_OK && va->bad == 3) ((float *)mn_tensor_data(&in.v))[(0 * H * n + 1 * n + 3) * c->dv] = INFINITY;
+    long long lengths[2] = {(long long)n, 6};
+    if (s == MN_OK && va->lengths) {
+        s = mn_tensor_empty(&in.lengths, MN_I64, 1, &B, MN_CPU);
+        if (s == MN_OK) memcpy(mn_tensor_data(&in.lengths), lengths, sizeof lengths);
+    }
+    int np = mn_rule_param_count(&r);
+    for (int p = 0; p < np && s == MN_OK; p++) {
+        int64_t sh[4] = {B, H};
+        int pd = mn_rule_param_shape(&r, &d, p, sh + 2);
+        s = random_tensor(&init[p], pd + 2, sh, 0.4, 0);
+        if (s == MN_OK) s = random_tensor(&mom[p], pd + 2, sh, 0.05, 0);
+        if (s == MN_OK) s = random_tensor(&up.dparams[p], pd + 2, sh, 1, 0);
+        if (s == MN_OK) s = random_tensor(&up.dmomenta[p], pd + 2, sh, 0.5, 0);
+    }
+    if (s == MN_OK) s = random_tensor(&up.dy, 4, vs, 1, 0);
+    if (s == MN_OK) s = random_tensor(&up.dloss, 3, ts, 1, 0);
+    if (s == MN_OK) s = mn_run_backward(&r, &d, init, mom, NULL, &in, &up, va->block, NULL, &g);
+    snprintf(path, sizeof path, "%s/case.bin", dir);
+    f = s == MN_OK ? fopen(path, "wb") : NULL;
+    ok = f != NULL;
+    if (ok) {
+        long long h[8] = {B, H, n, S, np, g.block, va->lengths ? B : 0, 0};
+        ok = fwrite(h, 8, 8, f) == 8 && (!va->lengths || fwrite(lengths, 8, 2, f) == 2);
+        const mn_tensor *ins[] = {&in.k, &in.v, &in.q, &in.theta, &in.eta, &in.alpha, &up.dy, &up.dloss};
+        for (int i = 0; i < 8 && ok; i++) ok = write_tensor(f, ins[i]);
+        for (int p = 0; p < np && ok; p++)
+            ok = write_tensor(f, &init[p]) && write_tensor(f, &mom[p]) && write_tensor(f, &up.dparams[p]) &&
+                 write_tensor(f, &up.dmomenta[p]);
+        const mn_tensor *outs[] = {&g.k, &g.v, &g.q, &g.theta, &g.eta, &g.alpha};
+        for (int i = 0; i < 6 && ok; i++) ok = write_tensor(f, outs[i]);
+        for (int p = 0; p < np && ok; p++) ok = write_tensor(f, &g.params[p]) && write_tensor(f, &g.momenta[p]);
+        ok = fclose(f) == 0 && ok;
+    }
+    if (!ok) snprintf(why, wlen, "%s", s != MN_OK ? mn_last_error() : "cannot write the case file");
+    mn_tensor *ts_[] = {&in.k, &in.v, &in.q, &in.theta, &in.eta, &in.alpha, &in.lengths, &up.dy, &up.dloss};
+    for (size_t i = 0; i < sizeof ts_ / sizeof *ts_; i++) mn_tensor_release(ts_[i]);
+    for (int p = 0; p < MN_MAX_PARAMS; p++) {
+        mn_tensor_release(&init[p]);
+        mn_tensor_release(&mom[p]);
+        mn_tensor_release(&up.dparams[p]);
+        mn_tensor_release(&up.dmomenta[p]);
+    }
+    mn_run_grads_free(&g);
+    mn_rule_free(&r);
+    return ok;
+}
+
+static void run_variant(const variant *va, const char *cxx, const char *dir)
+{
+    const rule_case *c = &rules[va->rule];
+    char name[192], why[512] = "", cmd[2048];
+    snprintf(name, sizeof name, "grad_emulated/%s%s%s%s%s", c->name, va->q ? "/q" : "",
+             va->bad == 1 ? "/nan_k" : va->bad == 2 ? "/nan_theta" : va->bad == 3 ? "/inf_v" : "",
+             va->lengths ? "/lengths" : "", va->block ? "/block" : "");
+    if (!prepare(va, dir, why, sizeof why)) {
+        printf("FAIL %s: %s\n", name, why);
+        check_failures_++;
+        return;
+    }
+    snprintf(cmd, sizeof cmd,
+             "%s -std=c++17 -O1 -ffp-contract=off -Itests/emu -DMN_EMU_SOURCE='\"%s/grad.cu\"' tests/emu/grad_emu.cpp "
+             "-o %s/grad_emu -lpthread > %s/cxx.log 2>&1",
+             cxx, dir, dir, dir);
+    if (system(cmd) != 0) {
+        printf("FAIL %s: the emulated kernel does not compile (%s/cxx.log)\n", name, dir);
+        check_failures_++;
+        return;
+    }
+    snprintf(cmd, sizeof cmd, "%s/grad_emu %s/case.bin", dir, dir);
+    FILE *p = popen(cmd, "r");
+    char line[256], all[2048] = "";
+    double worst = -1;
+    char worst_name[64] = "";
+    while (p && fgets(line, sizeof line, p)) {
+        if (sscanf(line, "worst %lf %63s", &worst, worst_name) == 2) continue;
+        line[strcspn(line, "\n")] = '\0';
+        size_t used = strlen(all);
+        snprintf(all + used, sizeof all - used, "%s%s", used ? ", " : "", line);
+    }
+    int rc = p ? pclose(p) : -1;
+    if (rc != 0 || worst < 0) {
+        printf("FAIL %s: the emulated kernel did not finish (status %d)\n", name, rc);
+        check_failures_++;
+    } else if (!(worst <= 1e-5)) {
+        printf("FAIL %s: worst relative error %.3g in %s (bound 1e-5); every gradient: %s\n", name, worst, worst_name,
+               all);
+        check_failures_++;
+    } else {
+        printf("PASS %s (worst %.2g, %s)\n", name, worst, worst_name);
+    }
+}
+
+int main(void)
+{
+    (void)print_log; /* rule_cases.h's, for the NVRTC tests */
+    const char *cxx = getenv("CXX");
+    if (!cxx || !*cxx) cxx = "g++";
+    char probe[256];
+    snprintf(probe, sizeof probe, "command -v %s > /dev/null 2>&1", cxx);
+    if (system(probe) != 0 || access("tests/emu/grad_emu.cpp", R_OK) != 0) {
+        SKIP("grad_emulated", "no C++ compiler, or not run from the repository root");
+        return CHECK_DONE();
+    }
+    char dir[] = "/tmp/mnemo_grad_emu_XXXXXX";
+    if (!mkdtemp(dir)) {
+        printf("FAIL grad_emulated: no temporary directory\n");
+        return 1;
+    }
+    for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) run_variant(&variants[i], cxx, dir);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) printf("# could not remove %s\n", dir);
+    return CHECK_DONE();
+}
+
+#else
+
+int main(void)
+{
+    SKIP("grad_emulated", "built without CUDA (no code generator)");
+    return CHECK_DONE();
+}
+
+#endif
