@@ -3,8 +3,11 @@
  * non-contiguous input; atomic writes (a failed save leaves the old file
  * byte-identical and no temporary file); error messages naming file and
  * dataset; files written by plain HDF5 calls with types mnemo does not write
- * (int32, uint8, half floats, enums, fixed strings, attribute arrays). */
+ * (int32, uint8, half floats, enums, fixed strings, attribute arrays);
+ * staged datasets (h5.h) through a stand-in device, and mnemo run's
+ * experiment side of them (experiment.h). */
 #include "check.h"
+#include "experiment.h"
 #include "h5.h"
 #include "ops.h"
 
@@ -716,6 +719,73 @@ static void test_staged(void)
     mn_node_free(root);
     mn_tensor *all[] = {&t4, &t2, &t1, &ts, &t64, &tskip};
     for (int i = 0; i < 6; i++) mn_tensor_release(all[i]);
+}
+
+/* mnemo run's side of it (experiment.h): inputs, gates and initial state
+ * staged or moved to the device, lengths never; and back. */
+static mn_status host_copy(mn_tensor *dst, const mn_tensor *src)
+{
+    if (dst->dtype != src->dtype || !mn_tensor_is_contiguous(dst) || !mn_tensor_is_contiguous(src))
+        return mn_fail(MN_ERR_UNSUPPORTED, "stand-in copy: contiguous, one dtype only");
+    memcpy(mn_tensor_data(dst), mn_tensor_data(src), (size_t)mn_tensor_numel(src) * mn_dtype_size(src->dtype));
+    return MN_OK;
+}
+static void test_staged_experiment(void)
+{
+    mn_register_device_copy(MN_CUDA, MN_CPU, host_copy); /* the stand-in's memory is the host's */
+    mn_register_device_copy(MN_CPU, MN_CUDA, host_copy);
+    int64_t kshape[] = {1, 2, 2048, 64}, wshape[] = {64, 64}, one[] = {1};
+    mn_tensor k, v, w, len, theta;
+    make_tensor(&k, MN_F32, 4, kshape, 1); /* 1 MiB: staged */
+    make_tensor(&v, MN_F32, 4, kshape, 2);
+    make_tensor(&w, MN_F32, 2, wshape, 3); /* 16 KiB: moved by to_device */
+    make_tensor(&len, MN_I64, 1, one, 0);
+    make_tensor(&theta, MN_F32, 0, NULL, 0.25);
+    mn_node *root = mn_node_group("/");
+    mn_node_add_integer(root, "mnemo_schema", 1);
+    mn_node_add_integer(mn_node_add_group(root, "rule"), "layers", 1);
+    mn_node *in = mn_node_add_group(root, "inputs");
+    mn_node_add_tensor(in, "k", &k);
+    mn_node_add_tensor(in, "v", &v);
+    mn_node_add_tensor(in, "lengths", &len);
+    mn_node_add_tensor(mn_node_add_group(root, "gates"), "theta", &theta);
+    mn_node_add_tensor(mn_node_add_group(root, "init"), "W1", &w);
+    const char *p = in_dir("staged_exp.h5");
+    CHECK("staged experiment: saved", mn_h5_save(p, root) == MN_OK);
+    CHECK("staged experiment: which paths go to the device",
+          mn_experiment_path_on_device("/inputs/k") && mn_experiment_path_on_device("/gates/eta") &&
+              mn_experiment_path_on_device("/init/S_W1") && !mn_experiment_path_on_device("/inputs/lengths") &&
+              !mn_experiment_path_on_device("/upstream/y") && !mn_experiment_path_on_device("/init/x/y"));
+    mn_experiment e;
+    mn_h5_io io = {.device = MN_CUDA, .on_device = mn_experiment_path_on_device};
+    mn_status st = mn_experiment_load_io(p, &e, &io);
+    CHECK("staged experiment: loads", st == MN_OK);
+    if (st != MN_OK) {
+        printf("  %s\n", mn_last_error());
+        return;
+    }
+    CHECK("staged experiment: k and v on the device, the rest not yet",
+          e.k.storage->device == MN_CUDA && e.v.storage->device == MN_CUDA && e.init[0].storage->device == MN_CPU &&
+              e.theta.storage->device == MN_CPU && e.lengths.storage->device == MN_CPU);
+    CHECK_NEAR("staged experiment: bytes staged", io.staged_bytes, 2.0 * 4 * 2048 * 128, 0);
+    double up = 0;
+    st = mn_experiment_to_device(&e, MN_CUDA, &up);
+    CHECK("staged experiment: to the device", st == MN_OK);
+    if (st != MN_OK) printf("  %s\n", mn_last_error());
+    CHECK("staged experiment: all but lengths there",
+          e.init[0].storage->device == MN_CUDA && e.theta.storage->device == MN_CUDA &&
+              e.lengths.storage->device == MN_CPU && !e.q.storage && !e.eta.storage);
+    CHECK_NEAR("staged experiment: bytes moved", up, 4.0 * (64 * 64 + 1), 0);
+    CHECK("staged experiment: back to the host", mn_experiment_to_device(&e, MN_CPU, NULL) == MN_OK);
+    CHECK("staged experiment: values after the round trip",
+          e.k.storage->device == MN_CPU && same_tensor(&k, &e.k) && same_tensor(&v, &e.v) &&
+              same_tensor(&w, &e.init[0]) && same_tensor(&theta, &e.theta) && same_tensor(&len, &e.lengths));
+    mn_experiment_free(&e);
+    mn_node_free(root);
+    mn_tensor *all[] = {&k, &v, &w, &len, &theta};
+    for (int i = 0; i < 5; i++) mn_tensor_release(all[i]);
+    mn_register_device_copy(MN_CUDA, MN_CPU, NULL);
+    mn_register_device_copy(MN_CPU, MN_CUDA, NULL);
     mn_register_backend(MN_CUDA, NULL);
     mn_set_allocator(MN_CUDA, NULL);
 }
@@ -744,6 +814,7 @@ int main(int argc, char **argv)
     CHECK("no HDF5 object left open after foreign loads and errors", hdf5_open_objects() == 0);
     test_no_growth();
     test_staged();
+    test_staged_experiment();
     CHECK("no HDF5 object left open after staged loads and saves", hdf5_open_objects() == 0);
     SKIP("save of a CUDA tensor", "needs a GPU (tests/gpu covers device tensors)");
     char cmd[128];
