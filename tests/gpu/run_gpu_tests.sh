@@ -239,6 +239,7 @@ EOF
         san racecheck "$WORK/san/exp_glu.h5"
         san memcheck "$WORK/san/glu_large.h5"
         san memcheck "$WORK/san/staged.h5"
+        san initcheck "$WORK/san/staged.h5"
         san synccheck "$WORK/san/staged.h5"
     } > "$LOGS/sanitizer.log" 2>&1
     count sanitizer "$LOGS/sanitizer.log" 0
