@@ -243,6 +243,7 @@ mn_status mn_cuda_empty_cache(void)
 {
     if (!dev.usable) return unavailable();
     release_cache();
+    mn_cuda_staging_release();
     return MN_OK;
 }
 
@@ -380,6 +381,8 @@ static const mn_backend cuda_backend = {
     .fill = mn_cuda_fill,
     .rownorm = mn_cuda_rownorm,
     .init_fill = mn_cuda_init_fill,
+    .stage_in = mn_cuda_stage_in,
+    .stage_out = mn_cuda_stage_out,
 };
 
 bool mn_cuda_register(void)

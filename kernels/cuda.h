@@ -17,6 +17,10 @@ bool mn_cuda_available(void);
 const char *mn_cuda_unavailable_reason(void);
 /* "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GiB)" or the reason. */
 const char *mn_cuda_describe(void);
+/* The device made current and its context created (the first call does it:
+ * device init is lazy; `mnemo run --timing` calls it to time it apart);
+ * fails with "cuda: <reason>" without a usable device. */
+mn_status mn_cuda_ensure_device(void);
 /* Compute capability as 10*major+minor (90 for Hopper), 0 without a device. */
 int mn_cuda_arch(void);
 /* Shared memory a block may opt in to (bytes), 0 without a device. */

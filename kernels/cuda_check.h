@@ -26,9 +26,6 @@ mn_status mn_cuda_status(cudaError_t err, const char *call, const char *file, in
  * cuBLAS include): "cublas: <cublasGetStatusString> (<name>) in ... at ...". */
 mn_status mn_cublas_status(int status, const char *call, const char *file, int line);
 
-/* The device made current and its context created (the first call does it:
- * device init is lazy); fails with "cuda: <reason>" without a usable device. */
-mn_status mn_cuda_ensure_device(void);
 /* Number of multiprocessors of the device (for grid sizes); 1 if unknown. */
 int mn_cuda_sm_count(void);
 

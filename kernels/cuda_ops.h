@@ -1,6 +1,7 @@
 /* cuda_ops.h: the CUDA backend's entry points, one per mn_backend member
  * (model/ops.h says what the front end hands each of them). ops.cu holds the
- * elementwise, reduction, copy and fill kernels; blas.c the matrix product.
+ * elementwise, reduction, copy and fill kernels; blas.c the matrix product;
+ * staging.c the staged transfers.
  * cuda.c assembles them into the backend it registers for MN_CUDA. */
 #ifndef MN_CUDA_OPS_H
 #define MN_CUDA_OPS_H
@@ -24,6 +25,11 @@ mn_status mn_cuda_fill(mn_tensor *dst, double value);
 mn_status mn_cuda_init_fill(mn_tensor *dst, int kind, double scale, uint64_t seed, uint64_t stream, int64_t period);
 /* The row normalisation of model/rownorm.h (qk_norm's keys): one warp a row. */
 mn_status mn_cuda_rownorm(mn_tensor *out, const mn_tensor *x, bool center, bool sum, double eps);
+/* Staged transfers through page-locked buffers (staging.c; ops.h's stage_in,
+ * stage_out); mn_cuda_empty_cache gives the buffers back. */
+mn_status mn_cuda_stage_in(void *dev, size_t nbytes, const mn_stage_io *io);
+mn_status mn_cuda_stage_out(const void *dev, size_t nbytes, const mn_stage_io *io);
+void mn_cuda_staging_release(void);
 /* Batched [batch,m,k] x [batch,k,n] -> out [batch,m,n] contiguous (blas.c). */
 mn_status mn_cuda_matmul(mn_tensor *out, const mn_tensor *a, const mn_tensor *b);
 /* The i64 product (no cuBLAS type for it), same layout as mn_cuda_matmul (ops.cu). */

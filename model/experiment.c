@@ -156,14 +156,57 @@ mn_status mn_experiment_from_tree(const mn_node *root, const char *file, mn_expe
     return s;
 }
 
-mn_status mn_experiment_load(const char *path, mn_experiment *out)
+bool mn_experiment_path_on_device(const char *path)
+{
+    static const char *const inputs[] = {"/inputs/k", "/inputs/v", "/inputs/q", "/gates/theta", "/gates/eta",
+                                         "/gates/alpha"};
+    for (size_t i = 0; i < sizeof inputs / sizeof *inputs; i++)
+        if (strcmp(path, inputs[i]) == 0) return true;
+    /* /init's datasets, which become parameters, momenta or ln_g, ln_b;
+     * never /inputs/lengths, which the engine checks on the host. */
+    return strncmp(path, "/init/", 6) == 0 && !strchr(path + 6, '/');
+}
+
+mn_status mn_experiment_load(const char *path, mn_experiment *out) { return mn_experiment_load_io(path, out, NULL); }
+
+mn_status mn_experiment_load_io(const char *path, mn_experiment *out, mn_h5_io *io)
 {
     mn_node *root = NULL;
     memset(out, 0, sizeof *out);
-    MN_TRY(mn_h5_load(path, &root));
+    MN_TRY(mn_h5_load_io(path, &root, io));
     mn_status s = mn_experiment_from_tree(root, path, out);
     mn_node_free(root); /* tensors keep their storage through their own references */
     return s;
+}
+
+/* Every tensor the run reads, but lengths (checked on the host). */
+static int run_tensors(mn_experiment *e, mn_tensor **ts)
+{
+    int n = 0;
+    mn_tensor *inputs[] = {&e->k, &e->v, &e->q, &e->theta, &e->eta, &e->alpha};
+    for (size_t i = 0; i < sizeof inputs / sizeof *inputs; i++) ts[n++] = inputs[i];
+    for (int i = 0; i < MN_MAX_PARAMS; i++) {
+        ts[n++] = &e->init[i];
+        ts[n++] = &e->init_momenta[i];
+    }
+    for (int j = 0; j < MN_OUTER_COUNT; j++) ts[n++] = &e->init_outer[j];
+    return n;
+}
+
+mn_status mn_experiment_to_device(mn_experiment *e, mn_device dev, double *bytes)
+{
+    mn_tensor *ts[6 + 2 * MN_MAX_PARAMS + MN_OUTER_COUNT];
+    int n = run_tensors(e, ts);
+    for (int i = 0; i < n; i++) {
+        mn_tensor *t = ts[i];
+        if (!t->storage || t->storage->device == dev) continue;
+        mn_tensor moved = {0};
+        MN_TRY(mn_tensor_to_device(&moved, t, dev));
+        if (bytes) *bytes += (double)mn_tensor_numel(t) * (double)mn_dtype_size(t->dtype);
+        mn_tensor_release(t); /* the host copy is done with */
+        *t = moved;
+    }
+    return MN_OK;
 }
 
 void mn_experiment_free(mn_experiment *e)

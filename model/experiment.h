@@ -5,6 +5,7 @@
 #define MN_EXPERIMENT_H
 
 #include "engine.h"
+#include "h5.h"
 #include "rule_io.h"
 #include "tree.h"
 
@@ -24,6 +25,17 @@ typedef struct mn_experiment {
 
 mn_status mn_experiment_from_tree(const mn_node *root, const char *file, mn_experiment *out);
 mn_status mn_experiment_load(const char *path, mn_experiment *out);
+/* The same through mn_h5_load_io: with io->on_device set to
+ * mn_experiment_path_on_device, the big float32 inputs, gates and initial
+ * state go from the file straight to io->device (h5.h). An experiment with
+ * /upstream needs them on the host: its backward runs on the cpu. */
+mn_status mn_experiment_load_io(const char *path, mn_experiment *out, mn_h5_io *io);
+bool mn_experiment_path_on_device(const char *path);
+/* Moves what the run reads (inputs, gates, initial state; not lengths) to
+ * dev, releasing the host copies; adds the bytes moved to *bytes. The
+ * engine would copy each at the run's start: this makes that a phase of its
+ * own (mnemo run --timing). */
+mn_status mn_experiment_to_device(mn_experiment *e, mn_device dev, double *bytes);
 void mn_experiment_free(mn_experiment *e);
 
 /* Runs the experiment as one segment from its initial state, with the

@@ -29,6 +29,8 @@
  * attributes of datasets. Soft and external links are not followed, and
  * named datatypes are skipped. */
 #include "h5.h"
+#include "ops.h"
+#include "phase_timing.h"
 
 #include <hdf5.h>
 
@@ -50,6 +52,7 @@ typedef struct {
     char where[H5_PATH_MAX + 256]; /* "dataset '/a/b'": what the next call touches */
     hid_t gcpl, lcpl, acpl;        /* save: creation property lists */
     mn_status cb_status;           /* failure recorded inside an iteration callback */
+    mn_h5_io *io;                  /* never NULL inside a load or save */
 } h5_ctx;
 
 /* The load in progress, for mn_h5_loading (a crash inside libhdf5 can then
@@ -149,6 +152,104 @@ static void ctx_init(h5_ctx *cx, const char *verb, const char *file)
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
 }
 
+/* ---- staged datasets: pieces that end on rows ----
+ * A staged transfer (ops.h) moves a contiguous dataset in pieces of at most
+ * the device layer's buffer size. Each piece is one box of the dataspace,
+ * so that it is one hyperslab and one contiguous range of the file: the
+ * split dim is the outermost one whose rows (all the dims after it) fit a
+ * buffer; a piece holds whole rows of it, at one index of the dims before. */
+
+typedef struct {
+    h5_ctx *cx;
+    hid_t ds, fspace;
+    hid_t mtype;
+    bool write;
+    int ndim;
+    int64_t shape[MN_MAX_DIMS];
+    size_t esize;
+    int split;          /* -1 until the first piece */
+    int64_t row;        /* elements in one row of the split dim */
+    bool move_failed;   /* the error names the file already */
+} staged;
+
+static size_t staged_piece(void *ctx, size_t offset, size_t capacity)
+{
+    staged *sp = ctx;
+    if (sp->split < 0) {
+        int j = sp->ndim - 1;
+        int64_t row = 1;
+        while (j > 0 && (size_t)(row * sp->shape[j]) * sp->esize <= capacity) row *= sp->shape[j--];
+        sp->split = j;
+        sp->row = row;
+    }
+    size_t row_bytes = (size_t)sp->row * sp->esize;
+    if (row_bytes > capacity) return 0; /* one element is larger than a buffer: refused by the caller */
+    int64_t r = (int64_t)(offset / row_bytes); /* rows of the split dim before offset */
+    int64_t at = r % sp->shape[sp->split];
+    int64_t rows = (int64_t)(capacity / row_bytes);
+    if (rows > sp->shape[sp->split] - at) rows = sp->shape[sp->split] - at;
+    return (size_t)rows * row_bytes;
+}
+
+static mn_status staged_move(void *ctx, size_t offset, size_t nbytes, void *host)
+{
+    staged *sp = ctx;
+    h5_ctx *cx = sp->cx;
+    mn_status st = MN_OK;
+    hid_t mspace = H5I_INVALID_HID;
+    hsize_t start[MN_MAX_DIMS], count[MN_MAX_DIMS], n = nbytes / sp->esize;
+    size_t row_bytes = (size_t)sp->row * sp->esize;
+    int64_t r = (int64_t)(offset / row_bytes);
+    for (int d = sp->ndim - 1; d >= 0; d--) {
+        if (d > sp->split) {
+            start[d] = 0;
+            count[d] = (hsize_t)sp->shape[d];
+        } else {
+            start[d] = (hsize_t)(r % sp->shape[d]);
+            count[d] = d == sp->split ? (hsize_t)(nbytes / row_bytes) : 1;
+            r /= sp->shape[d];
+        }
+    }
+    H5C(H5Sselect_hyperslab(sp->fspace, H5S_SELECT_SET, start, NULL, count, NULL));
+    H5C(mspace = H5Screate_simple(1, &n, NULL));
+    if (sp->write) H5C(H5Dwrite(sp->ds, sp->mtype, mspace, sp->fspace, H5P_DEFAULT, host));
+    else H5C(H5Dread(sp->ds, sp->mtype, mspace, sp->fspace, H5P_DEFAULT, host));
+done:
+    CLOSE(H5Sclose, mspace);
+    if (st != MN_OK) sp->move_failed = true;
+    return st;
+}
+
+/* The whole of dataset ds to or from t (contiguous, on a device whose
+ * backend stages), piece by piece. */
+static mn_status staged_transfer(h5_ctx *cx, hid_t ds, hid_t mtype, const mn_tensor *t, bool write)
+{
+    mn_status st = MN_OK;
+    const mn_backend *be = mn_backend_for(t->storage->device);
+    staged sp = {.cx = cx, .ds = ds, .fspace = H5I_INVALID_HID, .mtype = mtype, .write = write,
+                 .ndim = t->ndim, .esize = mn_dtype_size(t->dtype), .split = -1};
+    memcpy(sp.shape, t->shape, sizeof sp.shape);
+    mn_stage_io io = {staged_piece, staged_move, &sp};
+    size_t nbytes = (size_t)mn_tensor_numel(t) * sp.esize;
+    if (!be || !be->stage_in || !be->stage_out || t->ndim < 1) return h5_fail_here(cx, MN_ERR_ARG, "no staged transfer here");
+    H5C(sp.fspace = H5Dget_space(ds));
+    st = write ? be->stage_out(mn_tensor_data(t), nbytes, &io) : be->stage_in(mn_tensor_data(t), nbytes, &io);
+    if (st != MN_OK && !sp.move_failed) h5_context(cx, st);
+    if (st == MN_OK) cx->io->staged_bytes += (double)nbytes;
+done:
+    CLOSE(H5Sclose, sp.fspace);
+    return st;
+}
+
+/* Whether a device's backend stages (ops.h). */
+static bool device_stages(mn_device dev)
+{
+    if (dev == MN_CPU) return false;
+    const mn_backend *be = mn_backend_for(dev);
+    if (!be) mn_clear_error();
+    return be && be->stage_in && be->stage_out;
+}
+
 /* ===================================================================== */
 /* Writing                                                               */
 /* ===================================================================== */
@@ -196,7 +297,7 @@ static mn_status write_dataset(h5_ctx *cx, hid_t gid, const mn_node *n)
     mn_status st = MN_OK;
     mn_tensor host = {0}, dense = {0};
     const mn_tensor *t = &n->tensor;
-    hid_t space = H5I_INVALID_HID, ds = H5I_INVALID_HID, ftype, mtype;
+    hid_t space = H5I_INVALID_HID, ds = H5I_INVALID_HID, dcpl = H5I_INVALID_HID, ftype, mtype;
     hsize_t dims[MN_MAX_DIMS];
 
     if (!t->storage) {
@@ -213,6 +314,21 @@ static mn_status write_dataset(h5_ctx *cx, hid_t gid, const mn_node *n)
     case MN_I64: ftype = H5T_STD_I64LE; mtype = H5T_NATIVE_INT64; break;
     default:
         st = h5_fail_here(cx, MN_ERR_ARG, "unknown tensor dtype");
+        goto done;
+    }
+    size_t nbytes = (size_t)mn_tensor_numel(t) * mn_dtype_size(t->dtype);
+    if (t->storage->device != MN_CPU && t->ndim >= 1 && nbytes >= MN_H5_STAGE_MIN && mn_tensor_is_contiguous(t) &&
+        device_stages(t->storage->device)) {
+        /* Straight from the device, piece by piece. The file gets no fill
+         * values first: every element is written. */
+        for (int i = 0; i < t->ndim; i++) dims[i] = (hsize_t)t->shape[i];
+        H5C(space = H5Screate_simple(t->ndim, dims, NULL));
+        H5C(dcpl = H5Pcreate(H5P_DATASET_CREATE));
+        H5C(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
+        H5C(ds = H5Dcreate2(gid, n->name, ftype, space, cx->lcpl, dcpl, H5P_DEFAULT));
+        if ((st = staged_transfer(cx, ds, mtype, t, true)) != MN_OK) goto done;
+        cx->io->bytes += (double)nbytes;
+        CLOSE_CHECKED(H5Dclose, ds);
         goto done;
     }
     if (t->storage->device != MN_CPU) {
@@ -233,9 +349,11 @@ static mn_status write_dataset(h5_ctx *cx, hid_t gid, const mn_node *n)
     H5C(ds = H5Dcreate2(gid, n->name, ftype, space, cx->lcpl, H5P_DEFAULT, H5P_DEFAULT));
     if (mn_tensor_numel(&dense) > 0)
         H5C(H5Dwrite(ds, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, mn_tensor_data(&dense)));
+    cx->io->bytes += (double)nbytes;
     CLOSE_CHECKED(H5Dclose, ds);
 done:
     CLOSE(H5Dclose, ds);
+    CLOSE(H5Pclose, dcpl);
     CLOSE(H5Sclose, space);
     mn_tensor_release(&dense);
     mn_tensor_release(&host);
@@ -338,8 +456,11 @@ static mn_status sync_file(const char *path, const char *tmp)
     return MN_OK;
 }
 
-mn_status mn_h5_save(const char *path, const mn_node *root)
+mn_status mn_h5_save(const char *path, const mn_node *root) { return mn_h5_save_io(path, root, NULL); }
+
+mn_status mn_h5_save_io(const char *path, const mn_node *root, mn_h5_io *io)
 {
+    mn_h5_io none = {0};
     h5_ctx ctx, *cx = &ctx;
     mn_status st = MN_OK;
     hid_t fapl = H5I_INVALID_HID, fcpl = H5I_INVALID_HID, file = H5I_INVALID_HID,
@@ -349,6 +470,7 @@ mn_status mn_h5_save(const char *path, const mn_node *root)
 
     if (!path || !path[0]) return mn_fail(MN_ERR_ARG, "saving: empty file name");
     ctx_init(cx, "saving", path);
+    cx->io = io ? io : &none;
     if (!root || root->kind != MN_NODE_GROUP)
         return mn_fail(MN_ERR_ARG, "saving '%s': the root of the tree must be a group", path);
     MN_TRY(check_target(path));
@@ -389,6 +511,9 @@ mn_status mn_h5_save(const char *path, const mn_node *root)
     CLOSE_CHECKED(H5Gclose, rootg);
     WHERE("closing temporary file '%s'", tmp);
     CLOSE_CHECKED(H5Fclose, file);
+    mn_phase_mark(cx->io->timer, "write outputs", cx->io->bytes);
+    if (cx->io->staged_bytes > 0)
+        mn_phase_note(cx->io->timer, "%.1f MB of it downloaded while writing", cx->io->staged_bytes / 1e6);
     if ((st = sync_file(path, tmp)) != MN_OK) goto done;
     if (rename(tmp, path) != 0) {
         st = mn_fail(MN_ERR_IO, "saving '%s': renaming '%s' over it: %s", path, tmp,
@@ -396,6 +521,7 @@ mn_status mn_h5_save(const char *path, const mn_node *root)
         goto done;
     }
     created = false;
+    mn_phase_mark(cx->io->timer, "sync, rename", 0);
 done:
     CLOSE(H5Gclose, rootg);
     CLOSE(H5Fclose, file);
@@ -543,6 +669,23 @@ static mn_dtype dtype_for(H5T_class_t cls, size_t size)
     return MN_I64;
 }
 
+/* Whether the dataset being read goes straight to the device (h5.h). */
+static bool staged_here(h5_ctx *cx, hid_t obj, bool is_attr, hid_t ftype, int ndim, const int64_t *shape)
+{
+    if (is_attr || !cx->io->on_device || ndim < 1 || !cx->io->on_device(cx->path)) return false;
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    if ((double)n * 4 < MN_H5_STAGE_MIN) return false;
+    /* Contiguous only: pieces of a chunked (compressed) dataset could cut
+     * its chunks, and a chunk cut in two is read and inflated twice. */
+    hid_t dcpl = H5Dget_create_plist(obj);
+    H5D_layout_t layout = dcpl >= 0 ? H5Pget_layout(dcpl) : H5D_LAYOUT_ERROR;
+    if (dcpl >= 0) H5Pclose(dcpl);
+    htri_t same = H5Tequal(ftype, H5T_NATIVE_FLOAT);
+    H5Eclear2(H5E_DEFAULT); /* a failed query means no: the plain read says why, if it fails too */
+    return layout == H5D_CONTIGUOUS && same > 0 && device_stages(cx->io->device);
+}
+
 /* A numeric dataset or attribute array as a tensor leaf of g. */
 static mn_status read_tensor_leaf(h5_ctx *cx, hid_t obj, bool is_attr, hid_t ftype,
                                   H5T_class_t cls, hid_t space, mn_node *g, const char *name)
@@ -556,9 +699,12 @@ static mn_status read_tensor_leaf(h5_ctx *cx, hid_t obj, bool is_attr, hid_t fty
     if (size == 0) return h5_fail(cx, __FILE__, __LINE__);
     MN_TRY(space_shape(cx, space, &ndim, shape));
     mn_dtype dt = dtype_for(cls, size);
-    if ((st = mn_tensor_empty(&t, dt, ndim, shape, MN_CPU)) != MN_OK) return h5_context(cx, st);
+    mn_device dev = staged_here(cx, obj, is_attr, ftype, ndim, shape) ? cx->io->device : MN_CPU;
+    if ((st = mn_tensor_empty(&t, dt, ndim, shape, dev)) != MN_OK) return h5_context(cx, st);
     int64_t n = mn_tensor_numel(&t);
-    if (n > 0) st = read_numeric(cx, obj, is_attr, ftype, cls, dt, (size_t)n, mn_tensor_data(&t));
+    if (dev != MN_CPU) st = staged_transfer(cx, obj, H5T_NATIVE_FLOAT, &t, false);
+    else if (n > 0) st = read_numeric(cx, obj, is_attr, ftype, cls, dt, (size_t)n, mn_tensor_data(&t));
+    if (st == MN_OK && !is_attr) cx->io->bytes += (double)n * (double)mn_dtype_size(dt);
     if (st == MN_OK && !mn_node_add_tensor(g, name, &t))
         st = h5_fail_here(cx, MN_ERR_OOM, "out of memory");
     mn_tensor_release(&t);
@@ -759,8 +905,11 @@ done:
     return st;
 }
 
-mn_status mn_h5_load(const char *path, mn_node **out)
+mn_status mn_h5_load(const char *path, mn_node **out) { return mn_h5_load_io(path, out, NULL); }
+
+mn_status mn_h5_load_io(const char *path, mn_node **out, mn_h5_io *io)
 {
+    mn_h5_io none = {0};
     h5_ctx ctx, *cx = &ctx;
     mn_status st = MN_OK;
     hid_t fapl = H5I_INVALID_HID, file = H5I_INVALID_HID, rootg = H5I_INVALID_HID;
@@ -771,6 +920,7 @@ mn_status mn_h5_load(const char *path, mn_node **out)
     *out = NULL;
     if (!path || !path[0]) return mn_fail(MN_ERR_ARG, "loading: empty file name");
     ctx_init(cx, "loading", path);
+    cx->io = io ? io : &none;
     if (stat(path, &sb) != 0) {
         if (errno == ENOENT || errno == ENOTDIR)
             return mn_fail(MN_ERR_IO, "loading '%s': no such file", path);

@@ -14,6 +14,26 @@
 
 mn_status mn_h5_save(const char *path, const mn_node *root);
 
+/* What a load or save moved, and where a load puts big datasets. A dataset
+ * is staged when on_device says so for its path ("/inputs/k"), its file
+ * type is float32 in the host's byte order (no conversion: f64 and f16
+ * datasets load as mn_h5_load does), it holds at least MN_H5_STAGE_MIN
+ * bytes and the device's backend stages (ops.h): it then goes from the
+ * file to a tensor on device in pieces, with no host copy of the whole.
+ * Saving stages the same way every contiguous device tensor of at least
+ * MN_H5_STAGE_MIN bytes. Datasets are written contiguous, in one write or
+ * one per piece: h5py and mnemo then read each in one pass. */
+enum { MN_H5_STAGE_MIN = 1 << 20 };
+typedef struct mn_h5_io {
+    mn_device device;                   /* load: where staged datasets go */
+    bool (*on_device)(const char *path); /* load: NULL stages nothing */
+    struct mn_phase_timer *timer;       /* save: marks "write outputs" and "sync, rename"; NULL: none */
+    double bytes;                       /* out: dataset bytes read or written */
+    double staged_bytes;                /* out: of which staged to or from the device */
+} mn_h5_io;
+mn_status mn_h5_load_io(const char *path, mn_node **out, mn_h5_io *io);
+mn_status mn_h5_save_io(const char *path, const mn_node *root, mn_h5_io *io);
+
 /* While mn_h5_load runs: the file as the caller named it, and what it is
  * reading ("attribute 'loss' of group '/rule'"); NULL otherwise. For a
  * process's SIGSEGV handler: libhdf5 1.10 itself crashes on some damaged

@@ -52,6 +52,16 @@ mn_status mn_tensor_arange(mn_tensor *out, mn_dtype dt, double start, double sto
 mn_status mn_tensor_eye(mn_tensor *out, mn_dtype dt, int64_t n, int64_t m);
 mn_status mn_tensor_linspace(mn_tensor *out, mn_dtype dt, double start, double stop, int64_t n);
 
+/* The host side of a staged transfer: piece says how many bytes (1 to
+ * capacity) the piece starting at offset holds (a file may want pieces that
+ * end on its rows); move fills host with them (stage_in) or consumes them
+ * (stage_out). Offsets go up from 0 to nbytes, piece before move. */
+typedef struct mn_stage_io {
+    size_t (*piece)(void *ctx, size_t offset, size_t capacity);
+    mn_status (*move)(void *ctx, size_t offset, size_t nbytes, void *host);
+    void *ctx;
+} mn_stage_io;
+
 /* The backend interface. Inputs arrive already expanded to out's shape
  * (stride-0 views where broadcast) and already of out's dtype where the op
  * needs that; out is freshly allocated and contiguous unless noted. */
@@ -77,7 +87,16 @@ typedef struct mn_backend {
      * contiguous, gets element e = mn_rc_init_value(kind, scale, seed,
      * stream, period > 0 ? e % period : e). NULL: drawn on the CPU. */
     mn_status (*init_fill)(mn_tensor *dst, int kind, double scale, uint64_t seed, uint64_t stream, int64_t period);
+    /* Staged transfers between the host and a device, for big tensors on
+     * their way from or to a file: nbytes at the device address dev move in
+     * consecutive pieces through the device layer's own page-locked buffers
+     * (each at most their size), so that reading the file into one buffer
+     * overlaps the copy of the other and no host copy of the whole tensor is
+     * ever made. NULL: the device has none (callers copy whole tensors). */
+    mn_status (*stage_in)(void *dev, size_t nbytes, const mn_stage_io *io);
+    mn_status (*stage_out)(const void *dev, size_t nbytes, const mn_stage_io *io);
 } mn_backend;
+
 
 void mn_register_backend(mn_device dev, const mn_backend *b);
 /* NULL with an error when the device has no backend in this build/machine. */

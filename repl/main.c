@@ -42,7 +42,7 @@ static void print_usage(FILE *f)
 {
     fprintf(f,
             "usage: mnemo [options] [FILE.lua [ARGS...]]\n"
-            "       mnemo run EXP.h5 -o RES.h5 [--device cpu|cuda] [--precision fp32|tf32|bf16] [--trace]\n"
+            "       mnemo run EXP.h5 -o RES.h5 [--device cpu|cuda] [--precision fp32|tf32|bf16] [--trace] [--timing]\n"
             "       mnemo compare A.h5 B.h5 [--rtol X]\n"
             "       mnemo --version | --help\n"
             "\n"

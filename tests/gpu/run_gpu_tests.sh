@@ -186,6 +186,12 @@ if [ -n "$PYTHON" ]; then
     run_one "gpu/test_bridge_gpu.py" "$PYTHON" tests/gpu/test_bridge_gpu.py
 fi
 
+# ---- mnemo run on cuda: --timing's phases, and big inputs and outputs
+# staged through page-locked buffers (model/h5.h), against the cpu ----
+if [ -n "$PYTHON" ]; then
+    run_one "py/test_run_cli.py (cuda)" env MNEMO_DEVICE=cuda "$PYTHON" tests/reference/test_run_cli.py
+fi
+
 # ---- compute-sanitizer on a few runs ----
 if [ -n "$PYTHON" ] && [ -x "$SANITIZER" ]; then
     # --v1: files without the SPEC v2 options (a ragged and a glu file follow)
@@ -214,6 +220,11 @@ EOF
                          residual = true, theta = 0.01, eta = 0.5 }
       m.save('$WORK/san/glu_large.h5', r:experiment { k = m.randn(1, 2, 14, 8) * 0.5, v = m.randn(1, 2, 14, 8) })" \
         > /dev/null 2>&1
+    # and one whose k, v and y (2 MiB each) are staged (model/h5.h)
+    "$MNEMO" -e "local m = mnemo; m.seed(8)
+      local r = m.rule { layers = 2, hidden = 32, step = 64, refresh = 64, theta = 0.01 }
+      m.save('$WORK/san/staged.h5', r:experiment { k = m.randn(1, 2, 4096, 64) * 0.2, v = m.randn(1, 2, 4096, 64) })" \
+        > /dev/null 2>&1
     san() { # tool file
         tool=$1; f=$2; name=sanitizer/$tool/$(basename "$f" .h5)
         "$SANITIZER" --tool "$tool" --error-exitcode 9 "$MNEMO" run "$f" -o "$WORK/san_$tool.h5" --device cuda \
@@ -239,6 +250,9 @@ EOF
         san initcheck "$WORK/san/exp_glu.h5"
         san racecheck "$WORK/san/exp_glu.h5"
         san memcheck "$WORK/san/glu_large.h5"
+        san memcheck "$WORK/san/staged.h5"
+        san initcheck "$WORK/san/staged.h5"
+        san synccheck "$WORK/san/staged.h5"
     } > "$LOGS/sanitizer.log" 2>&1
     count sanitizer "$LOGS/sanitizer.log" 0
 else

@@ -3,6 +3,7 @@
 exit 0 with a result in the schema; exit 2 with one line naming the file,
 dataset or attribute at fault; an earlier result file survives a failed run."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -52,6 +53,74 @@ def variant(base, path, edit):
     return path
 
 
+TIMING_LINE = re.compile(r"^timing: (.+?) +(-?[0-9.]+) ms(?: +([0-9.]+) MB(?: +([0-9]+) MB/s)?)?(?:  \((.*)\))?$")
+
+
+def dataset_bytes(path):
+    """Bytes of every dataset in an HDF5 file, as the datasets hold them."""
+    total = [0]
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset):
+            total[0] += obj.size * obj.dtype.itemsize
+    with h5py.File(path, "r") as f:
+        f.visititems(visit)
+    return total[0]
+
+
+def check_timing(binary, exp, out, device):
+    """`mnemo run --timing`: one line per phase on stderr, in order, with
+    numbers that add up; the bytes read and written are the files'."""
+    rc, so, se = run(binary, exp, "-o", out, "--device", device, "--timing", "-q")
+    what = "--timing on %s (%s)" % (device, os.path.basename(exp))
+    check(what + ": the run succeeds", rc == 0, se)
+    if rc != 0:
+        return
+    phases, others = [], []
+    for line in se.splitlines():
+        m = TIMING_LINE.match(line)
+        if m:
+            phases.append((m.group(1), float(m.group(2)), m.group(3) and float(m.group(3)),
+                           m.group(4) and float(m.group(4)), m.group(5) or ""))
+        else:
+            others.append(line)
+    check(what + ": every stderr line is a phase line", not others, repr(others))
+    names = [p[0] for p in phases]
+    with h5py.File(exp, "r") as f:
+        backward = ["backward"] if "upstream" in f else []
+    want = ["read inputs", "run"] + backward + ["write outputs", "sync, rename", "clean up", "total"]
+    if device == "cuda":
+        want = ["device init", "read inputs", "upload"] + want[1:]
+    check(what + ": the phases in order", names == want, "%r, want %r" % (names, want))
+    if names != want:
+        return
+    ms = {p[0]: p[1] for p in phases}
+    mb = {p[0]: p[2] for p in phases}
+    check(what + ": no phase takes negative time", all(t >= 0 for t in ms.values()), repr(ms))
+    parts = sum(t for n, t in ms.items() if n != "total")
+    check(what + ": the total holds the phases", parts <= ms["total"] + 0.1 * len(ms), "%r" % ms)
+    check(what + ": run is a real share of the total", 0 < ms["run"] < ms["total"], "%r" % ms)
+    got_in, want_in = mb["read inputs"], dataset_bytes(exp) / 1e6
+    check(what + ": read inputs counts the file's datasets", got_in is not None and abs(got_in - want_in) < 0.051,
+          "%r MB, the file holds %.3f MB" % (got_in, want_in))
+    got_out, want_out = mb["write outputs"], dataset_bytes(out) / 1e6
+    check(what + ": write outputs counts the result's datasets", got_out is not None and abs(got_out - want_out) < 0.051,
+          "%r MB, the result holds %.3f MB" % (got_out, want_out))
+    for p in phases:
+        if p[2] and p[3] is not None and p[1] >= 1.0:
+            rate = p[2] / (p[1] / 1e3)
+            rounding = 0.05 / p[2] + 0.05 / p[1] + 0.01  # both printed to 0.1
+            check(what + ": %s MB/s is MB over seconds" % p[0], abs(rate - p[3]) <= rounding * rate + 1,
+                  "%r MB in %r ms, %r MB/s" % (p[2], p[1], p[3]))
+    if device == "cuda":
+        # k and v of the staged experiment (>= 1 MiB each) go straight to the device and y comes back so
+        note = {p[0]: p[4] for p in phases}
+        check(what + ": k and v uploaded while reading", "uploaded while reading" in note["read inputs"], repr(note))
+        check(what + ": y downloaded while writing", "downloaded while writing" in note["write outputs"], repr(note))
+    rc, so, se = run(binary, exp, "-o", out, "--device", device, "-q")
+    check(what + ": no timing lines without --timing", rc == 0 and "timing:" not in se, se)
+
+
 def run_checks(binary, work):
     # A 2-layer config without non-finite inputs, so every output is finite.
     i = 0
@@ -80,6 +149,34 @@ def run_checks(binary, work):
     with h5py.File(out, "r") as f:
         check("--trace adds /trace", rc == 0 and "step_loss" in f["trace"] and "weight_norm" in f["trace"], se)
     shutil.copy(base, os.path.join(work, "keep.h5"))
+    with open(out, "wb") as fh:
+        fh.write(before)
+
+    check_timing(binary, base, out, "cpu")
+    # big enough that k, v (2 MiB each) and y are staged on cuda (model/h5.h)
+    staged = os.path.join(work, "staged.h5")
+    rng = np.random.default_rng(3)
+    B, H, T, d = 1, 4, 2048, 64
+    with h5py.File(staged, "w") as f:
+        f.attrs["mnemo_schema"] = 1
+        r = f.create_group("rule")
+        for key, val in dict(layers=2, hidden=32, activation="gelu", step=16, refresh=16, loss="mse").items():
+            r.attrs[key] = val
+        f["inputs/k"] = (rng.standard_normal((B, H, T, d)) / 8).astype(np.float32)
+        f["inputs/v"] = rng.standard_normal((B, H, T, d)).astype(np.float32)
+        f["gates/theta"] = np.float32(0.01)
+        f["gates/eta"] = np.float32(0.5)
+        f["init/W1"] = (rng.standard_normal((H, 32, d)) / 8).astype(np.float32)
+        f["init/W2"] = (rng.standard_normal((H, d, 32)) / 6).astype(np.float32)
+    check_timing(binary, staged, out, "cpu")
+    if os.environ.get("MNEMO_DEVICE") == "cuda":
+        cpu_out = os.path.join(work, "staged_cpu.h5")
+        shutil.copy(out, cpu_out)
+        check_timing(binary, staged, out, "cuda")
+        p = subprocess.run([binary, "compare", out, cpu_out, "--rtol", "1e-4"], capture_output=True, text=True)
+        check("staged cuda run agrees with the cpu", p.returncode == 0, p.stdout[-800:] + p.stderr[-400:])
+    else:
+        print("SKIP run-cli: --timing on cuda: set MNEMO_DEVICE=cuda on a GPU machine (tests/gpu/run_gpu_tests.sh)")
     with open(out, "wb") as fh:
         fh.write(before)
 

@@ -3,9 +3,13 @@
  * non-contiguous input; atomic writes (a failed save leaves the old file
  * byte-identical and no temporary file); error messages naming file and
  * dataset; files written by plain HDF5 calls with types mnemo does not write
- * (int32, uint8, half floats, enums, fixed strings, attribute arrays). */
+ * (int32, uint8, half floats, enums, fixed strings, attribute arrays);
+ * staged datasets (h5.h) through a stand-in device, and mnemo run's
+ * experiment side of them (experiment.h). */
 #include "check.h"
+#include "experiment.h"
 #include "h5.h"
+#include "ops.h"
 
 #include <dirent.h>
 #include <malloc.h>
@@ -595,6 +599,197 @@ static void test_no_growth(void)
     mn_tensor_release(&t);
 }
 
+/* ---- staged datasets (h5.h), through a stand-in device ----
+ * A device whose memory is host memory and whose backend stages through one
+ * small buffer the way kernels/staging.c does (pieces of at most STAND_IN
+ * bytes, each checked): the piece and hyperslab arithmetic of h5.c is then
+ * tested here, without a GPU. */
+
+enum { STAND_IN = 100000 }; /* no power of two: pieces end inside rows */
+static int stand_in_pieces;
+static mn_status fake_alloc(size_t n, void **out)
+{
+    *out = malloc(n ? n : 1);
+    return *out ? MN_OK : MN_ERR_OOM;
+}
+static void fake_free(void *p, size_t n) { (void)n; free(p); }
+static mn_status fake_stage(char *dev, size_t nbytes, const mn_stage_io *io, bool in)
+{
+    static unsigned char buf[STAND_IN];
+    for (size_t off = 0; off < nbytes;) {
+        size_t n = io->piece(io->ctx, off, STAND_IN);
+        if (n == 0 || n > STAND_IN || n > nbytes - off)
+            return mn_fail(MN_ERR_ARG, "stand-in: bad piece of %zu bytes at %zu of %zu", n, off, nbytes);
+        memset(buf, 0xA5, sizeof buf); /* a short fill would leave this */
+        if (!in) memcpy(buf, dev + off, n);
+        MN_TRY(io->move(io->ctx, off, n, buf));
+        if (in) memcpy(dev + off, buf, n);
+        off += n;
+        stand_in_pieces++;
+    }
+    return MN_OK;
+}
+static mn_status fake_in(void *dev, size_t n, const mn_stage_io *io) { return fake_stage(dev, n, io, true); }
+static mn_status fake_out(const void *dev, size_t n, const mn_stage_io *io) { return fake_stage((char *)dev, n, io, false); }
+static bool all_on_device(const char *path) { return strncmp(path, "/skip", 5) != 0; }
+
+static void test_staged(void)
+{
+    static const mn_backend fake = {.name = "stand-in", .stage_in = fake_in, .stage_out = fake_out};
+    mn_set_allocator(MN_CUDA, &(mn_allocator){fake_alloc, fake_free});
+    mn_register_backend(MN_CUDA, &fake);
+    /* staged: 4-d with the split inside (rows of 72800 bytes), 2-d with a
+     * row wider than a piece and a short last piece, 1-d; not staged: f64
+     * (a conversion), a small one, a path the caller keeps on the host. */
+    int64_t s4[] = {3, 5, 7, 2600}, s2[] = {2, 299999}, s1[] = {400000}, small[] = {10, 10}, s64[] = {300000};
+    mn_tensor t4, t2, t1, ts, t64, tskip;
+    make_tensor(&t4, MN_F32, 4, s4, 1);
+    make_tensor(&t2, MN_F32, 2, s2, 2);
+    make_tensor(&t1, MN_F32, 1, s1, 3);
+    make_tensor(&ts, MN_F32, 2, small, 4);
+    make_tensor(&t64, MN_F64, 1, s64, 5);
+    make_tensor(&tskip, MN_F32, 1, s1, 6);
+    mn_node *root = mn_node_group("/");
+    mn_node *g = mn_node_add_group(root, "g");
+    mn_node_add_tensor(g, "t4", &t4);
+    mn_node_add_tensor(g, "t2", &t2);
+    mn_node_add_tensor(root, "t1", &t1);
+    mn_node_add_tensor(root, "small", &ts);
+    mn_node_add_tensor(root, "t64", &t64);
+    mn_node_add_tensor(root, "skip", &tskip);
+    const char *p = in_dir("staged.h5"), *p2 = in_dir("staged2.h5");
+    CHECK("staged: save from the host", mn_h5_save(p, root) == MN_OK);
+    { /* and a chunked one, as h5py writes with compression: not staged */
+        hid_t f = H5Fopen(p, H5F_ACC_RDWR, H5P_DEFAULT), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+        hsize_t n = 400000, chunk = 50000;
+        hid_t sp = H5Screate_simple(1, &n, NULL);
+        H5Pset_chunk(dcpl, 1, &chunk);
+        hid_t ds = H5Dcreate2(f, "chunked", H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+        CHECK("staged: a chunked dataset written by plain HDF5",
+              ds >= 0 && H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, mn_tensor_data(&t1)) >= 0);
+        H5Dclose(ds);
+        H5Sclose(sp);
+        H5Pclose(dcpl);
+        H5Fclose(f);
+    }
+
+    mn_node *back = NULL;
+    mn_h5_io io = {.device = MN_CUDA, .on_device = all_on_device};
+    stand_in_pieces = 0;
+    mn_status st = mn_h5_load_io(p, &back, &io);
+    CHECK("staged: load to the stand-in device", st == MN_OK);
+    if (st != MN_OK) printf("  %s\n", mn_last_error());
+    const mn_node *b4 = back ? mn_node_find(back, "g/t4") : NULL, *b2 = back ? mn_node_find(back, "g/t2") : NULL,
+                  *b1 = back ? mn_node_find(back, "t1") : NULL, *bs = back ? mn_node_find(back, "small") : NULL,
+                  *b64 = back ? mn_node_find(back, "t64") : NULL, *bk = back ? mn_node_find(back, "skip") : NULL;
+    CHECK("staged: big float32 datasets land on the device",
+          b4 && b2 && b1 && b4->tensor.storage->device == MN_CUDA && b2->tensor.storage->device == MN_CUDA &&
+              b1->tensor.storage->device == MN_CUDA);
+    const mn_node *bc = back ? mn_node_find(back, "chunked") : NULL;
+    CHECK("staged: small, f64, chunked and refused datasets stay on the host",
+          bs && b64 && bk && bc && bs->tensor.storage->device == MN_CPU && b64->tensor.storage->device == MN_CPU &&
+              bk->tensor.storage->device == MN_CPU && bc->tensor.storage->device == MN_CPU &&
+              same_tensor(&t1, &bc->tensor));
+    CHECK("staged: values of every staged dataset", b4 && same_tensor(&t4, &b4->tensor) && same_tensor(&t2, &b2->tensor) &&
+                                                        same_tensor(&t1, &b1->tensor));
+    /* t4: 15 pieces of one row; t2: ceil(299999 / 25000) = 12 a row, 2 rows; t1: 16 */
+    printf("  (%d pieces staged in)\n", stand_in_pieces);
+    CHECK("staged: pieces as the rows say", stand_in_pieces == 15 + 24 + 16);
+    double want_staged = 4.0 * (273000 + 599998 + 400000);
+    CHECK_NEAR("staged: bytes counted", io.staged_bytes, want_staged, 0);
+    CHECK_NEAR("staged: all bytes counted", io.bytes, want_staged + 4.0 * (100 + 2 * 400000) + 8.0 * 300000, 0);
+
+    /* And back out of the device into a file that a plain load reads. */
+    mn_h5_io out = {0};
+    stand_in_pieces = 0;
+    st = back ? mn_h5_save_io(p2, back, &out) : MN_ERR_ARG;
+    CHECK("staged: save from the stand-in device", st == MN_OK);
+    if (st != MN_OK) printf("  %s\n", mn_last_error());
+    CHECK("staged: pieces out as in", stand_in_pieces == 15 + 24 + 16);
+    CHECK_NEAR("staged: bytes out", out.staged_bytes, want_staged, 0);
+    mn_node *again = NULL;
+    st = mn_h5_load(p2, &again);
+    const mn_node *a4 = again ? mn_node_find(again, "g/t4") : NULL, *a2 = again ? mn_node_find(again, "g/t2") : NULL,
+                  *a1 = again ? mn_node_find(again, "t1") : NULL, *a64 = again ? mn_node_find(again, "t64") : NULL;
+    CHECK("staged: the file written from the device reads back",
+          st == MN_OK && a4 && a2 && a1 && a64 && same_tensor(&t4, &a4->tensor) && same_tensor(&t2, &a2->tensor) &&
+              same_tensor(&t1, &a1->tensor) && same_tensor(&t64, &a64->tensor));
+    mn_node_free(again);
+    mn_node_free(back);
+    mn_node_free(root);
+    mn_tensor *all[] = {&t4, &t2, &t1, &ts, &t64, &tskip};
+    for (int i = 0; i < 6; i++) mn_tensor_release(all[i]);
+}
+
+/* mnemo run's side of it (experiment.h): inputs, gates and initial state
+ * staged or moved to the device, lengths never; and back. */
+static mn_status host_copy(mn_tensor *dst, const mn_tensor *src)
+{
+    if (dst->dtype != src->dtype || !mn_tensor_is_contiguous(dst) || !mn_tensor_is_contiguous(src))
+        return mn_fail(MN_ERR_UNSUPPORTED, "stand-in copy: contiguous, one dtype only");
+    memcpy(mn_tensor_data(dst), mn_tensor_data(src), (size_t)mn_tensor_numel(src) * mn_dtype_size(src->dtype));
+    return MN_OK;
+}
+static void test_staged_experiment(void)
+{
+    mn_register_device_copy(MN_CUDA, MN_CPU, host_copy); /* the stand-in's memory is the host's */
+    mn_register_device_copy(MN_CPU, MN_CUDA, host_copy);
+    int64_t kshape[] = {1, 2, 2048, 64}, wshape[] = {64, 64}, one[] = {1};
+    mn_tensor k, v, w, len, theta;
+    make_tensor(&k, MN_F32, 4, kshape, 1); /* 1 MiB: staged */
+    make_tensor(&v, MN_F32, 4, kshape, 2);
+    make_tensor(&w, MN_F32, 2, wshape, 3); /* 16 KiB: moved by to_device */
+    make_tensor(&len, MN_I64, 1, one, 0);
+    make_tensor(&theta, MN_F32, 0, NULL, 0.25);
+    mn_node *root = mn_node_group("/");
+    mn_node_add_integer(root, "mnemo_schema", 1);
+    mn_node_add_integer(mn_node_add_group(root, "rule"), "layers", 1);
+    mn_node *in = mn_node_add_group(root, "inputs");
+    mn_node_add_tensor(in, "k", &k);
+    mn_node_add_tensor(in, "v", &v);
+    mn_node_add_tensor(in, "lengths", &len);
+    mn_node_add_tensor(mn_node_add_group(root, "gates"), "theta", &theta);
+    mn_node_add_tensor(mn_node_add_group(root, "init"), "W1", &w);
+    const char *p = in_dir("staged_exp.h5");
+    CHECK("staged experiment: saved", mn_h5_save(p, root) == MN_OK);
+    CHECK("staged experiment: which paths go to the device",
+          mn_experiment_path_on_device("/inputs/k") && mn_experiment_path_on_device("/gates/eta") &&
+              mn_experiment_path_on_device("/init/S_W1") && !mn_experiment_path_on_device("/inputs/lengths") &&
+              !mn_experiment_path_on_device("/upstream/y") && !mn_experiment_path_on_device("/init/x/y"));
+    mn_experiment e;
+    mn_h5_io io = {.device = MN_CUDA, .on_device = mn_experiment_path_on_device};
+    mn_status st = mn_experiment_load_io(p, &e, &io);
+    CHECK("staged experiment: loads", st == MN_OK);
+    if (st != MN_OK) {
+        printf("  %s\n", mn_last_error());
+        return;
+    }
+    CHECK("staged experiment: k and v on the device, the rest not yet",
+          e.k.storage->device == MN_CUDA && e.v.storage->device == MN_CUDA && e.init[0].storage->device == MN_CPU &&
+              e.theta.storage->device == MN_CPU && e.lengths.storage->device == MN_CPU);
+    CHECK_NEAR("staged experiment: bytes staged", io.staged_bytes, 2.0 * 4 * 2048 * 128, 0);
+    double up = 0;
+    st = mn_experiment_to_device(&e, MN_CUDA, &up);
+    CHECK("staged experiment: to the device", st == MN_OK);
+    if (st != MN_OK) printf("  %s\n", mn_last_error());
+    CHECK("staged experiment: all but lengths there",
+          e.init[0].storage->device == MN_CUDA && e.theta.storage->device == MN_CUDA &&
+              e.lengths.storage->device == MN_CPU && !e.q.storage && !e.eta.storage);
+    CHECK_NEAR("staged experiment: bytes moved", up, 4.0 * (64 * 64 + 1), 0);
+    CHECK("staged experiment: back to the host", mn_experiment_to_device(&e, MN_CPU, NULL) == MN_OK);
+    CHECK("staged experiment: values after the round trip",
+          e.k.storage->device == MN_CPU && same_tensor(&k, &e.k) && same_tensor(&v, &e.v) &&
+              same_tensor(&w, &e.init[0]) && same_tensor(&theta, &e.theta) && same_tensor(&len, &e.lengths));
+    mn_experiment_free(&e);
+    mn_node_free(root);
+    mn_tensor *all[] = {&k, &v, &w, &len, &theta};
+    for (int i = 0; i < 5; i++) mn_tensor_release(all[i]);
+    mn_register_device_copy(MN_CUDA, MN_CPU, NULL);
+    mn_register_device_copy(MN_CPU, MN_CUDA, NULL);
+    mn_register_backend(MN_CUDA, NULL);
+    mn_set_allocator(MN_CUDA, NULL);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -618,6 +813,9 @@ int main(int argc, char **argv)
     test_foreign();
     CHECK("no HDF5 object left open after foreign loads and errors", hdf5_open_objects() == 0);
     test_no_growth();
+    test_staged();
+    test_staged_experiment();
+    CHECK("no HDF5 object left open after staged loads and saves", hdf5_open_objects() == 0);
     SKIP("save of a CUDA tensor", "needs a GPU (tests/gpu covers device tensors)");
     char cmd[128];
     if (getenv("KEEP")) return CHECK_DONE();
