@@ -18,6 +18,11 @@ for t in "$build"/tests/test_*; do [ -x "$t" ] && [ ! -d "$t" ] && cp "$t" .carr
 # the PyTorch bridge's native library (make python), when built
 torch_lib=
 if [ -f "$build/libmnemo_torch.so" ]; then torch_lib=$build/libmnemo_torch.so; cp "$torch_lib" .carry/bin/; fi
+# symbols off the copies: the carry has a size limit (64 MiB), the binaries
+# are most of it, and nothing on the GPU machine reads their symbols
+if command -v strip >/dev/null 2>&1; then
+    for f in .carry/bin/*; do strip "$f" 2>/dev/null || true; done
+fi
 for lib in $(ldd "$bin" "$build"/tests/test_* $torch_lib 2>/dev/null | awk '$3 ~ /^\// {print $3}' | sort -u); do
     case "$(basename "$lib")" in
         libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libgcc_s.so*|libresolv.so*|libstdc++.so*) continue ;;

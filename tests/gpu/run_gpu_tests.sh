@@ -119,10 +119,10 @@ done
 for path in general fused large; do
     run_one "lua/test_rule_table.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_rule_table.lua
     run_one "lua/test_norm.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_norm.lua
-    # lengths and newton_schulz: the general path runs them, the others refuse them by name
+    # lengths and newton_schulz: every path runs them
     run_one "lua/test_ragged_precond.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_ragged_precond.lua
-    # glu runs on the general and large paths (forced large: every case without newton_schulz,
-    # out_norm or lengths, and a hidden-256 memory); forced fused, it is refused by name
+    # glu runs on the general and large paths (forced large: every case without out_norm,
+    # and hidden-256 memories); forced fused, it is refused by name
     run_one "lua/test_glu.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_glu.lua
 done
 
