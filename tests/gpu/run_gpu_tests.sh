@@ -23,8 +23,14 @@
 # "N passed, N failed" (exit 1 on failure).
 # Environment: MNEMO (the binary; env.sh sets it), PYTHON (one with torch and
 # h5py; default python3, else /usr/bin/python3), MNEMO_CONFORMANCE_COUNT
-# (default 200), CONFORMANCE_TIMEOUT (seconds per precision, default 540).
+# (default 200), CONFORMANCE_TIMEOUT (seconds per precision, default 540),
+# PARTS: which parts run, any of conformance unit lua paths engine bridge cli
+# sanitizer timing (default all). The whole takes about 10 minutes on an
+# H100, over one device call's limit: two calls (say PARTS="conformance
+# unit lua" and PARTS="paths engine bridge cli sanitizer timing") cover it.
 cd "$(dirname "$0")/../.." || exit 2
+# want PART: whether PARTS asks for it
+want() { case " ${PARTS:-all} " in *" all "* | *" $1 "*) return 0 ;; esac; return 1; }
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
@@ -77,7 +83,7 @@ nvidia-smi -L 2>&1 | head -4
 echo "python: $PYTHON; sanitizer: $SANITIZER; logs: $OUT"
 
 # ---- conformance, in the background: the longest part ----
-if [ -n "$PYTHON" ]; then
+if want conformance && [ -n "$PYTHON" ]; then
     # The backward of a cuda run goes to the GPU (kernels/grad_kernel.cuh)
     # where it covers the rule: one more NVRTC compile per configuration. The
     # forced general-path run below checks those gradients against the
@@ -106,17 +112,17 @@ if [ -n "$PYTHON" ]; then
 fi
 
 # ---- unit and Lua tests ----
-for t in "$BIN_DIR"/test_*; do
+want unit && for t in "$BIN_DIR"/test_*; do
     [ -x "$t" ] && run_one "unit/$(basename "$t")" "$t"
 done
 # (test_grad_cuda.lua among them: the backward of cuda runs on the GPU against
 # the cpu's; its kernel recomputes the forward itself, whatever path ran it)
-for t in tests/lua/test_*.lua; do
+want lua && for t in tests/lua/test_*.lua; do
     [ -f "$t" ] && run_one "lua/$(basename "$t")" "$MNEMO" "$t"
 done
 # Every row of the rule table on each CUDA path forced (the plain run above
 # took the planned path); a path that cannot take a case says SKIP.
-for path in general fused large; do
+want paths && for path in general fused large; do
     run_one "lua/test_rule_table.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_rule_table.lua
     run_one "lua/test_norm.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_norm.lua
     # lengths and newton_schulz: every path runs them
@@ -127,7 +133,7 @@ for path in general fused large; do
 done
 
 # ---- the rule engine from Lua: cuda against cpu ----
-cat > "$WORK/engine.lua" <<'EOF'
+want engine && cat > "$WORK/engine.lua" <<'EOF'
 local T = dofile("tests/lua/check.lua")
 local m = mnemo
 local function num(x) return type(x) == "number" and x or x:item() end
@@ -177,23 +183,25 @@ local src = r:source { dk = dk, dv = dv }
 T.ok("engine/source", src:find("mn_rule_step_kernel", 1, true) ~= nil and src:find("mn_hook_act_grad", 1, true) ~= nil)
 T.done()
 EOF
-run_one "engine/lua" "$MNEMO" "$WORK/engine.lua"
+want engine && run_one "engine/lua" "$MNEMO" "$WORK/engine.lua"
 
 # ---- the PyTorch bridge (python/mnemo_torch): its CPU tests under this
 # machine's torch (2.x: the custom-op path), then cuda, compile and graphs ----
-if [ -n "$PYTHON" ]; then
+if want bridge && [ -n "$PYTHON" ]; then
     run_one "py/test_bridge.py" "$PYTHON" tests/python/test_bridge.py
     run_one "gpu/test_bridge_gpu.py" "$PYTHON" tests/gpu/test_bridge_gpu.py
 fi
 
 # ---- mnemo run on cuda: --timing's phases, and big inputs and outputs
 # staged through page-locked buffers (model/h5.h), against the cpu ----
-if [ -n "$PYTHON" ]; then
+if want cli && [ -n "$PYTHON" ]; then
     run_one "py/test_run_cli.py (cuda)" env MNEMO_DEVICE=cuda "$PYTHON" tests/reference/test_run_cli.py
 fi
 
 # ---- compute-sanitizer on a few runs ----
-if [ -n "$PYTHON" ] && [ -x "$SANITIZER" ]; then
+if ! want sanitizer; then
+    :
+elif [ -n "$PYTHON" ] && [ -x "$SANITIZER" ]; then
     # --v1: files without the SPEC v2 options (a ragged and a glu file follow)
     "$PYTHON" tests/reference/gen_experiments.py --seed 4 --count 9 --v1 --out "$WORK/san" > /dev/null 2>&1
     # a ragged batch (lengths 0, inside a step, T) on the general kernel
@@ -260,7 +268,7 @@ else
 fi
 
 # ---- one mid-size run, timed ----
-if [ -n "$PYTHON" ]; then
+if want timing && [ -n "$PYTHON" ]; then
     "$PYTHON" - "$WORK/mid.h5" <<'EOF' > "$LOGS/mid.log" 2>&1
 import sys
 import numpy as np
@@ -314,7 +322,9 @@ EOF
 fi
 
 # ---- collect the conformance runs ----
-if [ -n "$PYTHON" ]; then
+if ! want conformance; then
+    :
+elif [ -n "$PYTHON" ]; then
     wait
     for prec in fp32 tf32 bf16 long general large; do
         echo "== conformance/cuda-$prec"
