@@ -303,7 +303,7 @@ rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =
   MNEMO_CUDA_BACKWARD=cpu keeps every backward on the cpu).
   MNEMO_CUDA_PATH=general, fused or large forces a path (for tests and
   benchmarks). lengths = true: the plan of a run with lengths (ragged
-  batches: the general path). Needs no GPU.
+  batches), which is the rule's: every path runs them. Needs no GPU.
   e.g. print(rule:plan{dk = 64, hidden = 256, B = 4, H = 32})]],
   ["Memory:write"] = [[
 mem:write(k, v [, gates]) or mem:write{k =, v =, theta =, ...} -> per-step table

@@ -172,7 +172,8 @@ static int kernel_info_tostring(lua_State *L)
 }
 
 /* The options of rule:kernel_info and rule:plan: sizes, precision, arch;
- * and for rule:plan (ragged not NULL) lengths = true, a run with lengths. */
+ * and for rule:plan (ragged not NULL) lengths = true, a run with lengths
+ * (accepted and checked; every path runs them, so the plan is the rule's). */
 static void kernel_opts(lua_State *L, const mn_rule *r, int opts, const char *who, mn_dims *dp, mn_precision *precp,
                         int *archp, bool *ragged)
 {
@@ -253,8 +254,8 @@ int l_rule_plan(lua_State *L, const mn_rule *r, int opts)
     mn_cuda_plan pl;
     int dev_arch = mn_cuda_arch();
     if (arch == 0) arch = dev_arch;
-    if (mn_cuda_plan_run(r, &d, prec, d.B * d.H, arch, arch == dev_arch ? mn_cuda_smem_optin() : 0, ragged, &pl) !=
-        MN_OK)
+    (void)ragged; /* every path runs lengths: the plan is the rule's */
+    if (mn_cuda_plan_rule(r, &d, prec, d.B * d.H, arch, arch == dev_arch ? mn_cuda_smem_optin() : 0, &pl) != MN_OK)
         return luaL_error(L, "plan: %s", mn_last_error());
     lua_createtable(L, 0, 10);
     set_str(L, "path", mn_cuda_path_name(pl.path));

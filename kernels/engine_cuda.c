@@ -27,12 +27,11 @@ static const char *const general_kernels[] = {MN_RULE_STEP_KERNEL, MN_RULE_READ_
 static const char *const fused_kernels[] = {MN_FUSED_STEP_KERNEL, NULL};
 enum { K_STEP = 0, K_READ = 1 }; /* the fused module's K_STEP is its step kernel */
 
-/* The plan for a rule on this device; ragged: a run with lengths (the
- * general path runs those). */
-static mn_status device_plan(const mn_rule *r, const mn_dims *d, mn_precision p, bool ragged, mn_cuda_plan *pl)
+/* The plan for a rule on this device. */
+static mn_status device_plan(const mn_rule *r, const mn_dims *d, mn_precision p, mn_cuda_plan *pl)
 {
     MN_TRY(mn_cuda_ensure_device());
-    return mn_cuda_plan_run(r, d, p, d->B * d->H, mn_cuda_arch(), mn_cuda_smem_optin(), ragged, pl);
+    return mn_cuda_plan_rule(r, d, p, d->B * d->H, mn_cuda_arch(), mn_cuda_smem_optin(), pl);
 }
 
 /* The module for a rule at the given dims and precision, on the plan's path
@@ -84,7 +83,7 @@ mn_status mn_cuda_rule_kernel_occupancy(const mn_rule *r, const mn_dims *d, mn_p
 {
     mn_cuda_module *m;
     mn_cuda_plan pl;
-    MN_TRY(device_plan(r, d, p, false, &pl));
+    MN_TRY(device_plan(r, d, p, &pl));
     MN_TRY(rule_module(r, d, p, &pl, &m));
     mn_cuda_module *gm = m;
     if (pl.path == MN_PATH_FUSED) MN_TRY(rule_module(r, d, p, NULL, &gm)); /* reads run the general module */
@@ -255,7 +254,7 @@ static mn_status cuda_segment_run(mn_memory_state *st, const mn_segment_inputs *
         return MN_OK;
     }
     mn_cuda_plan pl;
-    MN_TRY(device_plan(&st->rule, &st->dims, st->precision, in->lengths.storage != NULL, &pl));
+    MN_TRY(device_plan(&st->rule, &st->dims, st->precision, &pl));
     /* it keeps the step count and reports progress itself */
     if (pl.path == MN_PATH_LARGE) {
         /* the large path runs on a stream of its own and waits for it:
@@ -342,7 +341,7 @@ static mn_status cuda_read(const mn_memory_state *st, const mn_tensor *q, mn_ten
     int64_t memories = st->dims.B * st->dims.H, rows = q->shape[2];
     if (rows == 0 || memories == 0) return MN_OK;
     mn_cuda_plan pl;
-    MN_TRY(device_plan(&st->rule, &st->dims, st->precision, false, &pl));
+    MN_TRY(device_plan(&st->rule, &st->dims, st->precision, &pl));
     if (pl.path == MN_PATH_LARGE) return mn_cuda_large_read(st, q, y);
     mn_cuda_module *mod;
     MN_TRY(rule_module(&st->rule, &st->dims, st->precision, NULL, &mod));

@@ -96,12 +96,6 @@ static long smem_of_arch(int arch)
     return 48L * 1024;
 }
 
-mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, int64_t memories, int arch,
-                            long smem_limit, mn_cuda_plan *out)
-{
-    return mn_cuda_plan_run(r, d, p, memories, arch, smem_limit, false, out);
-}
-
 /* Appends text to the "; "-separated list of reasons in buf. */
 static void add_text(char *buf, size_t len, const char *text)
 {
@@ -118,8 +112,8 @@ static void add_reason(char *buf, size_t len, const char *what, const char *valu
     add_text(buf, len, one);
 }
 
-mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, int64_t memories, int arch,
-                           long smem_limit, bool ragged, mn_cuda_plan *out)
+mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, int64_t memories, int arch,
+                            long smem_limit, mn_cuda_plan *out)
 {
     (void)p;
     memset(out, 0, sizeof *out);
@@ -153,9 +147,7 @@ mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, i
     char no_large[400] = "";
     if (r->out_norm != MN_NORM_NONE)
         add_reason(no_large, sizeof no_large, "out_norm", mn_part_name(&mn_norm_set, r->out_norm), "it");
-    /* lengths (an input, not a rule field: the caller says whether the run
-     * has them) and newton_schulz run on every path */
-    (void)ragged;
+    /* qk_norm, newton_schulz and lengths (an input) run on every path */
     char no_fast[256] = "";
     if (glu)
         add_text(no_fast, sizeof no_fast,

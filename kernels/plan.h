@@ -7,11 +7,11 @@
  *   large:   one big memory (a dimension >= 256): cuBLAS products and fused
  *            elementwise kernels, each step replayed from a CUDA graph
  *            (kernels/engine_large.c).
- *   general: everything else (kernels/rule_kernel.cuh), and what only it
- *            runs: glu, precondition = newton_schulz, and runs with lengths
- *            (ragged batches; mn_cuda_plan_run). out_norm runs on the fused
- *            path where the rule fits it, else here: the large path does
- *            not run it.
+ *   general: everything else (kernels/rule_kernel.cuh): glu below a
+ *            dimension of 256 (the fused path cannot hold its gates), and
+ *            out_norm where the rule does not fit the fused path (the large
+ *            path does not run it). qk_norm, newton_schulz and lengths
+ *            (ragged batches, an input read at run time) run on every path.
  * Plain C, no GPU needed: the REPL shows the plan (rule:plan) on any
  * machine. MNEMO_CUDA_PATH=general|fused|large|auto overrides the choice
  * (tests and benchmarks); a forced path that cannot run the rule is an error
@@ -46,11 +46,6 @@ long mn_fused_smem_bytes(const mn_rule *r, const mn_dims *d, int rows);
  * names no path. */
 mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, int64_t memories, int arch,
                             long smem_limit, mn_cuda_plan *out);
-/* The plan for one run: as mn_cuda_plan_rule, for a run with lengths
- * (ragged batches, SPEC v2) when ragged; those runs take the general path,
- * and a forced fused or large path is an error that names lengths. */
-mn_status mn_cuda_plan_run(const mn_rule *r, const mn_dims *d, mn_precision p, int64_t memories, int arch,
-                           long smem_limit, bool ragged, mn_cuda_plan *out);
 
 /* Workspace floats per memory of the fused kernel: the step's gradient, and
  * W in the padded layout when the gradient point is the anchor. */

@@ -330,27 +330,27 @@ static void test_ragged_plan(void)
     mn_dims small = {2, 3, 10, 16, 8, 32, 0}, wide = {1, 1, 10, 256, 256, 64, 0};
     mn_cuda_plan pl;
     unsetenv("MNEMO_CUDA_PATH");
-    bool fused = mn_cuda_plan_run(&r, &small, MN_PREC_FP32, 6, 90, 0, false, &pl) == MN_OK && pl.path == MN_PATH_FUSED;
+    bool fused = mn_cuda_plan_rule(&r, &small, MN_PREC_FP32, 6, 90, 0, &pl) == MN_OK && pl.path == MN_PATH_FUSED;
     CHECK("codegen/lengths/plan_without_lengths_fused", fused);
-    bool planned = mn_cuda_plan_run(&r, &small, MN_PREC_FP32, 6, 90, 0, true, &pl) == MN_OK;
+    bool planned = mn_cuda_plan_rule(&r, &small, MN_PREC_FP32, 6, 90, 0, &pl) == MN_OK;
     CHECK("codegen/lengths/plan_fused", planned && pl.path == MN_PATH_FUSED);
-    planned = mn_cuda_plan_run(&r, &wide, MN_PREC_FP32, 1, 90, 0, true, &pl) == MN_OK;
+    planned = mn_cuda_plan_rule(&r, &wide, MN_PREC_FP32, 1, 90, 0, &pl) == MN_OK;
     CHECK("codegen/lengths/plan_large", planned && pl.path == MN_PATH_LARGE);
     char *lsrc = mn_cuda_plan_source(&r, &wide, MN_PREC_FP32, &pl);
     CHECK("codegen/lengths/large_source_reads_them", lsrc && strstr(lsrc, "a.lengths[m / a.heads]"));
     free(lsrc);
     setenv("MNEMO_CUDA_PATH", "large", 1);
-    CHECK("codegen/lengths/forced_large_taken", mn_cuda_plan_run(&r, &small, MN_PREC_FP32, 6, 90, 0, true, &pl) == MN_OK &&
+    CHECK("codegen/lengths/forced_large_taken", mn_cuda_plan_rule(&r, &small, MN_PREC_FP32, 6, 90, 0, &pl) == MN_OK &&
                                                     pl.path == MN_PATH_LARGE);
     setenv("MNEMO_CUDA_PATH", "fused", 1);
-    CHECK("codegen/lengths/forced_fused_taken", mn_cuda_plan_run(&r, &small, MN_PREC_FP32, 6, 90, 0, true, &pl) == MN_OK &&
+    CHECK("codegen/lengths/forced_fused_taken", mn_cuda_plan_rule(&r, &small, MN_PREC_FP32, 6, 90, 0, &pl) == MN_OK &&
                                                     pl.path == MN_PATH_FUSED);
     char *fsrc = mn_cuda_plan_source(&r, &small, MN_PREC_FP32, &pl);
     CHECK("codegen/lengths/fused_source_reads_them", fsrc && strstr(fsrc, "a.lengths[m / a.heads]") &&
                                                          strstr(fsrc, "mn_fused_padding_tail"));
     free(fsrc);
     setenv("MNEMO_CUDA_PATH", "general", 1);
-    CHECK("codegen/lengths/forced_general", mn_cuda_plan_run(&r, &small, MN_PREC_FP32, 6, 90, 0, true, &pl) == MN_OK &&
+    CHECK("codegen/lengths/forced_general", mn_cuda_plan_rule(&r, &small, MN_PREC_FP32, 6, 90, 0, &pl) == MN_OK &&
                                                 pl.path == MN_PATH_GENERAL);
     unsetenv("MNEMO_CUDA_PATH");
     char *src = mn_cuda_rule_source(&r, &small, MN_PREC_FP32);
@@ -464,7 +464,7 @@ static void test_out_norm(void)
         free(src);
         mn_cuda_plan pl;
         unsetenv("MNEMO_CUDA_PATH");
-        bool planned = mn_cuda_plan_run(&r, &d, MN_PREC_BF16, 6, 90, 0, true, &pl) == MN_OK;
+        bool planned = mn_cuda_plan_rule(&r, &d, MN_PREC_BF16, 6, 90, 0, &pl) == MN_OK;
         CHECK("codegen/out_norm/plan_lists_every_reason",
               planned && pl.path == MN_PATH_GENERAL && strstr(pl.why, "3 layers") &&
                   strstr(pl.why, "glu: the general path runs it") && !strstr(pl.why, "out_norm"));
