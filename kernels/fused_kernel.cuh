@@ -517,10 +517,7 @@ __device__ void mn_fused_padding_tail(const mn_rule_kargs &a, const mn_pset &Wp,
     mn_block_sums<1>(&wsq);
     for (long long s = sl + tid; s < nsteps; s += MN_FT) {
         const long long o = m * nsteps + s;
-        a.step_loss[o] = 0.0f;
-        a.grad_norm[o] = 0.0f;
-        a.skipped[o] = 0.0f;
-        a.clip_scale[o] = 1.0f;
+        mn_padding_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, o);
         a.weight_norm[o] = (float)sqrt(wsq);
     }
 }

@@ -450,10 +450,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_ker
             if (grows == 0) {
                 /* a step that starts in the padding changes nothing: the
                  * update takes it as skipped, the outputs say it was not */
-                a.step_loss[i] = 0.0f;
-                a.grad_norm[i] = 0.0f;
-                a.skipped[i] = 0.0f;
-                a.clip_scale[i] = 1.0f;
+                mn_padding_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, i);
                 a.finite[mm] = 0;
             } else {
                 mn_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, i, lsum, grows, ctl);

@@ -479,10 +479,7 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kerne
             const double wsq = mn_block_sum(mn_weight_sumsq_part(W));
             if (tid == 0) {
                 const long long o = m * nsteps + sl;
-                a.step_loss[o] = 0.0f;
-                a.grad_norm[o] = 0.0f;
-                a.skipped[o] = 0.0f;
-                a.clip_scale[o] = 1.0f;
+                mn_padding_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, o);
                 a.weight_norm[o] = (float)sqrt(wsq);
             }
             continue;

@@ -63,6 +63,18 @@ __device__ __forceinline__ void mn_step_outputs(float *step_loss, float *grad_no
     clip_scale[o] = (float)c.clip_scale;
 }
 
+/* The outputs of a step that starts in a sequence's padding (ragged
+ * batches, SPEC.md section 2): it changes nothing, and says so: loss 0,
+ * grad_norm 0, not skipped, clip_scale 1. */
+__device__ __forceinline__ void mn_padding_step_outputs(float *step_loss, float *grad_norm, float *skipped,
+                                                        float *clip_scale, long long o)
+{
+    step_loss[o] = 0.0f;
+    grad_norm[o] = 0.0f;
+    skipped[o] = 0.0f;
+    clip_scale[o] = 1.0f;
+}
+
 /* One element's gradient g clipped: times its tensor's scale fs, or
  * through the elementwise hook. */
 __device__ __forceinline__ float mn_clip_elem(float g, float fs)
