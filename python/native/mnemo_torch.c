@@ -232,6 +232,33 @@ static mn_status call_init(call *c, const mn_rule *r, const int64_t *dims6, cons
 }
 
 
+/* For a call on cuda: the engine's CUDA work (tensor ops, the per-memory
+ * kernels, the backward's) goes to the caller's stream (a cudaStream_t, or
+ * NULL), so it is ordered after what the caller queued there and before
+ * what it queues next, and a CUDA graph capturing that stream records it.
+ * The large path runs on a stream of its own after waiting for the
+ * caller's (kernels/engine_cuda.c). A cpu call needs nothing. */
+static mn_status use_device(int device, void *stream)
+{
+    if (device != MN_CUDA) return MN_OK;
+#ifdef MN_HAVE_CUDA
+    if (!mnt_cuda_available()) return mn_fail(MN_ERR_DEVICE, "cuda: %s", mn_cuda_unavailable_reason());
+    mn_cuda_set_stream(stream);
+    return MN_OK;
+#else
+    (void)stream;
+    return mn_fail(MN_ERR_UNSUPPORTED, "cuda: this build of mnemo has no CUDA (make CUDA=1)");
+#endif
+}
+
+/* After a call: the default stream again, the REPL's and every other caller's. */
+static void release_device(void)
+{
+#ifdef MN_HAVE_CUDA
+    mn_cuda_set_stream(NULL);
+#endif
+}
+
 /* Forward of one run from the initial state. inputs, outer: as for
  * call_init (ln_g, ln_b set after the state is made: mn_memory_set_outer
  * names one given to a rule without out_norm). outputs: y, loss, grad_norm,
@@ -250,20 +277,7 @@ int mnt_forward(const mn_rule *r, const int64_t *dims6, int device, void *stream
     memset(&out, 0, sizeof out);
     bool have_state = false;
     mn_status s = call_init(&c, r, dims6, inputs, params, momenta, outer);
-#ifdef MN_HAVE_CUDA
-    /* The engine's CUDA work (tensor ops, the per-memory kernels) goes to
-     * the caller's stream for this call, so it is ordered after what the
-     * caller queued there and before what it queues next, and a CUDA graph
-     * capturing that stream records it. The large path runs on a stream of
-     * its own after waiting for the caller's (kernels/engine_cuda.c). */
-    if (s == MN_OK && device == MN_CUDA) {
-        if (!mnt_cuda_available()) s = mn_fail(MN_ERR_DEVICE, "cuda: %s", mn_cuda_unavailable_reason());
-        else mn_cuda_set_stream(stream);
-    }
-#else
-    (void)stream;
-    if (s == MN_OK && device == MN_CUDA) s = mn_fail(MN_ERR_UNSUPPORTED, "cuda: this build of mnemo has no CUDA (make CUDA=1)");
-#endif
+    if (s == MN_OK) s = use_device(device, stream);
     if (s == MN_OK) {
         s = mn_memory_create(&st, &c.rule, &c.dims, c.params, c.momenta, (mn_device)device);
         have_state = s == MN_OK;
@@ -283,9 +297,7 @@ int mnt_forward(const mn_rule *r, const int64_t *dims6, int device, void *stream
     mn_segment_outputs_free(&out);
     if (have_state) mn_memory_free(&st);
     call_free(&c);
-#ifdef MN_HAVE_CUDA
-    mn_cuda_set_stream(NULL); /* the REPL's and every other caller's default */
-#endif
+    release_device();
     return s;
 }
 
@@ -308,16 +320,7 @@ int mnt_backward(const mn_rule *r, const int64_t *dims6, int device, void *strea
     memset(&g, 0, sizeof g);
     bool have_grads = false;
     mn_status s = call_init(&c, r, dims6, inputs, params, momenta, outer);
-#ifdef MN_HAVE_CUDA
-    /* the GPU backward's work goes to the caller's stream, as the forward's does */
-    if (s == MN_OK && device == MN_CUDA) {
-        if (!mnt_cuda_available()) s = mn_fail(MN_ERR_DEVICE, "cuda: %s", mn_cuda_unavailable_reason());
-        else mn_cuda_set_stream(stream);
-    }
-#else
-    (void)stream;
-    if (s == MN_OK && device == MN_CUDA) s = mn_fail(MN_ERR_UNSUPPORTED, "cuda: this build of mnemo has no CUDA (make CUDA=1)");
-#endif
+    if (s == MN_OK) s = use_device(device, stream); /* the backward's GPU work too */
     if (s == MN_OK) s = wrap(&up.dy, &upstream[0], "dy");
     if (s == MN_OK) s = wrap(&up.dloss, &upstream[1], "dloss");
     for (int p = 0; p < c.np && s == MN_OK; p++) {
@@ -362,8 +365,6 @@ int mnt_backward(const mn_rule *r, const int64_t *dims6, int device, void *strea
     }
     if (have_grads) mn_run_grads_free(&g);
     call_free(&c);
-#ifdef MN_HAVE_CUDA
-    mn_cuda_set_stream(NULL); /* the REPL's and every other caller's default */
-#endif
+    release_device();
     return s;
 }
