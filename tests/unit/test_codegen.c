@@ -86,6 +86,17 @@ static void check_source(const char *source_label, const char *nvrtc_label, char
     free(src);
 }
 
+/* Whether the plan (6 memories, sm_90) with MNEMO_CUDA_PATH=force is made
+ * and takes path want; pl keeps it, and the variable is unset after. */
+static bool forced_plan_is(const mn_rule *r, const mn_dims *d, mn_precision p, const char *force, mn_cuda_path want,
+                           mn_cuda_plan *pl)
+{
+    setenv("MNEMO_CUDA_PATH", force, 1);
+    bool ok = mn_cuda_plan_rule(r, d, p, 6, 90, 0, pl) == MN_OK && pl->path == want;
+    unsetenv("MNEMO_CUDA_PATH");
+    return ok;
+}
+
 static void test_compile_cases(void)
 {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -288,13 +299,10 @@ static void test_newton_schulz(void)
         snprintf(nvrtc, sizeof nvrtc, "codegen/nvrtc_sm90/newton_schulz/large_%s", mn_precision_name(precs[i]));
         check_source(label, nvrtc, mn_cuda_large_source(&r, &d, precs[i]), "#define MN_PRECOND 1", "mn_large_ns_kernel");
     }
-    setenv("MNEMO_CUDA_PATH", "large", 1);
     CHECK("codegen/newton_schulz/forced_large_taken",
-          mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK && pl.path == MN_PATH_LARGE);
-    setenv("MNEMO_CUDA_PATH", "general", 1);
+          forced_plan_is(&r, &d, MN_PREC_TF32, "large", MN_PATH_LARGE, &pl));
     CHECK("codegen/newton_schulz/forced_general_taken",
-          mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK && pl.path == MN_PATH_GENERAL);
-    unsetenv("MNEMO_CUDA_PATH");
+          forced_plan_is(&r, &d, MN_PREC_TF32, "general", MN_PATH_GENERAL, &pl));
     /* a rule the fused path holds keeps it: the step kernel orthogonalises
      * G in its workspace, in each precision, 1 and 2 layers, with bias */
     for (int layers = 1; layers <= 2; layers++)
@@ -339,20 +347,16 @@ static void test_ragged_plan(void)
     char *lsrc = mn_cuda_plan_source(&r, &wide, MN_PREC_FP32, &pl);
     CHECK("codegen/lengths/large_source_reads_them", lsrc && strstr(lsrc, "a.lengths[m / a.heads]"));
     free(lsrc);
-    setenv("MNEMO_CUDA_PATH", "large", 1);
-    CHECK("codegen/lengths/forced_large_taken", mn_cuda_plan_rule(&r, &small, MN_PREC_FP32, 6, 90, 0, &pl) == MN_OK &&
-                                                    pl.path == MN_PATH_LARGE);
-    setenv("MNEMO_CUDA_PATH", "fused", 1);
-    CHECK("codegen/lengths/forced_fused_taken", mn_cuda_plan_rule(&r, &small, MN_PREC_FP32, 6, 90, 0, &pl) == MN_OK &&
-                                                    pl.path == MN_PATH_FUSED);
+    CHECK("codegen/lengths/forced_large_taken",
+          forced_plan_is(&r, &small, MN_PREC_FP32, "large", MN_PATH_LARGE, &pl));
+    CHECK("codegen/lengths/forced_fused_taken",
+          forced_plan_is(&r, &small, MN_PREC_FP32, "fused", MN_PATH_FUSED, &pl));
     char *fsrc = mn_cuda_plan_source(&r, &small, MN_PREC_FP32, &pl);
     CHECK("codegen/lengths/fused_source_reads_them", fsrc && strstr(fsrc, "a.lengths[m / a.heads]") &&
                                                          strstr(fsrc, "mn_fused_padding_tail"));
     free(fsrc);
-    setenv("MNEMO_CUDA_PATH", "general", 1);
-    CHECK("codegen/lengths/forced_general", mn_cuda_plan_rule(&r, &small, MN_PREC_FP32, 6, 90, 0, &pl) == MN_OK &&
-                                                pl.path == MN_PATH_GENERAL);
-    unsetenv("MNEMO_CUDA_PATH");
+    CHECK("codegen/lengths/forced_general",
+          forced_plan_is(&r, &small, MN_PREC_FP32, "general", MN_PATH_GENERAL, &pl));
     char *src = mn_cuda_rule_source(&r, &small, MN_PREC_FP32);
     CHECK("codegen/lengths/general_source_reads_them", src && strstr(src, "a.lengths[m / a.heads]"));
     if (src) compile_line("codegen/nvrtc_sm90/general_with_lengths", src);
@@ -515,13 +519,10 @@ static void test_out_norm(void)
     CHECK("codegen/out_norm/forced_large_refused",
           mn_cuda_plan_rule(&r, &small2, MN_PREC_TF32, 6, 90, 0, &pl) != MN_OK &&
               strstr(mn_last_error(), "MNEMO_CUDA_PATH=large: out_norm rmsnorm: the fused and general paths run it"));
-    setenv("MNEMO_CUDA_PATH", "fused", 1);
     CHECK("codegen/out_norm/forced_fused_taken",
-          mn_cuda_plan_rule(&r, &small2, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK && pl.path == MN_PATH_FUSED);
-    setenv("MNEMO_CUDA_PATH", "general", 1);
+          forced_plan_is(&r, &small2, MN_PREC_TF32, "fused", MN_PATH_FUSED, &pl));
     CHECK("codegen/out_norm/forced_general_taken",
-          mn_cuda_plan_rule(&r, &small, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK && pl.path == MN_PATH_GENERAL);
-    unsetenv("MNEMO_CUDA_PATH");
+          forced_plan_is(&r, &small, MN_PREC_TF32, "general", MN_PATH_GENERAL, &pl));
     mn_rule_free(&r);
 }
 
@@ -619,13 +620,10 @@ static void test_glu(void)
     setenv("MNEMO_CUDA_PATH", "fused", 1);
     CHECK("codegen/glu/forced_fused_refused", mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) != MN_OK &&
                                                   strstr(mn_last_error(), "glu") && !strchr(mn_last_error(), '\n'));
-    setenv("MNEMO_CUDA_PATH", "large", 1);
-    CHECK("codegen/glu/forced_large_taken", mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK &&
-                                                pl.path == MN_PATH_LARGE);
-    setenv("MNEMO_CUDA_PATH", "general", 1);
-    CHECK("codegen/glu/forced_general", mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &pl) == MN_OK &&
-                                            pl.path == MN_PATH_GENERAL);
-    unsetenv("MNEMO_CUDA_PATH");
+    CHECK("codegen/glu/forced_large_taken",
+          forced_plan_is(&r, &d, MN_PREC_TF32, "large", MN_PATH_LARGE, &pl));
+    CHECK("codegen/glu/forced_general",
+          forced_plan_is(&r, &d, MN_PREC_TF32, "general", MN_PATH_GENERAL, &pl));
     mn_rule_free(&r);
 }
 
