@@ -1,5 +1,5 @@
 /* fused_norm.cuh: SPEC v2's out_norm on the fused path (kernels/plan.h),
- * the row math that fused_kernel.cuh's step kernel calls: the norm of an
+ * the row math that fused_step.cuh's step kernel calls: the norm of an
  * output row, its y, and its backward, in the registers of the warp that
  * takes the row. Put between rule_kernel.cuh (mn_warp_sum, and the general
  * path's mn_out_norm_forward and mn_out_norm_backward, whose formulas and

@@ -229,7 +229,7 @@ long mn_fused_work_floats(const mn_rule *r, const mn_dims *d)
 char *mn_cuda_plan_source(const mn_rule *r, const mn_dims *d, mn_precision p, const mn_cuda_plan *pl)
 {
     if (pl->path == MN_PATH_FUSED) {
-        static const char *const fused[] = {"update_math", "rule_kernel", "fused_norm", "fused_kernel", NULL};
+        static const char *const fused[] = {"update_math", "rule_kernel", "fused_norm", "fused_kernel", "fused_step", NULL};
         char defs[256];
         mn_fused_defines(pl, defs, sizeof defs);
         return mn_cuda_source_for(r, d, p, fused, defs);

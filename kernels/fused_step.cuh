@@ -1,0 +1,435 @@
+/* fused_step.cuh: the fused path's step kernel, mn_fused_step_kernel (the
+ * design is in fused_kernel.cuh's header, whose pieces it puts together: a
+ * chunk's forward, loss and backward on tensor cores, then the step's norm,
+ * clip, newton_schulz where the rule has it, and update), and the tail of a
+ * memory's segment once its sequence's padding starts. NVRTC only: it comes
+ * after fused_kernel.cuh in the fused source (kernels/plan.c). */
+#ifdef __CUDACC_RTC__
+
+/* Ragged batches: steps sl .. nsteps - 1 of memory blockIdx.x start in the
+ * padding, so none changes S or W (SPEC.md section 2): y = 0 and loss = 0
+ * from the first of them on, and each reports grad_norm 0, clip_scale 1, not
+ * skipped and the unchanged weights' norm. A refresh block that would open
+ * among them sets the anchor to W, as the general path's walk does. */
+__device__ void mn_fused_padding_tail(const mn_rule_kargs &a, const mn_pset &Wp, float *const *A, long long sl,
+                                      float *y_out, float *loss_out)
+{
+    const long long m = blockIdx.x, n = a.n, nsteps = a.nsteps;
+    const int tid = threadIdx.x;
+    mn_zero_padding(y_out, loss_out, sl * MN_STEP, n);
+    bool anchor = false;
+    if (!MN_P_AT_W && MN_REFRESH > 0)
+        for (long long s = sl; s < nsteps; s++)
+            if ((a.steps_done + s) % (MN_REFRESH > 0 ? MN_REFRESH / MN_STEP : 1) == 0) anchor = true;
+    double wsq = 0.0;
+#pragma unroll
+    for (int p = 0; p < MN_NPARAMS; p++)
+        for (int e = tid; e < (int)MN_NUMEL(p); e += MN_FT) {
+            const float w = *mn_pset_el(Wp, p, e);
+            if (anchor) A[p][e] = w;
+            wsq += (double)w * w;
+        }
+    mn_block_sums<1>(&wsq);
+    for (long long s = sl + tid; s < nsteps; s += MN_FT) {
+        const long long o = m * nsteps + s;
+        mn_padding_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, o);
+        a.weight_norm[o] = (float)sqrt(wsq);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(const mn_rule_kargs a)
+{
+    extern __shared__ float4 mn_smem4[];
+    const long long m = blockIdx.x, n = a.n, nsteps = a.nsteps;
+    const int tid = threadIdx.x;
+
+    /* shared memory: P, then the chunk buffers (kernels/plan.c counts the same) */
+    float *sp = (float *)mn_smem4;
+    mn_pset P;
+    sp = mn_pset_init(&P, sp);
+    mn_fbuf fb;
+    fb.x = sp;
+    sp += MN_FR * MN_LDK;
+#if MN_LAYERS == 2
+    fb.z = sp;
+    sp += MN_FR * MN_LDH;
+    fb.h = sp;
+    sp += MN_FR * MN_LDH;
+#else
+    fb.z = fb.h = 0;
+#endif
+    fb.y = sp;
+    sp += MN_FR * MN_LDV;
+    fb.dy = sp;
+    sp += MN_FR * MN_LDV;
+    fb.xs = sp;
+    sp += MN_PDK;
+    fb.hs = sp;
+    sp += MN_PDH;
+    fb.ys = sp;
+    sp += MN_PDV;
+    fb.lrow = sp;
+
+    /* workspace: G per parameter, then W padded when P is the anchor */
+    float *work = a.work + m * a.work_floats;
+    float *G[MN_NPARAMS];
+    {
+        long long off = 0;
+#pragma unroll
+        for (int p = 0; p < MN_NPARAMS; p++) {
+            G[p] = work + off;
+            off += MN_NUMEL(p);
+        }
+    }
+    mn_pset Wp; /* where the current W lives: P itself, or the padded global copy */
+    if (MN_P_AT_W) Wp = P;
+    else {
+        long long off = 0;
+#pragma unroll
+        for (int p = 0; p < MN_NPARAMS; p++) off += MN_NUMEL(p);
+        mn_pset_init(&Wp, work + ((off + 3) & ~3LL));
+    }
+
+    float *W[MN_NPARAMS], *Sm[MN_NPARAMS], *A[MN_NPARAMS];
+    mn_memory_params(a.W, m, W);
+    mn_memory_params(a.S, m, Sm);
+    mn_memory_params(a.A, m, A);
+    const float *k = a.k + m * n * MN_DK, *v = a.v + m * n * MN_DV;
+    const float *q = a.q ? a.q + m * n * MN_DK : 0;
+    const float *theta = a.theta + m * n, *eta = a.eta + m * nsteps, *alpha = a.alpha + m * nsteps;
+    float *y_out = a.y ? a.y + m * n * MN_DV : 0;
+    float *loss_out = a.loss + m * n;
+    const double R = MN_FEATURE_SCALE;
+    /* Ragged batches: tokens at and after real_end are padding (SPEC.md section 2) */
+    const long long real_end = a.lengths ? a.lengths[m / a.heads] : n;
+    /* out_norm's gain and shift of this memory [dv] (never updated), formed
+     * where used from the kernel's arguments: registers are short */
+#define MN_LN_G (a.ln_g + m * MN_DV)
+#define MN_LN_B (a.ln_b + m * MN_DV)
+
+    if (MN_P_AT_W) {
+        mn_pset_from(P, W);
+    } else {
+        mn_pset_from(P, A);
+        mn_pset_from(Wp, W);
+    }
+    __syncthreads();
+
+    float xnext[MN_NX]; /* the next chunk's k rows, in flight */
+    mn_rows_fetch(xnext, k, n < MN_FR ? (int)n : MN_FR);
+
+    for (long long sl = 0; sl < nsteps; sl++) {
+        const long long s_global = a.steps_done + sl, t0 = sl * MN_STEP;
+        const int rows = (int)(t0 + MN_STEP <= n ? MN_STEP : n - t0);
+        bool at_current = MN_P_AT_W;
+        if (!MN_P_AT_W && MN_REFRESH > 0 && s_global % (MN_REFRESH > 0 ? MN_REFRESH / MN_STEP : 1) == 0) {
+            /* a new refresh block: the gradient point becomes W^(s) */
+#pragma unroll
+            for (int i = 0; i < MN_LAYERS; i++) {
+                for (int e = tid; e < MN_LPOUT(i) * MN_LLD(i); e += MN_FT) P.w[i][e] = Wp.w[i][e];
+                if (MN_BIAS)
+                    for (int o = tid; o < MN_LPOUT(i); o += MN_FT) P.b[i][o] = Wp.b[i][o];
+            }
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++)
+                for (long long e = tid; e < MN_NUMEL(p); e += MN_FT)
+                    A[p][e] = *mn_pset_el(Wp, p, (int)e);
+            __syncthreads();
+            at_current = true;
+        }
+        /* A step that starts in the padding leaves S and W as they are, and so
+         * does every later one: the segment's tail is written at once. A step
+         * that ends in it takes its grows real rows only. */
+        const int grows = (int)(t0 >= real_end ? 0 : (t0 + rows <= real_end ? rows : real_end - t0));
+        if (grows == 0) {
+            mn_fused_padding_tail(a, Wp, A, sl, y_out, loss_out);
+            break;
+        }
+        const double tscale = MN_TOKEN_MEAN ? 1.0 / (double)grows : 1.0;
+        const int before_all = MN_RETRIEVE_BEFORE ? rows : rows - 1;
+        const int before_rows = before_all < grows ? before_all : grows;
+        double ss[MN_NPARAMS];
+#pragma unroll
+        for (int p = 0; p < MN_NPARAMS; p++) ss[p] = 0.0;
+        double step_lsum = 0.0; /* thread 0's */
+        int last_cr = 0;
+
+        for (int r0 = 0; r0 < grows; r0 += MN_FR) {
+            const int cr = grows - r0 < MN_FR ? grows - r0 : MN_FR;
+            const long long t = t0 + r0;
+            const bool first = r0 == 0, last = r0 + MN_FR >= grows;
+            last_cr = cr;
+            mn_rows_store(fb.x, xnext, cr);
+            {
+                const long long tn = t + cr;
+                mn_rows_fetch(xnext, k + tn * MN_DK, tn >= n ? 0 : (n - tn < MN_FR ? (int)(n - tn) : MN_FR));
+            }
+            /* this thread's v and theta of the loss pass, loaded while the forward runs */
+#if MN_OUT_NORM
+            /* (the norm's row pass loads its own: registers are short in the forward) */
+#else
+            constexpr int NL = (MN_FR * MN_PDV + MN_FT - 1) / MN_FT;
+            float vl[NL], th[NL];
+#pragma unroll
+            for (int u = 0; u < NL; u++) {
+                const int e = tid + u * MN_FT, r = e / MN_PDV, j = e % MN_PDV;
+                const bool real = e < MN_FR * MN_PDV && r < cr && j < MN_DV;
+                vl[u] = real ? v[(t + r) * MN_DV + j] : 0.0f;
+                th[u] = real ? theta[t + r] : 0.0f;
+            }
+#endif
+            __syncthreads();
+            mn_fused_forward(P, fb, cr, [&](int r, int j, float y0, float y1) {
+                *reinterpret_cast<float2 *>(fb.y + r * MN_LDV + j) = make_float2(y0, y1);
+            });
+
+            /* loss terms (into fb.y) and dL/dy, token weights theta (and 1/rows for mean) */
+            const bool y_here = y_out && !q && at_current;
+#if MN_OUT_NORM
+            /* fb.y holds o: a warp per row forms nhat, y = g nhat + beta (+ x),
+             * the row's loss, dL/dy, and dL/do = s (a - nhat <a, nhat> / dv)
+             * (centred for layernorm, a = g dL/dy) into fb.dy, as
+             * mn_out_norm_forward and mn_out_norm_backward do; o stays in fb.y */
+            for (int r = tid >> 5; r < MN_FR; r += MN_FWARPS) {
+                const int lane = tid & 31;
+                float *dyr = fb.dy + r * MN_LDV;
+                if (r >= cr) {
+                    for (int j = lane; j < MN_PDV; j += 32) dyr[j] = 0.0f;
+                    continue;
+                }
+                float vl[MN_NCW], nh[MN_NCW], d[MN_NCW];
+                const float th = theta[t + r];
+#pragma unroll
+                for (int u = 0; u < MN_NCW; u++)
+                    vl[u] = lane + 32 * u < MN_DV ? v[(t + r) * MN_DV + lane + 32 * u] : 0.0f;
+                /* the backward takes s as the general path keeps it, in a float */
+                const double sc = (double)(float)mn_fused_norm_row(fb.y + r * MN_LDV, nh);
+                const float wt = (float)((double)th * tscale);
+                const float *xr = fb.x + r * MN_LDK;
+                double lsum = 0.0;
+#pragma unroll
+                for (int u = 0; u < MN_NCW; u++) {
+                    const int j = lane + 32 * u;
+                    d[u] = 0.0f;
+                    if (j < MN_DV) {
+                        const float yy = mn_fused_norm_y(MN_LN_G, MN_LN_B, j, nh[u], xr), vv = vl[u], rr = yy - vv;
+                        if (y_here && r0 + r < before_rows) y_out[(t + r) * MN_DV + j] = yy;
+                        lsum += (double)(float)mn_hook_loss(yy, vv, rr);
+                        d[u] = (float)((double)wt * R * (double)mn_hook_loss_grad(yy, vv, rr));
+                    }
+                }
+                lsum = mn_warp_sum(lsum);
+                if (lane == 0) {
+                    const float l = (float)(R * lsum);
+                    loss_out[t + r] = l;
+                    fb.lrow[r] = l;
+                }
+                mn_fused_norm_vjp(d, nh, sc, MN_LN_G, dyr);
+            }
+            __syncthreads();
+#else
+#pragma unroll
+            for (int u = 0; u < NL; u++) {
+                const int e = tid + u * MN_FT, r = e / MN_PDV, j = e % MN_PDV;
+                if (e >= MN_FR * MN_PDV) break;
+                float d = 0.0f;
+                if (r < cr && j < MN_DV) {
+                    const float yy = fb.y[r * MN_LDV + j], vv = vl[u], rr = yy - vv;
+                    const float wt = (float)((double)th[u] * tscale);
+                    if (y_here && r0 + r < before_rows) y_out[(t + r) * MN_DV + j] = yy;
+                    fb.y[r * MN_LDV + j] = mn_hook_loss(yy, vv, rr);
+                    d = (float)((double)wt * R * (double)mn_hook_loss_grad(yy, vv, rr));
+                }
+                fb.dy[r * MN_LDV + j] = d;
+            }
+            __syncthreads();
+            for (int r = tid; r < cr; r += MN_FT) {
+                double acc = 0.0;
+                for (int j = 0; j < MN_DV; j++) acc += fb.y[r * MN_LDV + j];
+                const float l = (float)(R * acc);
+                loss_out[t + r] = l;
+                fb.lrow[r] = l;
+            }
+#endif
+
+            /* backward at P */
+#if MN_LAYERS == 2
+            {
+                const mn_gacc g2 = {G[1 * MN_PER], MN_DV, MN_DH, first, last, &ss[1 * MN_PER]};
+                mn_gemm<MN_PDV, MN_PDH, MN_FR, true, true>(fb.dy, MN_LDV, fb.h, MN_LDH, g2, g2.pre());
+                mn_gemm<MN_FR, MN_PDH, MN_PDV, false, true>(fb.dy, MN_LDV, P.w[1], MN_LLD(1),
+                                                            [&](int r, int j, float a0, float a1) {
+                    float2 *zp = reinterpret_cast<float2 *>(fb.z + r * MN_LDH + j);
+                    const float2 z = *zp;
+                    const bool real = r < cr;
+                    *zp = make_float2(real && j < MN_DH ? a0 * mn_hook_act_grad(z.x) : 0.0f,
+                                      real && j + 1 < MN_DH ? a1 * mn_hook_act_grad(z.y) : 0.0f);
+                });
+                if (MN_BIAS) mn_bias_grad<MN_DV>(G[1 * MN_PER + 1], fb.dy, MN_LDV, cr, first, last, &ss[MN_PER + 1]);
+                __syncthreads();
+                const mn_gacc g1 = {G[0], MN_DH, MN_DK, first, last, &ss[0]};
+                mn_gemm<MN_PDH, MN_PDK, MN_FR, true, true>(fb.z, MN_LDH, fb.x, MN_LDK, g1, g1.pre());
+                if (MN_BIAS) mn_bias_grad<MN_DH>(G[1], fb.z, MN_LDH, cr, first, last, &ss[1]);
+            }
+#else
+            {
+                const mn_gacc g1 = {G[0], MN_DV, MN_DK, first, last, &ss[0]};
+                mn_gemm<MN_PDV, MN_PDK, MN_FR, true, true>(fb.dy, MN_LDV, fb.x, MN_LDK, g1, g1.pre());
+                if (MN_BIAS) mn_bias_grad<MN_DV>(G[1], fb.dy, MN_LDV, cr, first, last, &ss[1]);
+            }
+#endif
+            __syncthreads();
+
+            /* the step's loss sum (trace), from the chunk's rows in shared memory */
+            if (tid < 32) {
+                double ls = 0.0;
+                for (int r = tid; r < cr; r += 32) ls += fb.lrow[r];
+                for (int off = 16; off > 0; off >>= 1) ls += __shfl_down_sync(0xffffffffu, ls, off);
+                step_lsum += ls;
+            }
+
+            /* retrieval at W^(s) where the forward above was not it on q */
+            const int ret_rows = before_rows - r0 < cr ? before_rows - r0 : cr;
+            if (y_out && ret_rows > 0 && (q || !at_current)) {
+                {
+                    float xq[MN_NX];
+                    mn_rows_fetch(xq, (q ? q : k) + t * MN_DK, cr);
+                    mn_rows_store(fb.x, xq, cr);
+                }
+                __syncthreads();
+                float *yo = y_out + t * MN_DV;
+#if MN_OUT_NORM
+                /* o into fb.y (free: the loss pass is done with it), then the norm by rows */
+                mn_fused_forward(Wp, fb, cr, [&](int r, int j, float y0, float y1) {
+                    *reinterpret_cast<float2 *>(fb.y + r * MN_LDV + j) = make_float2(y0, y1);
+                });
+                mn_fused_norm_rows(fb, ret_rows, MN_LN_G, MN_LN_B, yo);
+#else
+                mn_fused_forward(Wp, fb, cr, [&](int r, int j, float y0, float y1) {
+                    if (r < ret_rows && j < MN_DV) yo[r * MN_DV + j] = y0;
+                    if (r < ret_rows && j + 1 < MN_DV) yo[r * MN_DV + j + 1] = y1;
+                });
+#endif
+            }
+        }
+
+        if (grows < rows) mn_zero_padding(y_out, loss_out, t0 + grows, t0 + rows);
+
+        /* the step's gradient norm, clip and update */
+        mn_block_sums<MN_NPARAMS>(ss);
+        mn_step_control ctl = mn_step_control_of<MN_NPARAMS>(ss);
+        double wsq = 0.0;
+        if (ctl.finite) {
+            double scale[MN_NPARAMS];
+            ctl.clip_scale = mn_clip_scales<MN_NPARAMS>(ss, ctl.gnorm, scale);
+            const float e_s = eta[sl], keep = 1.0f - alpha[sl];
+#if MN_PRECOND
+            /* SPEC.md section 2's order, as the general path: the clip, each
+             * weight matrix's Newton-Schulz (in G, global), then momentum and decay */
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++) {
+                const float fs = (float)scale[p];
+                for (int e = tid; e < (int)MN_NUMEL(p); e += MN_FT) G[p][e] = mn_clip_elem(G[p][e], fs);
+            }
+            __syncthreads();
+            double *ns = a.ns_work + m * a.ns_doubles;
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++)
+                if (!mn_param_is_bias_glu(MN_LAYERS, MN_BIAS, p))
+                    mn_newton_schulz(G[p], MN_OUT(mn_param_layer_glu(MN_LAYERS, MN_BIAS, p)),
+                                     MN_IN(mn_param_layer_glu(MN_LAYERS, MN_BIAS, p)), ns);
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++)
+                for (int e = tid; e < (int)MN_NUMEL(p); e += MN_FT) {
+                    float *wp = mn_pset_el(Wp, p, e);
+                    const float w = mn_momentum_elem(G[p][e], e_s, keep, &Sm[p][e], *wp);
+                    *wp = w;
+                    wsq += (double)w * w;
+                }
+#else
+            /* U elements (or float4s) per thread at a time, every load issued
+             * before any store: the loop is bound by memory latency */
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++) {
+                const float fs = (float)scale[p];
+                const int numel = (int)MN_NUMEL(p);
+                float *Gp = G[p], *Sp = Sm[p];
+                if (MN_VEC4) {
+                    /* restrict: G, S and W never alias, so the unrolled
+                     * iterations' loads may all be issued first */
+                    const float4 *__restrict__ G4 = reinterpret_cast<const float4 *>(Gp);
+                    float4 *__restrict__ S4 = reinterpret_cast<float4 *>(Sp);
+                    const int n4 = numel / 4;
+#pragma unroll 2
+                    for (int e4 = tid; e4 < n4; e4 += MN_FT) {
+                        float4 *__restrict__ W4 = reinterpret_cast<float4 *>(mn_pset_el(Wp, p, 4 * e4));
+                        const float4 gv = G4[e4], sv = S4[e4], wv = *W4;
+                        const float g[4] = {gv.x, gv.y, gv.z, gv.w}, wo[4] = {wv.x, wv.y, wv.z, wv.w};
+                        float sn[4] = {sv.x, sv.y, sv.z, sv.w}, wn[4], q = 0.0f;
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            wn[i] = mn_update_elem(g[i], fs, e_s, keep, &sn[i], wo[i]);
+                            q += wn[i] * wn[i];
+                        }
+                        S4[e4] = make_float4(sn[0], sn[1], sn[2], sn[3]);
+                        *W4 = make_float4(wn[0], wn[1], wn[2], wn[3]);
+                        wsq += (double)q;
+                    }
+                } else {
+                    constexpr int U = 16;
+                    for (int base = tid; base < numel; base += U * MN_FT) {
+                        float gv[U], sv[U], wv[U];
+#pragma unroll
+                        for (int u = 0; u < U; u++) {
+                            const int e = base + u * MN_FT;
+                            gv[u] = e < numel ? Gp[e] : 0.0f;
+                            sv[u] = e < numel ? Sp[e] : 0.0f;
+                            wv[u] = e < numel ? *mn_pset_el(Wp, p, e) : 0.0f;
+                        }
+#pragma unroll
+                        for (int u = 0; u < U; u++) {
+                            const int e = base + u * MN_FT;
+                            if (e >= numel) break;
+                            const float w = mn_update_elem(gv[u], fs, e_s, keep, &sv[u], wv[u]);
+                            Sp[e] = sv[u];
+                            *mn_pset_el(Wp, p, e) = w;
+                            wsq += (double)w * w;
+                        }
+                    }
+                }
+                (void)fs;
+            }
+#endif
+        } else {
+#pragma unroll
+            for (int p = 0; p < MN_NPARAMS; p++)
+                for (int e = tid; e < (int)MN_NUMEL(p); e += MN_FT) {
+                    const float w = *mn_pset_el(Wp, p, e);
+                    wsq += (double)w * w;
+                }
+        }
+        mn_block_sums<1>(&wsq); /* its barriers also publish the new W */
+        if (tid == 0) {
+            const long long o = m * nsteps + sl;
+            mn_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, o, step_lsum, grows, ctl);
+            a.weight_norm[o] = (float)sqrt(wsq);
+        }
+        if (y_out && !MN_RETRIEVE_BEFORE && grows == rows) { /* a padding last token keeps y = 0 */
+            const long long lastt = t0 + rows - 1;
+            /* with q = k, the last chunk's k rows are still in fb.x */
+            const float *xr = fb.x + (last_cr - 1) * MN_LDK;
+            if (q) {
+                for (int j = tid; j < MN_DK; j += MN_FT) fb.xs[j] = q[lastt * MN_DK + j];
+                __syncthreads();
+                xr = fb.xs;
+            }
+            mn_fused_row(Wp, fb, xr, y_out + lastt * MN_DV, MN_LN_G, MN_LN_B);
+        }
+    }
+    __syncthreads();
+    mn_pset_to(W, Wp);
+#undef MN_LN_G
+#undef MN_LN_B
+}
+
+#endif /* __CUDACC_RTC__ */
