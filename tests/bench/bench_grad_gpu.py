@@ -181,6 +181,8 @@ def main():
     ap.add_argument("--no-graph", action="store_true")
     ap.add_argument("--mnemo", default=None)
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_grad_gpu.py: needs a CUDA GPU (torch %s sees none)" % torch.__version__)
     mnemo = args.mnemo or bench_gpu.find_mnemo()
     torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
     torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
