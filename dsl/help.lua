@@ -298,9 +298,12 @@ rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =
   For the GPU here, else for arch (e.g. 80 for sm_80; default sm_90).
   Fields: path, why, forced, rows (token rows per chunk), threads,
   smem_bytes, kernel, memories, precision, arch, device; backward and
-  backward_why: where a cuda run's res:backward runs ("general (cuda)",
-  or "cpu" and why: glu, out_norm, qk_norm, precondition;
-  MNEMO_CUDA_BACKWARD=cpu keeps every backward on the cpu).
+  backward_why: where a cuda run's res:backward runs and why ("fused
+  (cuda)" where the forward is fused and refresh = step, with
+  backward_rows, backward_smem_bytes, backward_kernel; "general (cuda)";
+  or "cpu": glu, out_norm, qk_norm, precondition).
+  MNEMO_CUDA_BACKWARD=cpu keeps every backward on the cpu; =general or
+  =fused forces a GPU backward kernel.
   MNEMO_CUDA_PATH=general, fused or large forces a path (for tests and
   benchmarks). lengths = true: the plan of a run with lengths (ragged
   batches), which is the rule's: every path runs them. Needs no GPU.

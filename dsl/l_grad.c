@@ -33,6 +33,7 @@ typedef struct grad_ctx {
     mn_tensor outer[MN_OUTER_COUNT];   /* ln_g, ln_b as given (empty: defaults) */
     mn_run_checkpoints ck;             /* the forward's, when it ran on the cpu */
     mn_device dev;                     /* where the run ran: its backward runs there if it can */
+    mn_precision precision;            /* the run's: a GPU backward's products take it too */
     bool ready;
 } grad_ctx;
 
@@ -80,6 +81,7 @@ mn_status l_grad_forward(lua_State *L, int ctx_idx, mn_memory_state *st, const m
     if (!ctx_idx) return mn_segment_run(st, in, out);
     grad_ctx *c = luaL_checkudata(L, ctx_idx, GRAD_CTX_MT);
     c->dev = st->device;
+    c->precision = st->precision;
     if (st->device != MN_CPU) return mn_segment_run(st, in, out);
     return mn_run_forward_checkpointed(st, in, 0, out, &c->ck);
 }
@@ -183,7 +185,7 @@ static int l_result_backward(lua_State *L)
     /* the forward's checkpoints serve when no other block size is asked for */
     const mn_run_checkpoints *ck = c->ck.data && (block == 0 || block == c->ck.K) ? &c->ck : NULL;
     mn_status st =
-        mn_run_backward_on(c->dev, &c->rule, &c->dims, c->init, c->momenta, c->outer, &c->in, up, block, ck, &g);
+        mn_run_backward_on(c->dev, c->precision, &c->rule, &c->dims, c->init, c->momenta, c->outer, &c->in, up, block, ck, &g);
     mn_upstream_free(up);
     if (st != MN_OK) {
         mn_fail_context(st, "backward: ");

@@ -224,14 +224,31 @@ static void kernel_opts(lua_State *L, const mn_rule *r, int opts, const char *wh
 }
 
 /* The backward's path of a cuda run (kernels/plan.h) into the plan table
- * on top: backward = "general (cuda)" or "cpu", and backward_why. */
-static void set_backward(lua_State *L, const mn_rule *r)
+ * on top: backward = "fused (cuda)", "general (cuda)" or "cpu", and
+ * backward_why; with d (NULL: the rule is not for cuda at all), the fused
+ * backward's rows and shared memory too. */
+static void set_backward(lua_State *L, const mn_rule *r, const mn_dims *d, mn_precision prec, int arch, long smem)
 {
     char why[256];
     bool gpu = mn_cuda_backward_covers(r, why, sizeof why);
-    set_str(L, "backward", gpu ? "general (cuda)" : "cpu");
-    set_str(L, "backward_why",
-            gpu ? "every part of the rule has its adjoint in the general backward kernel (grad_kernel.cuh)" : why);
+    mn_cuda_plan bp;
+    if (gpu && d && mn_cuda_plan_backward(r, d, prec, arch, smem, &bp) != MN_OK) {
+        luaL_error(L, "plan: %s", mn_last_error());
+        return;
+    }
+    if (!gpu || !d) {
+        set_str(L, "backward", gpu ? "general (cuda)" : "cpu");
+        set_str(L, "backward_why", gpu ? "the general backward kernel (grad_kernel.cuh)" : why);
+        return;
+    }
+    const bool fused = bp.path == MN_PATH_FUSED;
+    set_str(L, "backward", fused ? "fused (cuda)" : "general (cuda)");
+    set_str(L, "backward_why", bp.why);
+    if (fused) {
+        set_int(L, "backward_rows", bp.rows);
+        set_int(L, "backward_smem_bytes", bp.smem_bytes);
+        set_str(L, "backward_kernel", MN_FUSED_GRAD_KERNEL_NAME);
+    }
 }
 
 /* rule:plan{...}: which CUDA path would run the rule, and why. */
@@ -247,7 +264,7 @@ int l_rule_plan(lua_State *L, const mn_rule *r, int opts)
         lua_createtable(L, 0, 2);
         set_str(L, "path", "cpu");
         set_str(L, "why", mn_last_error());
-        set_backward(L, r);
+        set_backward(L, r, NULL, prec, 0, 0);
         luaL_setmetatable(L, PLAN_MT);
         return 1;
     }
@@ -274,7 +291,7 @@ int l_rule_plan(lua_State *L, const mn_rule *r, int opts)
     }
     set_int(L, "arch", arch > 0 ? arch : 90);
     set_str(L, "device", mn_cuda_available() ? mn_cuda_describe() : "none");
-    set_backward(L, r);
+    set_backward(L, r, &d, prec, arch, arch == dev_arch ? mn_cuda_smem_optin() : 0);
     luaL_setmetatable(L, PLAN_MT);
     return 1;
 }
@@ -298,8 +315,8 @@ static int plan_tostring(lua_State *L)
     lua_getfield(L, 1, "backward_why");
     if (lua_isstring(L, -2)) {
         bool gpu = strcmp(lua_tostring(L, -2), "cpu") != 0;
-        lua_pushfstring(L, "%s\n  backward: %s%s%s", lua_tostring(L, text), lua_tostring(L, -2), gpu ? "" : ", because ",
-                        gpu ? "" : lua_tostring(L, -1));
+        lua_pushfstring(L, "%s\n  backward: %s%s%s", lua_tostring(L, text), lua_tostring(L, -2),
+                        gpu ? ": " : ", because ", lua_tostring(L, -1));
     } else {
         lua_pushvalue(L, text);
     }

@@ -270,21 +270,27 @@ char *mn_cuda_rule_source(const mn_rule *r, const mn_dims *d, mn_precision p)
     return mn_cuda_source_for(r, d, p, general, NULL);
 }
 
-char *mn_cuda_grad_source(const mn_rule *r, const mn_dims *d)
+char *mn_cuda_grad_source_for(const mn_rule *r, const mn_dims *d, mn_precision p, const char *const *templates,
+                              const char *defines)
 {
     char why[256];
     if (!mn_cuda_backward_rule_covers(r, why, sizeof why)) {
         mn_fail(MN_ERR_UNSUPPORTED, "cuda backward source: %s", why);
         return NULL;
     }
-    static const char *const grad[] = {"update_math", "rule_kernel", "grad_kernel", NULL};
     text t = {0};
-    /* fp32: the backward computes as the CPU's does, whatever the forward's precision */
-    mn_status s = build(&t, r, d, MN_PREC_FP32, grad, "#define MN_GRAD_SOURCE 1\n", true);
+    mn_status s = build(&t, r, d, p, templates, defines, true);
     if (s == MN_OK && t.failed) s = mn_fail(MN_ERR_OOM, "cuda source: out of memory");
     if (s != MN_OK) {
         free(t.s);
         return NULL;
     }
     return t.s;
+}
+
+char *mn_cuda_grad_source(const mn_rule *r, const mn_dims *d)
+{
+    static const char *const grad[] = {"update_math", "rule_kernel", "grad_kernel", NULL};
+    /* fp32: the general backward computes as the CPU's does, whatever the forward's precision */
+    return mn_cuda_grad_source_for(r, d, MN_PREC_FP32, grad, "#define MN_GRAD_SOURCE 1\n");
 }

@@ -25,6 +25,12 @@ char *mn_cuda_source_for(const mn_rule *r, const mn_dims *d, mn_precision p, con
  * its kernel MN_GRAD_KERNEL) for a rule that mn_cuda_backward_covers, in
  * fp32, or NULL with the error set (a rule it does not cover: why). */
 char *mn_cuda_grad_source(const mn_rule *r, const mn_dims *d);
+/* A backward's source from the templates (in order) with the gradient
+ * hooks, in precision p, defines after the rule's (the fused backward's,
+ * kernels/plan.c); NULL with the error set where the CUDA backward does not
+ * cover the rule. */
+char *mn_cuda_grad_source_for(const mn_rule *r, const mn_dims *d, mn_precision p, const char *const *templates,
+                              const char *defines);
 
 /* Names of the kernels in that source (extern "C", unmangled). */
 #define MN_RULE_STEP_KERNEL "mn_rule_step_kernel"

@@ -79,6 +79,7 @@ __device__ __forceinline__ float *mn_pset_init(mn_pset *ps, float *base)
 }
 
 /* ---- tensor-core fragments ---- */
+#ifndef MN_EMULATED /* tests/emu/cuda_shim.h: no PTX there; mn_gemm is a loop below */
 
 __device__ __forceinline__ unsigned mn_tf32_bits(float x)
 {
@@ -114,6 +115,8 @@ __device__ __forceinline__ void mn_mma_bf16(float *c, unsigned a0, unsigned a1, 
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+#endif /* !MN_EMULATED */
+
 /* Elements (i, j) and (i, j + 1) of a row-major matrix with leading
  * dimension ld (one 8-byte load), or of its transpose (two loads); four
  * elements (i, j .. j + 3) likewise. j is even (a multiple of 4), ld a
@@ -147,6 +150,35 @@ struct mn_no_pre {
  * The k index inside one instruction is permuted (the same way for A and
  * B, so the sum is unchanged) so that each thread's operands are adjacent
  * along k: one wide load where k is the contiguous direction. */
+#ifdef MN_EMULATED
+/* The emulation's mn_gemm (tests/emu/cuda_shim.h): the same tiles to the
+ * same threads, pre before and epi after, each output a plain fp32 sum. */
+template <int M, int N, int K, bool AT, bool BK, class Epi, class Pre = mn_no_pre>
+__device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre())
+{
+    constexpr int NT8 = ((M / 16) * (N / 32) >= MN_FWARPS && N % 32 == 0) ? 4 : 2;
+    constexpr int NB = N / (8 * NT8);
+    constexpr int TILES = (M / 16) * NB;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    for (int tile = warp; tile < TILES; tile += MN_FWARPS) {
+        const int m0 = (tile / NB) * 16, n0 = (tile % NB) * (8 * NT8);
+        float2 old[NT8][2];
+        for (int j = 0; j < NT8; j++)
+            for (int hf = 0; hf < 2; hf++) old[j][hf] = pre(m0 + g + 8 * hf, n0 + 8 * j + 2 * t);
+        for (int j = 0; j < NT8; j++)
+            for (int hf = 0; hf < 2; hf++) {
+                const int i = m0 + g + 8 * hf, n = n0 + 8 * j + 2 * t;
+                float c0 = 0.0f, c1 = 0.0f;
+                for (int k = 0; k < K; k++) {
+                    const float av = AT ? a[k * lda + i] : a[i * lda + k];
+                    c0 += av * (BK ? b[k * ldb + n] : b[n * ldb + k]);
+                    c1 += av * (BK ? b[k * ldb + n + 1] : b[(n + 1) * ldb + k]);
+                }
+                epi(i, n, old[j][hf].x + c0, old[j][hf].y + c1);
+            }
+    }
+}
+#else
 template <int M, int N, int K, bool AT, bool BK, class Epi, class Pre = mn_no_pre>
 __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre())
 {
@@ -214,6 +246,8 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
         }
     }
 }
+
+#endif /* MN_EMULATED */
 
 /* Chunk buffers in shared memory. */
 struct mn_fbuf {

@@ -1,5 +1,7 @@
-/* grad_cuda.c: the backward of a run (SPEC.md section 7) on the GPU, general
- * path: the host side of kernels/grad_kernel.cuh, registered with
+/* grad_cuda.c: the backward of a run (SPEC.md section 7) on the GPU: the
+ * host side of kernels/fused_grad.cuh (the fused path's backward, where
+ * mn_cuda_plan_backward takes the rule) and kernels/grad_kernel.cuh (the
+ * general path's), registered with
  * model/grad_cpu.c's mn_run_backward_on as the MN_CUDA grad backend (model/
  * never calls kernels/). For a rule that mn_cuda_backward_covers (plan.c):
  * the initial state and the inputs go to the GPU as the forward's do
@@ -14,8 +16,10 @@
 #include "codegen.h"
 #include "cuda_module.h"
 #include "plan.h"
+#include "cuda.h"
 #include "rule_kernel.cuh" /* its first part is C: MN_RULE_MAX_PARAMS, the forward's chunk layout */
 #include "grad_kernel.cuh" /* its first part is C: the arguments and the workspace layout */
+#include "fused_grad.cuh"  /* its first part is C: the fused backward's workspace layout */
 #include "../model/grad.h"
 
 #include <stdio.h>
@@ -58,15 +62,15 @@ static void grad_run_free(grad_run *g)
 
 /* The launch on the layer's current stream, waited for: a fault inside the
  * kernel is reported here. */
-static mn_status launch(const mn_cuda_module *mod, int64_t memories, mn_grad_kargs *a)
+static mn_status launch(const mn_cuda_module *mod, int64_t memories, int threads, long smem, mn_grad_kargs *a)
 {
-    dim3 grid = {(unsigned)memories, 1, 1}, block = {MN_RULE_THREADS, 1, 1};
+    dim3 grid = {(unsigned)memories, 1, 1}, block = {(unsigned)threads, 1, 1};
     void *args[1] = {a};
     cudaStream_t stream = (cudaStream_t)mn_cuda_get_stream();
     /* lengths came up with a cudaMemcpy on the legacy stream (model/engine.c):
      * a caller's stream must not start the kernel before it lands */
     if (stream) MN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
-    MN_CUDA_CHECK(cudaLaunchKernel((const void *)mod->k[0], grid, block, args, 0, stream));
+    MN_CUDA_CHECK(cudaLaunchKernel((const void *)mod->k[0], grid, block, args, (size_t)smem, stream));
     MN_CUDA_CHECK_LAUNCH();
     MN_CUDA_CHECK(cudaStreamSynchronize(stream));
     return MN_OK;
@@ -78,31 +82,73 @@ static mn_status to_host(mn_tensor *dst, const mn_tensor *src)
     return src->storage ? mn_tensor_to_device(dst, src, MN_CPU) : MN_OK;
 }
 
-static mn_status run_kernel(grad_run *g, int64_t n, int64_t S, int64_t block_steps, mn_run_grads *out)
+/* The backward's kernel for the plan's path, its workspace floats per
+ * memory, and its launch shape. */
+typedef struct grad_kernel {
+    mn_cuda_module *mod;
+    long long work_floats;
+    int threads;
+    long smem;
+} grad_kernel;
+
+static mn_status kernel_for(const mn_rule *r, const mn_dims *d, mn_precision prec, const mn_cuda_plan *pl,
+                            int64_t K, int64_t nblocks, grad_kernel *gk)
+{
+    char *src;
+    const char *name;
+    if (pl->path == MN_PATH_FUSED) {
+        mn_grad_layout flat;
+        mn_grad_layout_init(&flat, r->layers, r->bias, d->dk, d->dv, r->layers > 1 ? d->dh : 0, 16, 1, 1);
+        mn_fgrad_layout lo;
+        mn_fgrad_layout_init(&lo, flat.P, mn_fused_padded_floats(r, d), K, nblocks);
+        gk->work_floats = lo.total;
+        gk->threads = pl->threads;
+        gk->smem = pl->smem_bytes;
+        src = mn_cuda_fused_grad_source(r, d, prec, pl);
+        name = MN_FUSED_GRAD_KERNEL;
+    } else {
+        mn_grad_layout lo;
+        mn_grad_layout_init(&lo, r->layers, r->bias, d->dk, d->dv, r->layers > 1 ? d->dh : 0,
+                            mn_rule_chunk_rows(r->step), K, nblocks);
+        gk->work_floats = lo.total;
+        gk->threads = MN_RULE_THREADS;
+        gk->smem = 0;
+        src = mn_cuda_grad_source(r, d);
+        name = MN_GRAD_KERNEL;
+    }
+    if (!src) return MN_ERR_ARG;
+    const char *names[] = {name, NULL};
+    mn_status s = mn_cuda_module_get(src, names, &gk->mod);
+    free(src);
+    MN_TRY(s);
+    if (gk->smem > 48 * 1024)
+        MN_CUDA_CHECK(cudaKernelSetAttributeForDevice(gk->mod->k[0], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                      (int)gk->smem, 0));
+    return MN_OK;
+}
+
+static mn_status run_kernel(grad_run *g, mn_precision prec, int64_t n, int64_t S, int64_t block_steps,
+                            mn_run_grads *out)
 {
     const mn_rule *r = &g->st.rule;
     const mn_dims *d = &g->st.dims;
     int64_t memories = d->B * d->H;
     int64_t K = mn_grad_block_steps(S, block_steps), nblocks = S > 0 ? (S + K - 1) / K : 0;
-    mn_grad_layout lo;
-    mn_grad_layout_init(&lo, r->layers, r->bias, d->dk, d->dv, r->layers > 1 ? d->dh : 0, mn_rule_chunk_rows(r->step),
-                        K, nblocks);
+    mn_cuda_plan pl;
+    MN_TRY(mn_cuda_plan_backward(r, d, prec, mn_cuda_arch(), mn_cuda_smem_optin(), &pl));
+    mn_grad_layout flat;
+    mn_grad_layout_init(&flat, r->layers, r->bias, d->dk, d->dv, r->layers > 1 ? d->dh : 0, 16, 1, 1);
     out->block = K;
-    out->backward_bytes = (int64_t)sizeof(float) * lo.total * memories;
-    out->forward_bytes = memories * 3 * lo.P * 4;
+    out->forward_bytes = memories * 3 * flat.P * 4;
     if (n == 0 || memories == 0) return MN_OK;
     if (memories > 2147483647LL)
         return mn_fail(MN_ERR_UNSUPPORTED, "cuda backward: %lld memories (B x H) exceed one launch's grid",
                        (long long)memories);
-    char *src = mn_cuda_grad_source(r, d);
-    if (!src) return MN_ERR_ARG;
-    static const char *const names[] = {MN_GRAD_KERNEL, NULL};
-    mn_cuda_module *mod;
-    mn_status s = mn_cuda_module_get(src, names, &mod);
-    free(src);
-    MN_TRY(s);
-    g->work_bytes = sizeof(float) * (size_t)lo.total * (size_t)memories;
-    s = mn_cuda_alloc(g->work_bytes, &g->work);
+    grad_kernel gk;
+    MN_TRY(kernel_for(r, d, prec, &pl, K, nblocks, &gk));
+    out->backward_bytes = (int64_t)sizeof(float) * gk.work_floats * memories;
+    g->work_bytes = sizeof(float) * (size_t)gk.work_floats * (size_t)memories;
+    mn_status s = mn_cuda_alloc(g->work_bytes, &g->work);
     if (s != MN_OK) {
         g->work = NULL;
         return mn_fail_context(s, "cuda backward: workspace of %.1f MB (checkpoints every %lld steps): ",
@@ -139,15 +185,15 @@ static mn_status run_kernel(grad_run *g, int64_t n, int64_t S, int64_t block_ste
     }
     a.heads = d->H;
     a.work = g->work;
-    a.work_floats = lo.total;
+    a.work_floats = gk.work_floats;
     a.n = n;
     a.nsteps = S;
     a.K = K;
     a.nblocks = nblocks;
-    return launch(mod, memories, &a);
+    return launch(gk.mod, memories, gk.threads, gk.smem, &a);
 }
 
-static mn_status cuda_grad_run(const mn_rule *rule, const mn_dims *dims, const mn_tensor *init_params,
+static mn_status cuda_grad_run(const mn_rule *rule, mn_precision precision, const mn_dims *dims, const mn_tensor *init_params,
                                const mn_tensor *init_momenta, const mn_tensor *init_outer, const mn_segment_inputs *in,
                                const mn_run_upstream *up, int64_t block_steps, mn_run_grads *out)
 {
@@ -190,7 +236,7 @@ static mn_status cuda_grad_run(const mn_rule *rule, const mn_dims *dims, const m
         s = mn_tensor_zeros(&g->gW[p], MN_F32, pt->ndim, pt->shape, MN_CUDA);
         if (s == MN_OK) s = mn_tensor_zeros(&g->gS[p], MN_F32, pt->ndim, pt->shape, MN_CUDA);
     }
-    if (s == MN_OK) s = run_kernel(g, n, S, block_steps, out);
+    if (s == MN_OK) s = run_kernel(g, precision, n, S, block_steps, out);
     /* back to the CPU, where mn_run_backward's callers read them */
     out->nparams = np;
     if (s == MN_OK) s = to_host(&out->k, &g->gk);

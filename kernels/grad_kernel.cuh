@@ -274,6 +274,10 @@ __device__ void mn_gclip_adjoint(const float *G, const float *dGt, float *dG, lo
     __syncthreads();
 }
 
+#ifndef MN_FUSED_GRAD
+/* The general path's kernel from here on; the fused backward
+ * (fused_grad.cuh) takes the helpers above and has its own kernel. */
+
 /* ---- one step of the forward (grad_cpu.c step_forward) ---- */
 
 /* G at the gradient point g->A from the step's real rows, then clip and
@@ -712,5 +716,7 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_grad_kernel(con
         }
     }
 }
+
+#endif /* !MN_FUSED_GRAD */
 
 #endif /* __CUDACC_RTC__ */

@@ -243,6 +243,88 @@ const char *mn_cuda_plan_step_kernel(const mn_cuda_plan *pl)
     return pl->path == MN_PATH_FUSED ? MN_FUSED_STEP_KERNEL : MN_RULE_STEP_KERNEL;
 }
 
+long mn_fused_padded_floats(const mn_rule *r, const mn_dims *d) { return padded_param_floats(r, d); }
+
+/* Must match the carve-up at the top of mn_fused_grad_kernel. */
+long mn_fused_grad_smem_bytes(const mn_rule *r, const mn_dims *d, int rows)
+{
+    long dk = up16(d->dk), dv = up16(d->dv), dh = r->layers > 1 ? up16(d->dh) : 0;
+    long f = padded_param_floats(r, d);
+    f += rows * (dk + PAD);                         /* x */
+    if (r->layers > 1) f += 4L * rows * (dh + PAD); /* z, h (hbar, zbar), zd, hd (hdbar, zdbar) */
+    f += 3L * rows * (dv + PAD);                    /* y (ybar), u, ubar */
+    f += rows;                                      /* which rows have a non-finite x */
+    return f * (long)sizeof(float);
+}
+
+mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision p, int arch, long smem_limit,
+                                mn_cuda_plan *out)
+{
+    memset(out, 0, sizeof *out);
+    if (arch <= 0) arch = 90;
+    if (smem_limit <= 0) smem_limit = smem_of_arch(arch);
+    const char *force = getenv("MNEMO_CUDA_BACKWARD");
+    const bool force_general = force && strcmp(force, "general") == 0, force_fused = force && strcmp(force, "fused") == 0;
+    if (force && *force && !force_general && !force_fused && strcmp(force, "cpu") != 0 && strcmp(force, "auto") != 0)
+        return mn_fail(MN_ERR_ARG, "MNEMO_CUDA_BACKWARD=%s: expected general, fused, cpu or auto", force);
+    out->path = MN_PATH_GENERAL;
+    out->forced = force_general || force_fused;
+    if (force_general) {
+        snprintf(out->why, sizeof out->why, "MNEMO_CUDA_BACKWARD=general");
+        return MN_OK;
+    }
+    /* why not fused, if not */
+    char why[384] = "";
+    mn_cuda_plan fwd;
+    mn_status s = mn_cuda_plan_rule(r, d, p, d->B * d->H, arch, smem_limit, &fwd);
+    if (s != MN_OK) return s;
+    int rows = 0;
+    long smem = 0;
+    if (fwd.path != MN_PATH_FUSED) {
+        snprintf(why, sizeof why, "the forward takes the %s path (%.300s)", mn_cuda_path_name(fwd.path), fwd.why);
+    } else if (mn_rule_refresh(r) != r->step) {
+        snprintf(why, sizeof why, "refresh %d is not the step (%d): the fused backward takes the gradient at W^(s)",
+                 mn_rule_refresh(r), r->step);
+    } else {
+        long first = up16(r->step < 64 ? r->step : 64);
+        long fixed = 64 + 8L * mn_param_count(r->layers, r->bias) * (fwd.threads / 32) + 8L * (fwd.threads / 32);
+        for (int rw = 64; rw >= 16 && !rows; rw /= 2) {
+            if (rw > first) continue;
+            long need = mn_fused_grad_smem_bytes(r, d, rw);
+            if (need + fixed <= smem_limit) rows = rw, smem = need;
+        }
+        if (!rows)
+            snprintf(why, sizeof why,
+                     "its weights and 16 rows of the backward's buffers need %ld KB of shared memory, the device has %ld KB",
+                     mn_fused_grad_smem_bytes(r, d, 16) / 1024, smem_limit / 1024);
+    }
+    if (why[0]) {
+        if (force_fused) return mn_fail(MN_ERR_UNSUPPORTED, "MNEMO_CUDA_BACKWARD=fused: %s", why);
+        snprintf(out->why, sizeof out->why, "%s", why);
+        return MN_OK;
+    }
+    *out = fwd;
+    out->forced = force_fused;
+    out->rows = rows;
+    out->smem_bytes = smem;
+    snprintf(out->why, sizeof out->why,
+             "%sthe forward's fused path, refresh = step: the weights W^(s) stay in shared memory (%ld KB with %d-row "
+             "chunks), the adjoints in the workspace",
+             force_fused ? "MNEMO_CUDA_BACKWARD=fused; " : "", smem / 1024, rows);
+    return MN_OK;
+}
+
+char *mn_cuda_fused_grad_source(const mn_rule *r, const mn_dims *d, mn_precision p, const mn_cuda_plan *pl)
+{
+    static const char *const parts[] = {"update_math", "rule_kernel", "fused_norm", "fused_kernel", "grad_kernel",
+                                        "fused_grad", NULL};
+    char defs[320];
+    mn_fused_defines(pl, defs, sizeof defs);
+    size_t used = strlen(defs);
+    snprintf(defs + used, sizeof defs - used, "#define MN_GRAD_SOURCE 1\n#define MN_FUSED_GRAD 1\n");
+    return mn_cuda_grad_source_for(r, d, p, parts, defs);
+}
+
 /* Appends "what: its backward runs on the cpu" to the "; "-separated list in why. */
 static void add_cpu_backward(char *why, size_t len, const char *what)
 {

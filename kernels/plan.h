@@ -57,6 +57,30 @@ char *mn_cuda_plan_source(const mn_rule *r, const mn_dims *d, mn_precision p, co
 const char *mn_cuda_plan_step_kernel(const mn_cuda_plan *pl);
 #define MN_FUSED_STEP_KERNEL "mn_fused_step_kernel"
 
+/* Which CUDA path runs the backward of a run of the rule (SPEC.md section
+ * 7), for a rule that mn_cuda_backward_covers: the fused backward
+ * (kernels/fused_grad.cuh; plan.path MN_PATH_FUSED with its rows, threads
+ * and shared memory) where the fused forward runs the rule, its refresh is
+ * the step and the backward's chunk buffers fit beside the weights; else
+ * the general backward (kernels/grad_kernel.cuh). why says which and why in
+ * one line. MNEMO_CUDA_BACKWARD=general|fused forces one (fused: an error
+ * when it cannot); MNEMO_CUDA_PATH=general or large, which send the forward
+ * off the fused path, send the backward to the general one. */
+mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision p, int arch, long smem_limit,
+                                mn_cuda_plan *out);
+
+/* The shared memory (bytes) of the fused backward's block for chunks of
+ * rows rows: the padded weights and the chunk's buffers (fused_grad.cuh). */
+long mn_fused_grad_smem_bytes(const mn_rule *r, const mn_dims *d, int rows);
+
+/* Floats of one memory's parameters in the fused kernels' padded layout. */
+long mn_fused_padded_floats(const mn_rule *r, const mn_dims *d);
+
+/* The fused backward's CUDA source for the plan (caller frees; NULL with
+ * the error set). */
+char *mn_cuda_fused_grad_source(const mn_rule *r, const mn_dims *d, mn_precision p, const mn_cuda_plan *pl);
+#define MN_FUSED_GRAD_KERNEL_NAME "mn_fused_grad_kernel"
+
 /* Whether the backward of a run (SPEC.md section 7) of this rule runs on
  * the GPU, on the general path (kernels/grad_kernel.cuh), for a run on
  * cuda; if not, why (one line into why: the options that keep it on the

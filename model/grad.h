@@ -72,10 +72,11 @@ mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_ten
                           const mn_run_upstream *up, int64_t block_steps, const mn_run_checkpoints *ck,
                           mn_run_grads *out);
 /* The same for a run on dev: where a backend registered for dev covers the
- * rule (mn_grad_backend), it computes the gradients there; else the CPU
- * does. mn_run_backward is this with dev the device of in->k (a run whose
+ * rule (mn_grad_backend), it computes the gradients there, its products in
+ * the forward's precision (the CPU's backward computes in fp32 and double,
+ * whatever it is); else the CPU does. mn_run_backward is this with dev the device of in->k (a run whose
  * inputs are on cuda). The gradients come back on the CPU either way. */
-mn_status mn_run_backward_on(mn_device dev, const mn_rule *rule, const mn_dims *dims, const mn_tensor *init_params,
+mn_status mn_run_backward_on(mn_device dev, mn_precision precision, const mn_rule *rule, const mn_dims *dims, const mn_tensor *init_params,
                              const mn_tensor *init_momenta, const mn_tensor *init_outer,
                              const mn_segment_inputs *in, const mn_run_upstream *up, int64_t block_steps,
                              const mn_run_checkpoints *ck, mn_run_grads *out);
@@ -88,7 +89,7 @@ mn_status mn_run_backward_on(mn_device dev, const mn_rule *rule, const mn_dims *
 typedef struct mn_grad_backend {
     const char *name;
     bool (*covers)(const mn_rule *rule, char *why, size_t why_len);
-    mn_status (*run)(const mn_rule *rule, const mn_dims *dims, const mn_tensor *init_params,
+    mn_status (*run)(const mn_rule *rule, mn_precision precision, const mn_dims *dims, const mn_tensor *init_params,
                      const mn_tensor *init_momenta, const mn_tensor *init_outer, const mn_segment_inputs *in,
                      const mn_run_upstream *up, int64_t block_steps, mn_run_grads *out);
 } mn_grad_backend;

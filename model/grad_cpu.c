@@ -529,7 +529,7 @@ static mn_status cpu_backward(const mn_rule *rule, const mn_dims *dims, const mn
                               const mn_run_upstream *up, int64_t block_steps, const mn_run_checkpoints *ck,
                               mn_run_grads *out);
 
-mn_status mn_run_backward_on(mn_device dev, const mn_rule *rule, const mn_dims *dims, const mn_tensor *init_params,
+mn_status mn_run_backward_on(mn_device dev, mn_precision precision, const mn_rule *rule, const mn_dims *dims, const mn_tensor *init_params,
                              const mn_tensor *init_momenta, const mn_tensor *init_outer,
                              const mn_segment_inputs *in, const mn_run_upstream *up, int64_t block_steps,
                              const mn_run_checkpoints *ck, mn_run_grads *out)
@@ -538,7 +538,7 @@ mn_status mn_run_backward_on(mn_device dev, const mn_rule *rule, const mn_dims *
     char why[256];
     if (b && b->covers(rule, why, sizeof why)) {
         memset(out, 0, sizeof *out);
-        return b->run(rule, dims, init_params, init_momenta, init_outer, in, up, block_steps, out);
+        return b->run(rule, precision, dims, init_params, init_momenta, init_outer, in, up, block_steps, out);
     }
     return cpu_backward(rule, dims, init_params, init_momenta, init_outer, in, up, block_steps, ck, out);
 }
@@ -549,7 +549,7 @@ mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_ten
                           mn_run_grads *out)
 {
     mn_device dev = in->k.storage ? in->k.storage->device : MN_CPU;
-    return mn_run_backward_on(dev, rule, dims, init_params, init_momenta, init_outer, in, up, block_steps, ck, out);
+    return mn_run_backward_on(dev, MN_PREC_FP32, rule, dims, init_params, init_momenta, init_outer, in, up, block_steps, ck, out);
 }
 
 /* The CPU's backward (the contract of mn_run_backward). */

@@ -92,7 +92,7 @@ mn_status mn_experiment_run_checkpointed(const mn_experiment *e, mn_memory_state
     return s;
 }
 
-mn_status mn_experiment_backward(const mn_experiment *e, const char *file, mn_device dev,
+mn_status mn_experiment_backward(const mn_experiment *e, const char *file, mn_device dev, mn_precision prec,
                                  const mn_run_checkpoints *ck, mn_run_grads *g)
 {
     memset(g, 0, sizeof *g);
@@ -109,7 +109,7 @@ mn_status mn_experiment_backward(const mn_experiment *e, const char *file, mn_de
     mn_segment_inputs in;
     experiment_inputs(e, &in);
     if (s == MN_OK) {
-        s = mn_run_backward_on(dev, &e->rule, &e->dims, e->init, e->init_momenta, e->init_outer, &in, &up, 0, ck, g);
+        s = mn_run_backward_on(dev, prec, &e->rule, &e->dims, e->init, e->init_momenta, e->init_outer, &in, &up, 0, ck, g);
         if (s != MN_OK) mn_fail_context(s, "%s: backward: ", file);
     }
     mn_upstream_free(&up);

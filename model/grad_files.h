@@ -22,8 +22,8 @@ mn_status mn_experiment_run_checkpointed(const mn_experiment *e, mn_memory_state
 
 /* The backward of an experiment that has /upstream (file names it in
  * errors) for a run on dev (mn_run_backward_on: on the GPU where it covers
- * the rule); ck: the forward's checkpoints or NULL. */
-mn_status mn_experiment_backward(const mn_experiment *e, const char *file, mn_device dev,
+ * the rule, products in prec); ck: the forward's checkpoints or NULL. */
+mn_status mn_experiment_backward(const mn_experiment *e, const char *file, mn_device dev, mn_precision prec,
                                  const mn_run_checkpoints *ck, mn_run_grads *g);
 
 /* /grads into a result tree: k, v, q (when the run had q), theta, eta, alpha

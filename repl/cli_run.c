@@ -118,7 +118,7 @@ static int run_timed(const char *exp_path, const char *out_path, mn_device dev, 
     s = mn_result_tree(&e.rule, e.rule_group, &final, &out, device, precision, trace, &root);
     mn_run_grads grads = {0};
     if (s == MN_OK && e.upstream) {
-        s = mn_experiment_backward(&e, exp_path, dev, ck.data ? &ck : NULL, &grads);
+        s = mn_experiment_backward(&e, exp_path, dev, prec, ck.data ? &ck : NULL, &grads);
         if (s == MN_OK) s = mn_grads_to_tree(&e.rule, &grads, root);
         mn_phase_mark(timer, "backward", 0);
     }

@@ -328,7 +328,7 @@ int mnt_backward(const mn_rule *r, const int64_t *dims6, int device, void *strea
         if (s == MN_OK) s = wrap(&up.dmomenta[p], &upstream[2 + c.np + p], "dmomenta");
     }
     if (s == MN_OK) {
-        s = mn_run_backward_on((mn_device)device, &c.rule, &c.dims, c.params, c.momenta, c.outer, &c.in, &up, 0, NULL,
+        s = mn_run_backward_on((mn_device)device, MN_PREC_FP32, &c.rule, &c.dims, c.params, c.momenta, c.outer, &c.in, &up, 0, NULL,
                                &g);
         have_grads = s == MN_OK;
         if (s != MN_OK) mn_fail_context(s, "backward: ");

@@ -20,7 +20,7 @@
 #define __host__
 #define __global__
 #define __forceinline__ inline
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __shared__ static
 
 struct mn_dim3 {
@@ -52,6 +52,49 @@ static inline double __shfl_xor_sync(unsigned, double v, int off)
 {
     return mn_shim_shuffle(v, (int)(threadIdx.x & 31) ^ off);
 }
+/* float shuffles, and within groups of width lanes (a power of two) */
+static inline float __shfl_xor_sync(unsigned, float v, int off)
+{
+    return (float)mn_shim_shuffle((double)v, (int)(threadIdx.x & 31) ^ off);
+}
+static inline double __shfl_xor_sync(unsigned, double v, int off, int width)
+{
+    (void)width; /* xor by off < width stays inside the group */
+    return mn_shim_shuffle(v, (int)(threadIdx.x & 31) ^ off);
+}
+static inline float __shfl_xor_sync(unsigned, float v, int off, int width)
+{
+    (void)width;
+    return (float)mn_shim_shuffle((double)v, (int)(threadIdx.x & 31) ^ off);
+}
+/* a warp vote: every lane's value through the buffer, then the whole warp reads it */
+static inline bool mn_shim_vote(bool v, bool all)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    mn_shim_warp_buffer[warp][lane] = v ? 1.0 : 0.0;
+    pthread_barrier_wait(&mn_shim_warp_barrier[warp]);
+    bool r = all;
+    for (int l = 0; l < 32; l++) r = all ? (r && mn_shim_warp_buffer[warp][l] != 0.0) : (r || mn_shim_warp_buffer[warp][l] != 0.0);
+    pthread_barrier_wait(&mn_shim_warp_barrier[warp]);
+    return r;
+}
+static inline bool __any_sync(unsigned, bool v) { return mn_shim_vote(v, false); }
+static inline bool __all_sync(unsigned, bool v) { return mn_shim_vote(v, true); }
+
+struct float2 {
+    float x, y;
+};
+struct __attribute__((aligned(16))) float4 {
+    float x, y, z, w;
+};
+static inline float2 make_float2(float x, float y) { return float2{x, y}; }
+static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+
+/* The fused kernels' dynamic shared memory: one block runs at a time. */
+#define MN_EMULATED 1
+extern float4 mn_shim_smem[];
+#define MN_DYNAMIC_SMEM(name) float4 *name = mn_shim_smem
+
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }

@@ -1,5 +1,6 @@
-/* grad_emu.cpp: kernels/grad_kernel.cuh's mn_grad_kernel, as generated for
- * one rule (the source file is -DMN_EMU_SOURCE="path"), run on the CPU
+/* grad_emu.cpp: kernels/grad_kernel.cuh's mn_grad_kernel, or with a fused
+ * backward's source (MN_FUSED_GRAD) fused_grad.cuh's mn_fused_grad_kernel,
+ * as generated for one rule (the source file is -DMN_EMU_SOURCE="path"), run on the CPU
  * through cuda_shim.h, one block after another. Reads CASE.bin as
  * tests/unit/test_grad_emulated.c writes it (sizes, inputs, upstream, and
  * the CPU backward's gradients), runs the kernel, and prints one line per
@@ -17,13 +18,18 @@ mn_dim3 blockIdx;
 pthread_barrier_t mn_shim_block_barrier;
 pthread_barrier_t mn_shim_warp_barrier[32];
 double mn_shim_warp_buffer[32][32];
+float4 mn_shim_smem[227 * 1024 / 16]; /* the most an sm_90 block may opt in to */
 
 static mn_grad_kargs args;
 
 static void *thread_main(void *tid)
 {
     threadIdx.x = (unsigned)(intptr_t)tid;
+#ifdef MN_FUSED_GRAD
+    mn_fused_grad_kernel(args);
+#else
     mn_grad_kernel(args);
+#endif
     return NULL;
 }
 
@@ -73,8 +79,13 @@ int main(int argc, char **argv)
     fclose(f);
 
     const long long memories = B * H, nblocks = (S + K - 1) / K;
+#ifdef MN_FUSED_GRAD
+    mn_fgrad_layout lo;
+    mn_fgrad_layout_init(&lo, mn_goff(MN_NPARAMS), mn_pset_floats(), K, nblocks);
+#else
     mn_grad_layout lo;
     mn_grad_layout_init(&lo, MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, MN_ROWS, K, nblocks);
+#endif
     std::vector<float> work((size_t)(lo.total * memories), NAN);
     std::vector<float> got[6], got_param[MN_RULE_MAX_PARAMS][2];
     for (int i = 0; i < 6; i++) got[i].assign(in[i].size(), 0.0f);

@@ -104,6 +104,14 @@ if want conformance && [ -n "$PYTHON" ]; then
               "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_$path.log" 2>&1
           echo $? > "$WORK/conformance_$path.rc" ) &
     done
+    # the planned backward (fused where the rule takes it) against the
+    # reference's gradients in each precision, on fewer configurations
+    for prec in fp32 tf32 bf16; do
+        ( MNEMO_DEVICE=cuda MNEMO_PRECISION=$prec MNEMO_CONFORMANCE_SEED=5 \
+              MNEMO_CONFORMANCE_COUNT=${BACKWARD_CONFORMANCE_COUNT:-40} timeout "${CONFORMANCE_TIMEOUT:-540}" \
+              "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_backward_$prec.log" 2>&1
+          echo $? > "$WORK/conformance_backward_$prec.rc" ) &
+    done
     # long sequences: steps of more than 64 tokens take the kernel's chunked path
     ( MNEMO_CUDA_BACKWARD=cpu MNEMO_DEVICE=cuda MNEMO_PRECISION=fp32 MNEMO_CONFORMANCE_SEED=7 MNEMO_CONFORMANCE_MAX_T=400 \
           MNEMO_CONFORMANCE_COUNT=${LONG_CONFORMANCE_COUNT:-40} timeout "${CONFORMANCE_TIMEOUT:-540}" \
@@ -131,6 +139,14 @@ want paths && for path in general fused large; do
     # and hidden-256 memories); forced fused, it is refused by name
     run_one "lua/test_glu.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_glu.lua
 done
+# The backward on the GPU against the cpu's: every case on the general
+# backward forced, and in tf32 and bf16 (the fused backward where planned)
+want paths && {
+    run_one "lua/test_grad_cuda.lua (general backward)" env MNEMO_CUDA_BACKWARD=general "$MNEMO" tests/lua/test_grad_cuda.lua
+    for prec in tf32 bf16; do
+        run_one "lua/test_grad_cuda.lua ($prec)" env MNEMO_GRAD_PRECISION=$prec "$MNEMO" tests/lua/test_grad_cuda.lua
+    done
+}
 
 # ---- the rule engine from Lua: cuda against cpu ----
 want engine && cat > "$WORK/engine.lua" <<'EOF'
@@ -233,6 +249,24 @@ EOF
       local r = m.rule { layers = 2, hidden = 32, step = 64, refresh = 64, theta = 0.01 }
       m.save('$WORK/san/staged.h5', r:experiment { k = m.randn(1, 2, 4096, 64) * 0.2, v = m.randn(1, 2, 4096, 64) })" \
         > /dev/null 2>&1
+    # and two with /upstream: the backward on the GPU, fused (refresh = step)
+    # and general (refresh 0), widths past one tile, q, several chunks a step
+    for refresh in 8 0; do
+        "$MNEMO" -e "local m = mnemo; m.seed(9)
+          local r = m.rule { layers = 2, hidden = 40, activation = 'gelu', step = 8, refresh = $refresh, clip = 'norm',
+                             clip_max = 0.5, theta = 0.02, eta = 0.5 }
+          m.save('$WORK/san/grad_r$refresh.h5', r:experiment { k = m.randn(2, 2, 50, 20) * 0.5,
+                 v = m.randn(2, 2, 50, 18) * 0.5, q = m.randn(2, 2, 50, 20) * 0.5 })
+          m.save('$WORK/san/up_r$refresh.h5', { dy = m.randn(2, 2, 50, 18), dloss = m.randn(2, 2, 50),
+                                                dW1 = m.randn(2, 2, 40, 20) })" > /dev/null 2>&1
+        "$PYTHON" -c "
+import h5py, sys
+with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
+    for name in ('dy', 'dloss', 'dW1'):
+        f['upstream/' + name] = src[name][()]
+" "$WORK/san/up_r$refresh.h5" "$WORK/san/grad_r$refresh.h5" > /dev/null 2>&1
+        rm -f "$WORK/san/up_r$refresh.h5"
+    done
     san() { # tool file
         tool=$1; f=$2; name=sanitizer/$tool/$(basename "$f" .h5)
         "$SANITIZER" --tool "$tool" --error-exitcode 9 "$MNEMO" run "$f" -o "$WORK/san_$tool.h5" --device cuda \
@@ -261,6 +295,8 @@ EOF
         san memcheck "$WORK/san/staged.h5"
         san initcheck "$WORK/san/staged.h5"
         san synccheck "$WORK/san/staged.h5"
+        for tool in memcheck racecheck initcheck synccheck; do san $tool "$WORK/san/grad_r8.h5"; done
+        san memcheck "$WORK/san/grad_r0.h5"
     } > "$LOGS/sanitizer.log" 2>&1
     count sanitizer "$LOGS/sanitizer.log" 0
 else
@@ -326,7 +362,7 @@ if ! want conformance; then
     :
 elif [ -n "$PYTHON" ]; then
     wait
-    for prec in fp32 tf32 bf16 long general large; do
+    for prec in fp32 tf32 bf16 long general large backward_fp32 backward_tf32 backward_bf16; do
         echo "== conformance/cuda-$prec"
         tail -1 "$OUT/conformance_$prec.log" | grep -v '^PASS'
         rc=$(cat "$WORK/conformance_$prec.rc" 2>/dev/null || echo 99)

@@ -30,17 +30,28 @@ if not has_cuda_build then
 elseif backward_env == "cpu" then
   T.eq("grad_cuda/plan/MNEMO_CUDA_BACKWARD=cpu", m.rule {}:plan { dk = 8 }.backward_why, "MNEMO_CUDA_BACKWARD=cpu")
 else
+  -- which CUDA backward the plan names (kernels/plan.h mn_cuda_plan_backward):
+  -- the fused one where the forward is fused and refresh = step, else the general one
   local covered = {
-    linear = m.rule {},
-    mlp2 = m.rule { layers = 2, hidden = 8, activation = "gelu", clip = "norm", clip_max = 1 },
-    custom = m.rule { layers = 3, hidden = 8, activation = "z*tanh(softplus(z))", loss = "log(1 + r^2)",
-                      clip = "elementwise", clip_expr = "m*tanh(g/m)", constants = { m = 0.01 } },
+    linear = { m.rule {}, "fused" },
+    mlp2 = { m.rule { layers = 2, hidden = 8, activation = "gelu", clip = "norm", clip_max = 1 }, "fused" },
+    mlp2_refresh0 = { m.rule { layers = 2, hidden = 8, step = 2, refresh = 0 }, "general", "refresh 0 is not the step" },
+    custom = { m.rule { layers = 3, hidden = 8, activation = "z*tanh(softplus(z))", loss = "log(1 + r^2)",
+                        clip = "elementwise", clip_expr = "m*tanh(g/m)", constants = { m = 0.01 } }, "general",
+               "the forward takes the general path" },
   }
-  for name, r in pairs(covered) do
-    local p = r:plan { dk = 8 }
-    T.eq("grad_cuda/plan/" .. name .. "/backward", p.backward, "general (cuda)")
-    T.ok("grad_cuda/plan/" .. name .. "/printed", tostring(p):find("backward: general (cuda)", 1, true) ~= nil,
+  for name, c in pairs(covered) do
+    local want = backward_env == "general" and "general" or c[2]
+    local p = c[1]:plan { dk = 8 }
+    T.eq("grad_cuda/plan/" .. name .. "/backward", p.backward, want .. " (cuda)")
+    T.ok("grad_cuda/plan/" .. name .. "/printed", tostring(p):find("backward: " .. want .. " (cuda)", 1, true) ~= nil,
          tostring(p))
+    if want == "fused" then
+      T.ok("grad_cuda/plan/" .. name .. "/fused_shape", p.backward_rows and p.backward_rows % 16 == 0 and
+           p.backward_smem_bytes > 0 and p.backward_kernel == "mn_fused_grad_kernel", tostring(p))
+    elseif c[3] and backward_env ~= "general" then
+      T.ok("grad_cuda/plan/" .. name .. "/why", p.backward_why:find(c[3], 1, true) ~= nil, p.backward_why)
+    end
   end
   local uncovered = {
     glu = { m.rule { layers = 2, hidden = 8, glu = true }, "glu" },
@@ -73,6 +84,12 @@ end
 
 ---------------------------------------------------------------- cuda against cpu
 local SMOOTH, KINK = 1e-4, 2e-3
+-- MNEMO_GRAD_PRECISION=tf32|bf16: the cuda runs (forward and backward) in
+-- that matrix precision against the cpu's fp32, held to SPEC.md section 3's
+-- gradient bounds; a kinked rule on these small widths to finiteness only
+local precision = os.getenv("MNEMO_GRAD_PRECISION") or "fp32"
+local PREC_TOL = ({ fp32 = 0, tf32 = 1e-2, bf16 = 5e-2 })[precision]
+assert(PREC_TOL, "MNEMO_GRAD_PRECISION: expected fp32, tf32 or bf16")
 
 -- One case: rule fields, sizes, and what the run gets. opts: B, H, Tn, dk,
 -- dv, dh; q (a query tensor), lengths, momenta (initial S_*), bad = {what,
@@ -123,6 +140,17 @@ local cases = {
     block = 3, dloss = false, dparams = false, tol = SMOOTH },
   { name = "mlp2_dk_ne_dv_q", rule = { layers = 2, activation = "silu", bias = true, step = 4, refresh = 4 },
     dk = 6, dv = 3, dh = 5, q = true, tol = SMOOTH },
+  -- the fused backward's own concerns (refresh = step): several chunks a step,
+  -- widths past one tile, padding, clips by scope, q, retrieve before
+  { name = "fused_mlp2_long_steps", rule = { layers = 2, activation = "gelu", bias = true, step = 40, refresh = 40,
+    clip = "norm", clip_max = 0.5, theta = 0.02 }, Tn = 150, dk = 20, dv = 18, dh = 40, tol = SMOOTH },
+  { name = "fused_mlp2_wide_softnorm_tensor_q", rule = { layers = 2, activation = "silu", step = 8, refresh = 8,
+    clip = "softnorm", clip_max = 0.3, clip_scope = "tensor", theta = 0.02 }, Tn = 40, dk = 33, dv = 17, dh = 70,
+    q = true, tol = SMOOTH },
+  { name = "fused_linear_before_lengths", rule = { bias = true, step = 5, refresh = 5, retrieve = "before",
+    token_reduce = "mean" }, B = 3, Tn = 23, dk = 24, dv = 20, lengths = { 23, 9, 0 }, tol = SMOOTH },
+  { name = "fused_mlp2_residual_momenta", rule = { layers = 2, activation = "tanh", residual = true, step = 6,
+    refresh = 6, eta = 0.9 }, Tn = 30, dk = 16, dv = 16, dh = 32, momenta = true, tol = SMOOTH },
 }
 
 local function put_bad(t, b, h, tok, value) t[{ b, h, tok }] = value end
@@ -182,7 +210,8 @@ for ci, c in ipairs(cases) do
   up.block = c.block
   local function run_on(device)
     local ok, res = pcall(rule.run, rule, { k = k, v = v, q = q, theta = theta, eta = eta, alpha = alpha,
-                                            init = init, lengths = c.lengths, device = device, grad = true })
+                                            init = init, lengths = c.lengths, device = device, grad = true,
+                                            precision = device == "cuda" and precision or nil })
     if not ok then return nil, res end
     local ok2, g = pcall(res.backward, res, up)
     if not ok2 then return nil, g end
@@ -190,7 +219,9 @@ for ci, c in ipairs(cases) do
   end
   local gc, ec = run_on("cpu")
   local gg, eg = run_on("cuda")
-  local label = "grad_cuda/" .. c.name
+  local label = "grad_cuda/" .. c.name .. (precision ~= "fp32" and "/" .. precision or "")
+  local tol = math.max(c.tol, PREC_TOL)
+  local finite_only = precision ~= "fp32" and c.tol == KINK
   if c.skips and gc then
     local skipped = ec.outputs.skipped:sum()
     T.ok(label .. "/has_a_skipped_step", (type(skipped) == "number" and skipped or skipped:item()) > 0,
@@ -209,7 +240,7 @@ for ci, c in ipairs(cases) do
       end
       local e = T.rel(a, b)
       if e > worst then worst = e end
-      if not (e <= c.tol) then rows[#rows + 1] = ("%s rel %.3g"):format(name, e) end
+      if not (e <= tol) and not finite_only then rows[#rows + 1] = ("%s rel %.3g"):format(name, e) end
     end
     for _, name in ipairs(names) do compare(name, gg[name], gc[name]) end
     local ninit = 0
@@ -218,8 +249,9 @@ for ci, c in ipairs(cases) do
       ninit = ninit + 1
     end
     T.ok(label .. "/every_init_gradient", ninit == 2 * np, ("%d init gradients for %d parameters"):format(ninit, np))
-    T.ok(label, #rows == 0, table.concat(rows, "; ") .. (" (tolerance %g)"):format(c.tol))
-    print(("# %s: worst relative error %.3g (tolerance %g)"):format(label, worst, c.tol))
+    T.ok(label, #rows == 0, table.concat(rows, "; ") .. (" (tolerance %g)"):format(tol))
+    print(("# %s: worst relative error %.3g (%s)"):format(label, worst,
+                                                          finite_only and "kinked: finiteness only" or "tolerance " .. tol))
     -- every entry that must be finite is (the bad token's were masked)
     local finite = true
     for _, name in ipairs(names) do finite = finite and T.rel(gg[name], gg[name]) == 0 end

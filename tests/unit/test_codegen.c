@@ -143,8 +143,62 @@ static void test_compile_cases(void)
         snprintf(name, sizeof name, "codegen/nvrtc_sm90/%s/backward", c->name);
         if (gsrc) compile_line(name, gsrc);
         free(gsrc);
+        /* and the fused backward's (kernels/fused_grad.cuh) where it takes the rule */
+        mn_cuda_plan bp;
+        if (mn_cuda_plan_backward(&r, &d, c->prec, 90, 0, &bp) == MN_OK && bp.path == MN_PATH_FUSED) {
+            char *fsrc = mn_cuda_fused_grad_source(&r, &d, c->prec, &bp);
+            snprintf(name, sizeof name, "codegen/nvrtc_sm90/%s/fused backward", c->name);
+            CHECK(name, fsrc && strstr(fsrc, "mn_fused_grad_kernel") && strstr(fsrc, "#define MN_FUSED_GRAD 1"));
+            if (fsrc) compile_line(name, fsrc);
+            free(fsrc);
+        }
         mn_rule_free(&r);
     }
+}
+
+/* The backward's plan (kernels/plan.h mn_cuda_plan_backward): fused where
+ * the forward is fused and refresh = step; MNEMO_CUDA_BACKWARD forces. */
+static void test_backward_plan(void)
+{
+    mn_rule r;
+    mn_rule_init(&r);
+    r.layers = 2;
+    r.hidden = 256;
+    r.step = 64;
+    r.refresh = 64;
+    mn_dims d = {4, 32, 4096, 64, 64, 256, 0};
+    mn_cuda_plan bp;
+    bool ok = mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 90, 0, &bp) == MN_OK;
+    CHECK("codegen/backward_plan/p1_fused", ok && bp.path == MN_PATH_FUSED && bp.rows == 16 &&
+                                                bp.smem_bytes == mn_fused_grad_smem_bytes(&r, &d, 16) &&
+                                                bp.smem_bytes <= 227 * 1024);
+    r.refresh = 0;
+    ok = mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 90, 0, &bp) == MN_OK;
+    CHECK("codegen/backward_plan/refresh0_general", ok && bp.path == MN_PATH_GENERAL && strstr(bp.why, "refresh 0"));
+    setenv("MNEMO_CUDA_BACKWARD", "fused", 1);
+    CHECK("codegen/backward_plan/forced_fused_refused",
+          mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 90, 0, &bp) == MN_ERR_UNSUPPORTED &&
+              strstr(mn_last_error(), "MNEMO_CUDA_BACKWARD=fused: refresh 0"));
+    r.refresh = 64;
+    ok = mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 90, 0, &bp) == MN_OK;
+    CHECK("codegen/backward_plan/forced_fused", ok && bp.path == MN_PATH_FUSED && bp.forced);
+    setenv("MNEMO_CUDA_BACKWARD", "general", 1);
+    ok = mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 90, 0, &bp) == MN_OK;
+    CHECK("codegen/backward_plan/forced_general", ok && bp.path == MN_PATH_GENERAL && bp.forced);
+    setenv("MNEMO_CUDA_BACKWARD", "bogus", 1);
+    CHECK("codegen/backward_plan/bad_name", mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 90, 0, &bp) == MN_ERR_ARG &&
+                                               strstr(mn_last_error(), "MNEMO_CUDA_BACKWARD=bogus"));
+    unsetenv("MNEMO_CUDA_BACKWARD");
+    /* the forward off the fused path takes the backward with it */
+    setenv("MNEMO_CUDA_PATH", "general", 1);
+    ok = mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 90, 0, &bp) == MN_OK;
+    unsetenv("MNEMO_CUDA_PATH");
+    CHECK("codegen/backward_plan/forward_forced_general", ok && bp.path == MN_PATH_GENERAL &&
+                                                              strstr(bp.why, "the forward takes the general path"));
+    /* sm_80's 163 KB: P1's weights (134 KB) and 16 rows of the backward's buffers do not fit */
+    ok = mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 80, 0, &bp) == MN_OK;
+    CHECK("codegen/backward_plan/sm80_too_small", ok && bp.path == MN_PATH_GENERAL && strstr(bp.why, "KB"));
+    mn_rule_free(&r);
 }
 
 /* Constants are literals in the hooks; the source follows every input. */
@@ -637,6 +691,7 @@ int main(void)
     test_broken_source();
     test_source_contents();
     test_disk_cache();
+    test_backward_plan();
     test_compile_cases();
     return CHECK_DONE();
 }

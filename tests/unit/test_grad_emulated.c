@@ -17,6 +17,7 @@
 #include "rule_cases.h"
 #include "grad.h"
 #include "../../kernels/codegen.h"
+#include "../../kernels/plan.h"
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -27,6 +28,7 @@ typedef struct {
     int bad;           /* 1: a NaN key, 2: a NaN theta, 3: an Inf value */
     bool lengths;      /* ragged: lengths {T, 6} */
     int block;         /* K (0: about sqrt(S)) */
+    bool fused;        /* the fused backward's kernel (kernels/fused_grad.cuh) instead of the general one */
 } variant;
 
 static const rule_case rules[] = {
@@ -53,12 +55,31 @@ static const rule_case rules[] = {
      70, 140, MN_RETRIEVE_BEFORE, MN_PREC_FP32, 4, 4, 0, false, true},
     {"mlp2_silu_logcosh_softvalue", 2, 0, 0, MN_ACT_SILU, NULL, MN_LOSS_LOGCOSH, NULL, MN_CLIP_SOFTVALUE,
      MN_SCOPE_GLOBAL, NULL, 4, 8, MN_RETRIEVE_AFTER, MN_PREC_FP32, 4, 5, 6, false, false},
+    /* refresh = step: rules the fused backward takes */
+    {"fused_linear_norm", 1, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NORM, MN_SCOPE_GLOBAL, NULL, 4, 4,
+     MN_RETRIEVE_AFTER, MN_PREC_FP32, 5, 6, 0, false, false},
+    {"fused_mlp2_gelu_huber_softnorm_tensor_mean", 2, 1, 0, MN_ACT_GELU, NULL, MN_LOSS_HUBER, NULL, MN_CLIP_SOFTNORM,
+     MN_SCOPE_TENSOR, NULL, 3, 3, MN_RETRIEVE_AFTER, MN_PREC_FP32, 5, 7, 9, false, true},
+    {"fused_mlp2_relu_lp_value_residual_before", 2, 0, 1, MN_ACT_RELU, NULL, MN_LOSS_LP, NULL, MN_CLIP_VALUE,
+     MN_SCOPE_GLOBAL, NULL, 2, 2, MN_RETRIEVE_BEFORE, MN_PREC_FP32, 6, 6, 12, false, false},
+    {"fused_mlp2_custom_act_loss_scale_sum", 2, 1, 0, MN_ACT_CUSTOM, "z*tanh(softplus(z))", MN_LOSS_CUSTOM,
+     "log(1 + r^2)", MN_CLIP_SCALE, MN_SCOPE_GLOBAL, "exp(-n/(n + m))", 5, 5, MN_RETRIEVE_AFTER, MN_PREC_FP32, 4, 5, 6,
+     true, false},
+    {"fused_mlp2_long_step_elementwise", 2, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_ELEMENTWISE,
+     MN_SCOPE_GLOBAL, "m*tanh(g/m)", 70, 70, MN_RETRIEVE_AFTER, MN_PREC_FP32, 8, 8, 20, false, false},
 };
 
 static const variant variants[] = {
-    {0, false, 0, false, 0}, {1, false, 3, false, 0}, {2, true, 0, true, 0}, {3, false, 1, false, 0},
-    {4, true, 0, false, 5},  {5, false, 2, false, 0}, {6, false, 0, true, 0}, {7, true, 0, false, 0},
-    {8, true, 0, true, 0},   {9, false, 0, false, 1},
+    {0, false, 0, false, 0, false}, {1, false, 3, false, 0, false}, {2, true, 0, true, 0, false},
+    {3, false, 1, false, 0, false}, {4, true, 0, false, 5, false},  {5, false, 2, false, 0, false},
+    {6, false, 0, true, 0, false},  {7, true, 0, false, 0, false},  {8, true, 0, true, 0, false},
+    {9, false, 0, false, 1, false},
+    /* the fused backward: every part of its step (q, retrieve modes, clips,
+     * lengths, non-finite inputs, steps of several chunks, blocks) */
+    {0, false, 0, false, 0, true},  {3, true, 0, false, 0, true},  {10, true, 0, false, 0, true},
+    {10, false, 1, false, 3, true}, {11, false, 0, true, 0, true}, {11, true, 3, false, 0, true},
+    {12, true, 0, false, 0, true},  {12, false, 2, true, 0, true}, {13, false, 0, false, 1, true},
+    {13, true, 0, true, 0, true},   {14, false, 0, true, 0, true}, {14, true, 1, false, 0, true},
 };
 
 static uint64_t rng_state = 88172645463325252ULL;
@@ -104,7 +125,18 @@ static bool prepare(const variant *va, const char *dir, char *why, size_t wlen)
     int64_t B = 2, H = 2, n = c->step >= 64 ? 150 : 13, S = (n + c->step - 1) / c->step;
     mn_dims d = {B, H, n, c->dk, c->dv, c->dh, S};
     char path[512];
-    char *src = mn_cuda_grad_source(&r, &d);
+    char *src = NULL;
+    if (va->fused) {
+        mn_cuda_plan bp;
+        if (mn_cuda_plan_backward(&r, &d, MN_PREC_FP32, 90, 0, &bp) != MN_OK || bp.path != MN_PATH_FUSED) {
+            snprintf(why, wlen, "the fused backward does not take it: %s", bp.why);
+            mn_rule_free(&r);
+            return false;
+        }
+        src = mn_cuda_fused_grad_source(&r, &d, MN_PREC_FP32, &bp);
+    } else {
+        src = mn_cuda_grad_source(&r, &d);
+    }
     snprintf(path, sizeof path, "%s/grad.cu", dir);
     FILE *f = src ? fopen(path, "w") : NULL;
     bool ok = f && fputs(src, f) >= 0;
@@ -181,7 +213,7 @@ static void run_variant(const variant *va, const char *cxx, const char *dir)
 {
     const rule_case *c = &rules[va->rule];
     char name[192], why[512] = "", cmd[2048];
-    snprintf(name, sizeof name, "grad_emulated/%s%s%s%s%s", c->name, va->q ? "/q" : "",
+    snprintf(name, sizeof name, "grad_emulated/%s%s%s%s%s%s", va->fused ? "fused/" : "", c->name, va->q ? "/q" : "",
              va->bad == 1 ? "/nan_k" : va->bad == 2 ? "/nan_theta" : va->bad == 3 ? "/inf_v" : "",
              va->lengths ? "/lengths" : "", va->block ? "/block" : "");
     if (!prepare(va, dir, why, sizeof why)) {
@@ -239,9 +271,14 @@ int main(void)
         return 1;
     }
     for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) run_variant(&variants[i], cxx, dir);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) printf("# could not remove %s\n", dir);
+    /* a failure's files stay for a look (the source, the case, the compiler's log) */
+    if (check_failures_) {
+        printf("# kept %s\n", dir);
+    } else {
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        if (system(cmd) != 0) printf("# could not remove %s\n", dir);
+    }
     return CHECK_DONE();
 }
 
