@@ -129,8 +129,18 @@ void l_grad_attach(lua_State *L, int ctx_idx, const mn_rule *rule, int opts, con
 static void push_reduced(lua_State *L, const mn_tensor *full, const mn_tensor *like)
 {
     mn_tensor *t = l_push_empty_tensor(L);
-    if (like && like->storage) L_TRY(L, mn_sum_to_shape(t, full, like->ndim, like->shape));
-    else mn_tensor_share(t, full);
+    if (!like || !like->storage) {
+        mn_tensor_share(t, full);
+        return;
+    }
+    L_TRY(L, mn_sum_to_shape(t, full, like->ndim, like->shape));
+    /* on the device of the tensor the call gave (a sum went through the host) */
+    if (t->storage->device != like->storage->device) {
+        mn_tensor moved = {0};
+        L_TRY(L, mn_tensor_to_device(&moved, t, like->storage->device));
+        mn_tensor_release(t);
+        *t = moved;
+    }
 }
 
 /* res:backward{dy =, dloss =, dW1 =, ..., dS_W1 =, ... [, block = K]} */

@@ -7,8 +7,8 @@
  * the initial state and the inputs go to the GPU as the forward's do
  * (mn_memory_create, mn_segment_inputs_materialize), the upstream too; one
  * launch of the generated kernel, one block per memory, computes every
- * gradient into zeroed device tensors, which come back to the CPU, where
- * mn_run_backward's callers expect them (grad.h). The workspace (checkpoints
+ * gradient into zeroed device tensors, which the caller gets (grad.h: a
+ * backend's gradients stay on its device). The workspace (checkpoints
  * and the block's states, per memory) is sized here by
  * mn_grad_layout_init, the kernel's own layout. Every device allocation is
  * a tensor or the workspace, given back on every path out. */
@@ -76,10 +76,10 @@ static mn_status launch(const mn_cuda_module *mod, int64_t memories, int threads
     return MN_OK;
 }
 
-/* The device tensor src as a new CPU tensor in *dst. */
-static mn_status to_host(mn_tensor *dst, const mn_tensor *src)
+/* A reference to the device tensor src in *dst (none where src is empty). */
+static void keep(mn_tensor *dst, const mn_tensor *src)
 {
-    return src->storage ? mn_tensor_to_device(dst, src, MN_CPU) : MN_OK;
+    if (src->storage) mn_tensor_share(dst, src);
 }
 
 /* The backward's kernel for the plan's path, its workspace floats per
@@ -237,17 +237,19 @@ static mn_status cuda_grad_run(const mn_rule *rule, mn_precision precision, cons
         if (s == MN_OK) s = mn_tensor_zeros(&g->gS[p], MN_F32, pt->ndim, pt->shape, MN_CUDA);
     }
     if (s == MN_OK) s = run_kernel(g, precision, n, S, block_steps, out);
-    /* back to the CPU, where mn_run_backward's callers read them */
+    /* the gradients stay on the GPU (grad.h): out takes references */
     out->nparams = np;
-    if (s == MN_OK) s = to_host(&out->k, &g->gk);
-    if (s == MN_OK) s = to_host(&out->v, &g->gv);
-    if (s == MN_OK) s = to_host(&out->q, &g->gq);
-    if (s == MN_OK) s = to_host(&out->theta, &g->gtheta);
-    if (s == MN_OK) s = to_host(&out->eta, &g->geta);
-    if (s == MN_OK) s = to_host(&out->alpha, &g->galpha);
-    for (int p = 0; p < np && s == MN_OK; p++) {
-        s = to_host(&out->params[p], &g->gW[p]);
-        if (s == MN_OK) s = to_host(&out->momenta[p], &g->gS[p]);
+    if (s == MN_OK) {
+        keep(&out->k, &g->gk);
+        keep(&out->v, &g->gv);
+        keep(&out->q, &g->gq);
+        keep(&out->theta, &g->gtheta);
+        keep(&out->eta, &g->geta);
+        keep(&out->alpha, &g->galpha);
+        for (int p = 0; p < np; p++) {
+            keep(&out->params[p], &g->gW[p]);
+            keep(&out->momenta[p], &g->gS[p]);
+        }
     }
     grad_run_free(g);
     free(g);

@@ -21,7 +21,8 @@ typedef struct mn_run_upstream {
     mn_tensor dparams[MN_MAX_PARAMS], dmomenta[MN_MAX_PARAMS];
 } mn_run_upstream;
 
-/* Gradients at full shape, f32 on the CPU: k, v [B,H,T,dk|dv], q (only when
+/* Gradients at full shape, f32 on the device the backward ran on (the CPU,
+ * or a backend's, mn_run_backward_on): k, v [B,H,T,dk|dv], q (only when
  * the run had q), theta [B,H,T], eta and alpha [B,H,S], and params[i] /
  * momenta[i] [B,H,...] for the initial parameters and momenta. */
 typedef struct mn_run_grads {
@@ -75,7 +76,8 @@ mn_status mn_run_backward(const mn_rule *rule, const mn_dims *dims, const mn_ten
  * rule (mn_grad_backend), it computes the gradients there, its products in
  * the forward's precision (the CPU's backward computes in fp32 and double,
  * whatever it is); else the CPU does. mn_run_backward is this with dev the device of in->k (a run whose
- * inputs are on cuda). The gradients come back on the CPU either way. */
+ * inputs are on cuda). A backend's gradients stay on its device (a cuda
+ * run's on the GPU: no copy of k's and v's gradients through the host). */
 mn_status mn_run_backward_on(mn_device dev, mn_precision precision, const mn_rule *rule, const mn_dims *dims, const mn_tensor *init_params,
                              const mn_tensor *init_momenta, const mn_tensor *init_outer,
                              const mn_segment_inputs *in, const mn_run_upstream *up, int64_t block_steps,
@@ -104,7 +106,9 @@ mn_status mn_grad_upstream_input(mn_tensor *out, const mn_tensor *src, const cha
 void mn_run_grads_free(mn_run_grads *g);
 
 /* full summed back to a broadcast shape (numpy rules: leading dims dropped,
- * dims of size 1 summed), as a new contiguous f32 CPU tensor. */
+ * dims of size 1 summed), as a contiguous f32 tensor: where nothing is
+ * summed, full itself (a view sharing its storage, on full's device); else
+ * a new CPU tensor (a device's full is read through the host). */
 mn_status mn_sum_to_shape(mn_tensor *out, const mn_tensor *full, int ndim, const int64_t *shape);
 
 /* ---- the memory model's second-order products (mlp_grad_cpu.c) ---- */

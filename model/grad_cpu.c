@@ -737,9 +737,15 @@ mn_status mn_sum_to_shape(mn_tensor *out, const mn_tensor *full, int ndim, const
                            mn_shape_string_of(ndim, shape, b, sizeof b));
         }
     }
+    /* nothing to sum (the call gave the full shape): the gradient itself,
+     * not a pass over it (k and v of a long run are hundreds of MB) */
+    bool same = ndim == fd;
+    for (int i = 0; i < ndim && same; i++) same = shape[i] == full->shape[i];
+    if (same && full->dtype == MN_F32 && mn_tensor_is_contiguous(full)) return mn_tensor_contiguous(out, full);
     MN_TRY(mn_tensor_zeros(out, MN_F32, ndim, shape, MN_CPU));
     mn_tensor src = {0};
-    mn_status st = mn_tensor_contiguous(&src, full);
+    mn_status st = full->storage && full->storage->device != MN_CPU ? mn_tensor_to_device(&src, full, MN_CPU)
+                                                                    : mn_tensor_contiguous(&src, full);
     if (st != MN_OK) {
         mn_tensor_release(out);
         return st;

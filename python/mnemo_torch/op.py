@@ -131,16 +131,17 @@ def backward_tensors(rule, inputs, params, momenta, upstream, wanted, outer=(Non
         # the shim reads 6 inputs, 2 outer and 6 + 2 np + 2 gradient slots
         raise ValueError("mnemo_torch: internal: %d inputs, %d outer, %d wanted for %d tensors"
                          % (len(inputs_c), len(outer_c), len(wanted), len(given)))
-    grads = [torch.zeros(t.shape, dtype=torch.float32) if (t is not None and w) else None
+    # on the inputs' device: the engine's gradients of a CUDA run stay on the GPU (model/grad.h)
+    grads = [torch.zeros(t.shape, dtype=torch.float32, device=like.device) if (t is not None and w) else None
              for t, w in zip(given, wanted)]
     if like.is_cuda and not nat.lib.mnt_cuda_available():
         raise nat.MnemoError("mnemo_torch: CUDA tensors, but the engine has no usable CUDA device")
-    # the gradients come from the engine on the CPU (model/grad.h), summed to these CPU tensors
+    # the gradients, summed to these tensors' shapes, are copied into them
     nat.check(nat.lib.mnt_backward(rule.handle, nat.int64s(dims), nat.CUDA if like.is_cuda else nat.CPU,
                                    _stream_of(like), nat.arg_array(inputs_c + [lengths]),
                                    nat.arg_array(params_c), nat.arg_array(momenta_c), nat.arg_array(outer_c),
                                    nat.arg_array(upstream_c), nat.arg_array(grads)))
-    return [None if g is None else g.to(like.device) for g in grads]
+    return grads
 
 
 # ---- autograd ----
