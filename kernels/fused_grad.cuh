@@ -91,6 +91,22 @@ MN_SHARED_FN void mn_fgrad_layout_init(mn_fgrad_layout *lo, long long P, long lo
 #define MN_DYNAMIC_SMEM(name) extern __shared__ float4 name[]
 #endif
 
+/* MNEMO_FG_PROFILE=1 (plan.c adds MN_FG_PROFILE): block 0's thread 0 adds
+ * the clock cycles between marks to the phase counters, printed at the end. */
+#ifdef MN_FG_PROFILE
+__device__ long long mn_fg_prof[24], mn_fg_last;
+#define MN_FG_MARK(i)                                                                                                 \
+    do {                                                                                                              \
+        if (threadIdx.x == 0 && blockIdx.x == 0) {                                                                    \
+            const long long now_ = clock64();                                                                         \
+            mn_fg_prof[i] += now_ - mn_fg_last;                                                                       \
+            mn_fg_last = now_;                                                                                        \
+        }                                                                                                             \
+    } while (0)
+#else
+#define MN_FG_MARK(i) ((void)0)
+#endif
+
 /* Floats of one padded parameter set (mn_pset_init's carve-up). */
 __device__ __forceinline__ long long mn_pset_floats()
 {
@@ -287,9 +303,11 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_gbuf &gb, int cr, const m
     const double R = MN_FEATURE_SCALE;
     const bool tangent = c.dG != 0;
     const mn_fbuf fb = mn_gbuf_fwd(gb);
+    MN_FG_MARK(9);
     mn_fused_forward(P, fb, cr, [&](int r, int j, float y0, float y1) {
         *reinterpret_cast<float2 *>(gb.y + r * MN_LDV + j) = make_float2(y0, y1);
     });
+    MN_FG_MARK(10);
 
     /* the tangent u = J_P(y) dG */
     if (tangent) {
@@ -308,12 +326,14 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_gbuf &gb, int cr, const m
             *reinterpret_cast<float2 *>(gb.hd + r * MN_LDH + j) = make_float2(hd[0], hd[1]);
         });
         __syncthreads();
+        MN_FG_MARK(19);
         /* u = hd W2^T, then + h dG2^T + db2: the same tiles, so the second
          * product's pre reads what this thread stored */
         mn_gemm<MN_FR, MN_PDV, MN_PDH, false, false>(gb.hd, MN_LDH, P.w[1], MN_LLD(1),
                                                      [&](int r, int j, float a0, float a1) {
             *reinterpret_cast<float2 *>(gb.u + r * MN_LDV + j) = make_float2(a0, a1);
         });
+        MN_FG_MARK(20);
         mn_gemm<MN_FR, MN_PDV, MN_PDH, false, false>(
             gb.h, MN_LDH, D.w[1], MN_LLD(1),
             [&](int r, int j, float a0, float a1) {
@@ -331,6 +351,7 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_gbuf &gb, int cr, const m
         __syncthreads();
     }
 
+    MN_FG_MARK(11);
     /* the seeds, a warp per row (grad_kernel.cuh's loss loop, term for term):
      * ybar into gb.y, ubar into gb.dy, zero on rows past cr and cut rows */
     for (int r = tid >> 5; r < MN_FR; r += MN_FWARPS) {
@@ -408,6 +429,7 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_gbuf &gb, int cr, const m
         }
     }
     __syncthreads();
+    MN_FG_MARK(12);
 
     /* the reverse */
 #if MN_LAYERS == 2
@@ -439,6 +461,7 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_gbuf &gb, int cr, const m
         });
     }
     __syncthreads();
+    MN_FG_MARK(13);
     /* through the activation: zbar into gb.h, zdbar into gb.hd */
     for (int e = tid; e < MN_FR * MN_PDH; e += MN_FT) {
         const int r = e / MN_PDH, j = e % MN_PDH, i = r * MN_LDH + j;
@@ -457,14 +480,17 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_gbuf &gb, int cr, const m
         }
     }
     __syncthreads();
+    MN_FG_MARK(14);
     {
         const mn_gacc a1 = mn_fg_acc(dA[0], MN_DH, MN_DK, c.first);
         mn_gemm<MN_PDH, MN_PDK, MN_FR, true, true>(gb.h, MN_LDH, gb.x, MN_LDK, a1, a1.pre());
         if (MN_BIAS) mn_bias_grad<MN_DH>(dA[1], gb.h, MN_LDH, cr, c.first, false, 0);
     }
+    MN_FG_MARK(21);
     {
         const mn_fg_add_rows add = {c.gx, cr};
         mn_gemm<MN_FR, MN_PDK, MN_PDH, false, true>(gb.h, MN_LDH, P.w[0], MN_LLD(0), add);
+        MN_FG_MARK(22);
         if (tangent) mn_gemm<MN_FR, MN_PDK, MN_PDH, false, true>(gb.hd, MN_LDH, c.dG->w[0], MN_LLD(0), add);
     }
 #else
@@ -480,6 +506,7 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_gbuf &gb, int cr, const m
     }
 #endif
     __syncthreads();
+    MN_FG_MARK(15);
 }
 
 /* ---- one row's retrieval at W^(s+1) and its vector-Jacobian product ---- */
@@ -576,11 +603,14 @@ __device__ void mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g,
     const float *Wnow = g.Wb + i * st, *Wnext = g.Wb + (i + 1) * st, *Snow = g.Sb + i * st, *G = g.Gb + i * st;
     const int tid = threadIdx.x;
 
+    MN_FG_MARK(0);
     /* the retrieval of the step's last token at W^(s+1) (retrieve = after) */
     if (dy && !MN_RETRIEVE_BEFORE && grows == rows) {
         const long long t = t0 + rows - 1;
         mn_fg_row_vjp(Wnext, xq + t * MN_DK, dy + t * MN_DV, g.dW, gxq + t * MN_DK, gb);
     }
+    MN_FG_MARK(1);
+    MN_FG_MARK(3);
     const bool skipped = code == MN_STEP_SKIPPED;
     if (!skipped) {
         const float e_s = a.eta[m * a.nsteps + s], keep = 1.0f - a.alpha[m * a.nsteps + s];
@@ -597,11 +627,14 @@ __device__ void mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g,
             a.galpha[m * a.nsteps + s] = (float)dalpha;
         }
         __syncthreads();
+        MN_FG_MARK(4);
         mn_gclip_adjoint(G, g.dGt, g.dG, Pn);
+        MN_FG_MARK(5);
         float *dGptr[MN_NPARAMS];
         mn_gptrs(g.dG, dGptr);
         mn_pset_from(g.dGp, dGptr);
     }
+    MN_FG_MARK(6);
     /* W^(s) into shared memory: the products' weights */
     {
         float *wp[MN_NPARAMS];
@@ -609,6 +642,7 @@ __device__ void mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g,
         mn_pset_from(P, wp);
     }
     __syncthreads();
+    MN_FG_MARK(7);
     float *dAp[MN_NPARAMS];
     mn_gptrs(g.dA, dAp);
     bool fresh = true; /* dA not yet written in this step */
@@ -622,7 +656,9 @@ __device__ void mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g,
         for (int r0 = 0; r0 < grows; r0 += MN_FR) {
             const int cr = grows - r0 < MN_FR ? grows - r0 : MN_FR;
             const long long t = t0 + r0;
+            MN_FG_MARK(0);
             mn_fg_load_rows(gb, k + t * MN_DK, cr);
+            MN_FG_MARK(8);
             mn_fg_chunk_args c;
             c.dG = skipped ? 0 : &g.dGp;
             c.loss = true;
@@ -661,11 +697,13 @@ __device__ void mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g,
             fresh = false;
         }
     }
+    MN_FG_MARK(0);
     /* the gradient point is W^(s): its adjoint joins dW */
     if (!fresh) {
         for (long long e = tid; e < Pn; e += MN_FT) g.dW[e] += g.dA[e];
         __syncthreads();
     }
+    MN_FG_MARK(16);
 }
 
 /* One memory's backward (grad_kernel.cuh's mn_grad_kernel). */
@@ -674,6 +712,9 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_grad_kernel(cons
     MN_DYNAMIC_SMEM(mn_smem4);
     const long long m = blockIdx.x, K = a.K;
     const int tid = threadIdx.x;
+#ifdef MN_FG_PROFILE
+    if (tid == 0 && m == 0) mn_fg_last = clock64();
+#endif
 
     /* shared memory: W^(s) padded, then the chunk buffers (kernels/plan.c
      * mn_fused_grad_smem_bytes counts the same) */
@@ -737,6 +778,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_grad_kernel(cons
         }
         __syncthreads();
     }
+    MN_FG_MARK(0);
     const long long last = (a.nblocks - 1) * K;
     for (long long s = 0; s <= last; s++) {
         if (s % K == 0) {
@@ -748,6 +790,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_grad_kernel(cons
         if (s == last) break;
         mn_fg_step_forward(a, P, gb, m, s, g.Gb, g.Sb, g.Sb, 0);
     }
+    MN_FG_MARK(17);
     /* adjoints of the final tensors */
 #pragma unroll
     for (int p = 0; p < MN_NPARAMS; p++) {
@@ -782,8 +825,16 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_grad_kernel(cons
             if (tid == 0) g.skip[i] = (float)code;
             __syncthreads();
         }
+        MN_FG_MARK(18);
+        MN_FG_MARK(0);
         for (long long i = len - 1; i >= 0; i--) mn_fg_step_reverse(a, g, P, gb, m, s0 + i, i, (int)g.skip[i]);
+        MN_FG_MARK(0);
     }
+#ifdef MN_FG_PROFILE
+    if (tid == 0 && m == 0)
+        for (int i = 1; i < 24; i++)
+            if (mn_fg_prof[i]) printf("MN_FG_PROFILE phase %d: %lld cycles\n", i, mn_fg_prof[i]);
+#endif
 #pragma unroll
     for (int p = 0; p < MN_NPARAMS; p++) {
         const long long ne = MN_NUMEL(p), o = mn_goff(p);

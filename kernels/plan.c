@@ -321,7 +321,8 @@ char *mn_cuda_fused_grad_source(const mn_rule *r, const mn_dims *d, mn_precision
     char defs[320];
     mn_fused_defines(pl, defs, sizeof defs);
     size_t used = strlen(defs);
-    snprintf(defs + used, sizeof defs - used, "#define MN_GRAD_SOURCE 1\n#define MN_FUSED_GRAD 1\n");
+    snprintf(defs + used, sizeof defs - used, "#define MN_GRAD_SOURCE 1\n#define MN_FUSED_GRAD 1\n%s",
+             getenv("MNEMO_FG_PROFILE") ? "#define MN_FG_PROFILE 1\n" : "");
     return mn_cuda_grad_source_for(r, d, p, parts, defs);
 }
 
