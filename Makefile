@@ -5,6 +5,7 @@
 #   make demo         deps + build + the default experiment on synthetic data
 #   make python       the PyTorch bridge's native library (build/libmnemo_torch.so)
 #   make test         deps + build + every test this machine can run
+#   make bench-tools  the C benchmark tools of tests/bench (build/bench/nvrtc_time)
 #   make install PREFIX=/usr/local   (the binary and the man page docs/mnemo.1)
 
 PREFIX ?= /usr/local
@@ -110,6 +111,17 @@ $(BUILD)/tests/%: tests/unit/%.c $(ENGINE_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(PKG_CFLAGS) -Imodel -Itests/unit $< $(ENGINE_LIB) $(LDLIBS) -o $@
 
+# Benchmark tools written in C (tests/bench/*.c; not tests): the CUDA ones
+# need a CUDA build, none a GPU.
+ifeq ($(CUDA),1)
+BENCH_BIN = $(BUILD)/bench/nvrtc_time
+endif
+.PHONY: bench-tools
+bench-tools: $(BENCH_BIN)
+$(BUILD)/bench/%: tests/bench/%.c $(ENGINE_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PKG_CFLAGS) -Imodel $< $(ENGINE_LIB) $(LDLIBS) -o $@
+
 # The PyTorch bridge (python/mnemo_torch) loads this with ctypes: the engine
 # and a small C shim, no Lua (--as-needed drops the REPL's libraries).
 TORCH_LIB = $(BUILD)/libmnemo_torch.so
@@ -150,7 +162,7 @@ install: $(BIN)
 clean:
 	rm -rf $(BUILD) $(BIN) $(SAN_BUILD) $(FUZZ_BUILD)
 
--include $(ENGINE_OBJ:.o=.d) $(FRONT_OBJ:.o=.d) $(UNIT_BIN:%=%.d)
+-include $(ENGINE_OBJ:.o=.d) $(FRONT_OBJ:.o=.d) $(UNIT_BIN:%=%.d) $(BENCH_BIN:%=%.d)
 
 # ---- Robustness (issue 17): sanitizers and fuzzers -------------------------
 # SANITIZER_BUILD=1 (set by `make sanitize-build`, never by hand) turns this

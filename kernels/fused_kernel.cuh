@@ -138,13 +138,21 @@ struct mn_no_pre {
     __device__ __forceinline__ float2 operator()(int, int) const { return make_float2(0.0f, 0.0f); }
 };
 
+/* Nothing to do after a tile. */
+struct mn_no_post {
+    __device__ __forceinline__ void operator()(int, int, int) const {}
+};
+
 /* C = A B over the block, M x N x K all multiples of 16, every warp taking
  * 16 x (8 NT8) output tiles in turn; epi(row, col, c0, c1) gets elements
  * (row, col) and (row, col + 1), col even, once, from the thread that holds
  * them (the same thread for the same tile in every call, which is what lets
  * G accumulate without atomics), with pre(row, col) added: pre is called
  * before the tile's products, so a load from global memory there is in
- * flight while the tensor cores work.
+ * flight while the tensor cores work. post(m0, n0, width), when given, is
+ * called by the whole warp after the epilogue of its tile (rows m0 .. m0 +
+ * 15, columns n0 .. n0 + width - 1): elementwise work on the tile that is
+ * too long to repeat in each of the unrolled epilogue's calls.
  *   A(m, k) = AT ? a[k lda + m] : a[m lda + k]
  *   B(k, n) = BK ? b[k ldb + n] : b[n ldb + k]   (BK false: b holds B^T rows, as W does)
  * The k index inside one instruction is permuted (the same way for A and
@@ -152,9 +160,11 @@ struct mn_no_pre {
  * along k: one wide load where k is the contiguous direction. */
 #ifdef MN_EMULATED
 /* The emulation's mn_gemm (tests/emu/cuda_shim.h): the same tiles to the
- * same threads, pre before and epi after, each output a plain fp32 sum. */
-template <int M, int N, int K, bool AT, bool BK, class Epi, class Pre = mn_no_pre>
-__device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre())
+ * same threads, pre before, epi after and post after the tile, each output
+ * a plain fp32 sum. */
+template <int M, int N, int K, bool AT, bool BK, class Epi, class Pre = mn_no_pre, class Post = mn_no_post>
+__device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre(),
+                                        Post post = Post())
 {
     constexpr int NT8 = ((M / 16) * (N / 32) >= MN_FWARPS && N % 32 == 0) ? 4 : 2;
     constexpr int NB = N / (8 * NT8);
@@ -176,11 +186,13 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
                 }
                 epi(i, n, old[j][hf].x + c0, old[j][hf].y + c1);
             }
+        post(m0, n0, 8 * NT8);
     }
 }
 #else
-template <int M, int N, int K, bool AT, bool BK, class Epi, class Pre = mn_no_pre>
-__device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre())
+template <int M, int N, int K, bool AT, bool BK, class Epi, class Pre = mn_no_pre, class Post = mn_no_post>
+__device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre(),
+                                        Post post = Post())
 {
     constexpr int NT8 = ((M / 16) * (N / 32) >= MN_FWARPS && N % 32 == 0) ? 4 : 2;
     constexpr int NB = N / (8 * NT8);
@@ -244,6 +256,7 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
             epi(m0 + g, n, old[j][0].x + acc[j][0], old[j][0].y + acc[j][1]);
             epi(m0 + g + 8, n, old[j][1].x + acc[j][2], old[j][1].y + acc[j][3]);
         }
+        post(m0, n0, 8 * NT8);
     }
 }
 
@@ -251,7 +264,7 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
 
 /* Chunk buffers in shared memory. */
 struct mn_fbuf {
-    float *x, *z, *h, *y, *dy; /* [R x ld]; z holds dz after the backward */
+    float *x, *z, *h, *y, *dy; /* [R x ld]; z holds phi'(z) after mn_fused_forward<true>, dz after the backward */
     float *xs, *hs, *ys;       /* one row's forward (ys: its output before out_norm) */
     float *lrow;               /* the chunk's row losses [R] */
 };
@@ -285,8 +298,9 @@ __device__ __forceinline__ void mn_rows_store(float *dst, const float (&x)[MN_NX
  * layer), y element (r, j) handed to epi_y with the bias (and residual)
  * added; with out_norm, o (the bias added, not the residual: the callers
  * normalise the rows and add it). Padded hidden units and rows hold h = 0, so whatever phi(0) is
- * never reaches a product. Ends with a barrier. */
-template <class EpiY>
+ * never reaches a product. GRAD (the step's forward): fb.z is left holding
+ * phi'(z), what the backward needs of z (0 in padding). Ends with a barrier. */
+template <bool GRAD, class EpiY>
 __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf &fb, int cr, EpiY epi_y)
 {
 #if MN_LAYERS == 2
@@ -295,9 +309,20 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
         float2 z = make_float2(a0, a1);
         if (MN_BIAS) z.x += P.b[0][j], z.y += P.b[0][j + 1];
         *reinterpret_cast<float2 *>(fb.z + r * MN_LDH + j) = z;
-        const bool real = r < cr;
-        *reinterpret_cast<float2 *>(fb.h + r * MN_LDH + j) =
-            make_float2(real && j < MN_DH ? mn_hook_act(z.x) : 0.0f, real && j + 1 < MN_DH ? mn_hook_act(z.y) : 0.0f);
+    }, mn_no_pre(), [&](int m0, int n0, int width) {
+        /* h = phi(z) and, for the backward, phi'(z) in place of z: a loop
+         * over the warp's tile, so each is inlined once (not once per
+         * epilogue call) and phi and phi' share their common terms */
+        __syncwarp();
+        const int lane = threadIdx.x & 31;
+#pragma unroll 2
+        for (int e = lane; e < 16 * width; e += 32) {
+            const int r = m0 + e / width, j = n0 + e % width;
+            const bool real = r < cr && j < MN_DH;
+            const float z = fb.z[r * MN_LDH + j];
+            fb.h[r * MN_LDH + j] = real ? mn_hook_act(z) : 0.0f;
+            if (GRAD) fb.z[r * MN_LDH + j] = real ? mn_hook_act_grad(z) : 0.0f;
+        }
     });
     __syncthreads();
 #endif

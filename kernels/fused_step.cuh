@@ -179,7 +179,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
             }
 #endif
             __syncthreads();
-            mn_fused_forward(P, fb, cr, [&](int r, int j, float y0, float y1) {
+            mn_fused_forward<true>(P, fb, cr, [&](int r, int j, float y0, float y1) {
                 *reinterpret_cast<float2 *>(fb.y + r * MN_LDV + j) = make_float2(y0, y1);
             });
 
@@ -259,11 +259,11 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                 mn_gemm<MN_PDV, MN_PDH, MN_FR, true, true>(fb.dy, MN_LDV, fb.h, MN_LDH, g2, g2.pre());
                 mn_gemm<MN_FR, MN_PDH, MN_PDV, false, true>(fb.dy, MN_LDV, P.w[1], MN_LLD(1),
                                                             [&](int r, int j, float a0, float a1) {
+                    /* fb.z holds phi'(z) since the forward (mn_fused_forward<true>) */
                     float2 *zp = reinterpret_cast<float2 *>(fb.z + r * MN_LDH + j);
-                    const float2 z = *zp;
+                    const float2 d = *zp;
                     const bool real = r < cr;
-                    *zp = make_float2(real && j < MN_DH ? a0 * mn_hook_act_grad(z.x) : 0.0f,
-                                      real && j + 1 < MN_DH ? a1 * mn_hook_act_grad(z.y) : 0.0f);
+                    *zp = make_float2(real && j < MN_DH ? a0 * d.x : 0.0f, real && j + 1 < MN_DH ? a1 * d.y : 0.0f);
                 });
                 if (MN_BIAS) mn_bias_grad<MN_DV>(G[1 * MN_PER + 1], fb.dy, MN_LDV, cr, first, last, &ss[MN_PER + 1]);
                 __syncthreads();
@@ -300,12 +300,12 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                 float *yo = y_out + t * MN_DV;
 #if MN_OUT_NORM
                 /* o into fb.y (free: the loss pass is done with it), then the norm by rows */
-                mn_fused_forward(Wp, fb, cr, [&](int r, int j, float y0, float y1) {
+                mn_fused_forward<false>(Wp, fb, cr, [&](int r, int j, float y0, float y1) {
                     *reinterpret_cast<float2 *>(fb.y + r * MN_LDV + j) = make_float2(y0, y1);
                 });
                 mn_fused_norm_rows(fb, ret_rows, MN_LN_G, MN_LN_B, yo);
 #else
-                mn_fused_forward(Wp, fb, cr, [&](int r, int j, float y0, float y1) {
+                mn_fused_forward<false>(Wp, fb, cr, [&](int r, int j, float y0, float y1) {
                     if (r < ret_rows && j < MN_DV) yo[r * MN_DV + j] = y0;
                     if (r < ret_rows && j + 1 < MN_DV) yo[r * MN_DV + j + 1] = y1;
                 });

@@ -411,12 +411,24 @@ __device__ __forceinline__ void mn_memory_params(float *const *base, long long m
 
 /* Ragged batches: padding tokens [from, to) of a memory have y = 0 and
  * loss = 0 (y_out NULL: no retrieval). No barrier: nothing else in the step
- * writes these rows. */
+ * writes these rows. In the fused kernel the loops stay rolled: stores
+ * alone gain little from unrolling, which there tripled this code and cost
+ * 0.1 s of NVRTC's compile (tests/bench/RESULTS.md, "NVRTC compile time");
+ * the general kernel keeps the compiler's choice (rolled, its registers
+ * went from 80 to 103 on sm_80). */
+#ifdef MN_FUSED_ROWS
+#define MN_PADDING_LOOP _Pragma("unroll 1")
+#else
+#define MN_PADDING_LOOP
+#endif
 __device__ void mn_zero_padding(float *y_out, float *loss_out, long long from, long long to)
 {
+    MN_PADDING_LOOP
     for (long long t = from + threadIdx.x; t < to; t += MN_RULE_THREADS) loss_out[t] = 0.0f;
-    if (y_out)
+    if (y_out) {
+        MN_PADDING_LOOP
         for (long long e = from * MN_DV + threadIdx.x; e < to * MN_DV; e += MN_RULE_THREADS) y_out[e] = 0.0f;
+    }
 }
 
 /* The general kernels; a fast path's source (MN_FUSED_ROWS defined) and
