@@ -194,7 +194,7 @@ __device__ int mn_fg_step_forward(const mn_grad_kargs &a, const mn_pset &P, cons
             mn_rows_store(fb.x, xr, cr);
         }
         __syncthreads();
-        mn_fused_forward(P, fb, cr, [&](int r, int j, float y0, float y1) {
+        mn_fused_forward<true>(P, fb, cr, [&](int r, int j, float y0, float y1) {
             *reinterpret_cast<float2 *>(fb.y + r * MN_LDV + j) = make_float2(y0, y1);
         });
         for (int e = tid; e < MN_FR * MN_PDV; e += MN_FT) {
@@ -214,11 +214,11 @@ __device__ int mn_fg_step_forward(const mn_grad_kargs &a, const mn_pset &P, cons
             mn_gemm<MN_PDV, MN_PDH, MN_FR, true, true>(fb.dy, MN_LDV, fb.h, MN_LDH, g2, g2.pre());
             mn_gemm<MN_FR, MN_PDH, MN_PDV, false, true>(fb.dy, MN_LDV, P.w[1], MN_LLD(1),
                                                         [&](int r, int j, float a0, float a1) {
+                /* fb.z holds phi'(z) since the forward (mn_fused_forward<true>) */
                 float2 *zp = reinterpret_cast<float2 *>(fb.z + r * MN_LDH + j);
-                const float2 z = *zp;
+                const float2 d = *zp;
                 const bool real = r < cr;
-                *zp = make_float2(real && j < MN_DH ? a0 * mn_hook_act_grad(z.x) : 0.0f,
-                                  real && j + 1 < MN_DH ? a1 * mn_hook_act_grad(z.y) : 0.0f);
+                *zp = make_float2(real && j < MN_DH ? a0 * d.x : 0.0f, real && j + 1 < MN_DH ? a1 * d.y : 0.0f);
             });
             if (MN_BIAS) mn_bias_grad<MN_DV>(Gp[1 * MN_PER + 1], fb.dy, MN_LDV, cr, first, last, &ss[MN_PER + 1]);
             __syncthreads();
@@ -304,7 +304,8 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_gbuf &gb, int cr, const m
     const bool tangent = c.dG != 0;
     const mn_fbuf fb = mn_gbuf_fwd(gb);
     MN_FG_MARK(9);
-    mn_fused_forward(P, fb, cr, [&](int r, int j, float y0, float y1) {
+    /* z stays z: the adjoint's phi' and phi'' take it in double */
+    mn_fused_forward<false>(P, fb, cr, [&](int r, int j, float y0, float y1) {
         *reinterpret_cast<float2 *>(gb.y + r * MN_LDV + j) = make_float2(y0, y1);
     });
     MN_FG_MARK(10);

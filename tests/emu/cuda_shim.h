@@ -33,6 +33,7 @@ extern pthread_barrier_t mn_shim_warp_barrier[32];
 extern double mn_shim_warp_buffer[32][32];
 
 static inline void __syncthreads() { pthread_barrier_wait(&mn_shim_block_barrier); }
+static inline void __syncwarp() { pthread_barrier_wait(&mn_shim_warp_barrier[threadIdx.x >> 5]); }
 
 /* Lane l reads what lane source(l) put (its own value outside the warp). */
 static inline double mn_shim_shuffle(double v, int source)
