@@ -51,7 +51,7 @@ typedef struct mn_fgrad_layout {
     long long Wb, Sb;            /* (K + 1) x P: the block's W^(s), S^(s) */
     long long Gb;                /* K x P: the block's G_s */
     long long dW, dS, dA, dGt, dG; /* P each: adjoints */
-    long long dGp;               /* Pp: dG padded, a product's operand */
+    long long dGp, Wp;           /* Pp each: dG and W^(s) padded, whole layers copied into shared memory */
     long long skip;              /* K: what each step of the block did */
     long long total;
 } mn_fgrad_layout;
@@ -76,6 +76,8 @@ MN_SHARED_FN void mn_fgrad_layout_init(mn_fgrad_layout *lo, long long P, long lo
         off += P4;
     }
     lo->dGp = off;
+    off += (Pp + 3) & ~3LL;
+    lo->Wp = off;
     off += (Pp + 3) & ~3LL;
     lo->skip = off;
     off += (K + 3) & ~3LL;
@@ -137,6 +139,18 @@ __device__ __forceinline__ mn_fbuf mn_gbuf_fwd(const mn_gbuf &gb)
     fb.dy = gb.dy;
     fb.xs = fb.hs = fb.ys = fb.lrow = 0;
     return fb;
+}
+
+/* Layer i's padded weights and bias (contiguous in a pset) from src into
+ * dst by float4s: the shared slot of a layer takes W's or dG's in turn.
+ * The caller's barriers fence it. */
+__device__ __forceinline__ void mn_fg_copy_layer(const mn_pset &dst, const mn_pset &src, int i)
+{
+    const int n4 = (MN_LPOUT(i) * MN_LLD(i) + (MN_BIAS ? MN_LPOUT(i) : 0)) / 4;
+    float4 *d = reinterpret_cast<float4 *>(dst.w[i]);
+    const float4 *sv = reinterpret_cast<const float4 *>(src.w[i]);
+#pragma unroll 4
+    for (int e = threadIdx.x; e < n4; e += MN_FT) d[e] = sv[e];
 }
 
 /* Rows [0, cr) of x (global, dk floats a row) into gb.x, zero beyond; a row
@@ -296,8 +310,12 @@ struct mn_fg_add_rows {
 
 /* The chunk's cr rows, x already in gb.x (mn_fg_load_rows): forward at P,
  * tangent with dG, the loss's seeds, and the reverse into dA and the rows'
- * gradients. Ends with a barrier. */
-__device__ void mn_fg_chunk(const mn_pset &P, const mn_gbuf &gb, int cr, const mn_fg_chunk_args &c)
+ * gradients. P's shared slots hold W^(s) on entry and on return; with a
+ * tangent, a layer's slot takes dG's copy of the layer (from c.dG, global)
+ * while its products need it and W's back (from Wg, global) after: two
+ * copies of each layer a chunk, in place of products that would read dG
+ * from global memory at its latency. Ends with a barrier. */
+__device__ void mn_fg_chunk(const mn_pset &P, const mn_pset &Wg, const mn_gbuf &gb, int cr, const mn_fg_chunk_args &c)
 {
     const int tid = threadIdx.x, lane = tid & 31;
     const double R = MN_FEATURE_SCALE;
@@ -310,13 +328,14 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_gbuf &gb, int cr, const m
     });
     MN_FG_MARK(10);
 
-    /* the tangent u = J_P(y) dG */
+    /* the tangent u = J_P(y) dG; the slots end as (dG1, dG2) */
     if (tangent) {
-        const mn_pset &D = *c.dG;
+        mn_fg_copy_layer(P, *c.dG, 0);
+        __syncthreads();
 #if MN_LAYERS == 2
-        mn_gemm<MN_FR, MN_PDH, MN_PDK, false, false>(gb.x, MN_LDK, D.w[0], MN_LLD(0),
+        mn_gemm<MN_FR, MN_PDH, MN_PDK, false, false>(gb.x, MN_LDK, P.w[0], MN_LLD(0),
                                                      [&](int r, int j, float a0, float a1) {
-            const float zd[2] = {MN_BIAS ? __fadd_rn(D.b[0][j], a0) : a0, MN_BIAS ? __fadd_rn(D.b[0][j + 1], a1) : a1};
+            const float zd[2] = {MN_BIAS ? __fadd_rn(P.b[0][j], a0) : a0, MN_BIAS ? __fadd_rn(P.b[0][j + 1], a1) : a1};
             float hd[2];
 #pragma unroll
             for (int i = 0; i < 2; i++)
@@ -334,25 +353,28 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_gbuf &gb, int cr, const m
                                                      [&](int r, int j, float a0, float a1) {
             *reinterpret_cast<float2 *>(gb.u + r * MN_LDV + j) = make_float2(a0, a1);
         });
+        __syncthreads();
+        mn_fg_copy_layer(P, *c.dG, 1);
+        __syncthreads();
         MN_FG_MARK(20);
         mn_gemm<MN_FR, MN_PDV, MN_PDH, false, false>(
-            gb.h, MN_LDH, D.w[1], MN_LLD(1),
+            gb.h, MN_LDH, P.w[1], MN_LLD(1),
             [&](int r, int j, float a0, float a1) {
-                if (MN_BIAS) a0 = __fadd_rn(a0, D.b[1][j]), a1 = __fadd_rn(a1, D.b[1][j + 1]);
+                if (MN_BIAS) a0 = __fadd_rn(a0, P.b[1][j]), a1 = __fadd_rn(a1, P.b[1][j + 1]);
                 *reinterpret_cast<float2 *>(gb.u + r * MN_LDV + j) = make_float2(a0, a1);
             },
             [&](int r, int j) { return *reinterpret_cast<const float2 *>(gb.u + r * MN_LDV + j); });
 #else
-        mn_gemm<MN_FR, MN_PDV, MN_PDK, false, false>(gb.x, MN_LDK, D.w[0], MN_LLD(0),
+        mn_gemm<MN_FR, MN_PDV, MN_PDK, false, false>(gb.x, MN_LDK, P.w[0], MN_LLD(0),
                                                      [&](int r, int j, float a0, float a1) {
-            if (MN_BIAS) a0 = __fadd_rn(D.b[0][j], a0), a1 = __fadd_rn(D.b[0][j + 1], a1);
+            if (MN_BIAS) a0 = __fadd_rn(P.b[0][j], a0), a1 = __fadd_rn(P.b[0][j + 1], a1);
             *reinterpret_cast<float2 *>(gb.u + r * MN_LDV + j) = make_float2(a0, a1);
         });
 #endif
         __syncthreads();
     }
-
     MN_FG_MARK(11);
+
     /* the seeds, a warp per row (grad_kernel.cuh's loss loop, term for term):
      * ybar into gb.y, ubar into gb.dy, zero on rows past cr and cut rows */
     for (int r = tid >> 5; r < MN_FR; r += MN_FWARPS) {
@@ -432,7 +454,7 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_gbuf &gb, int cr, const m
     __syncthreads();
     MN_FG_MARK(12);
 
-    /* the reverse */
+    /* the reverse; with a tangent the slots hold (dG1, dG2) here */
 #if MN_LAYERS == 2
     float *const *dA = c.dA;
     {
@@ -445,21 +467,23 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_gbuf &gb, int cr, const m
         if (MN_BIAS) mn_bias_grad<MN_DV>(dA[1 * MN_PER + 1], gb.y, MN_LDV, cr, c.first, false, 0);
     }
     __syncthreads(); /* h and hd are read: now they take hbar and hdbar */
-    mn_gemm<MN_FR, MN_PDH, MN_PDV, false, true>(gb.y, MN_LDV, P.w[1], MN_LLD(1), [&](int r, int j, float a0, float a1) {
+    /* hbar = ubar dG2 (+ ybar W2, the slot back to W2 between) and hdbar = ubar W2 */
+    auto into_h = [&](int r, int j, float a0, float a1) {
         *reinterpret_cast<float2 *>(gb.h + r * MN_LDH + j) = make_float2(a0, a1);
-    });
+    };
     if (tangent) {
-        const mn_pset &D = *c.dG;
-        mn_gemm<MN_FR, MN_PDH, MN_PDV, false, true>(
-            gb.dy, MN_LDV, D.w[1], MN_LLD(1),
-            [&](int r, int j, float a0, float a1) {
-                *reinterpret_cast<float2 *>(gb.h + r * MN_LDH + j) = make_float2(a0, a1);
-            },
+        mn_gemm<MN_FR, MN_PDH, MN_PDV, false, true>(gb.dy, MN_LDV, P.w[1], MN_LLD(1), into_h);
+        __syncthreads();
+        mn_fg_copy_layer(P, Wg, 1);
+        __syncthreads();
+        mn_gemm<MN_FR, MN_PDH, MN_PDV, false, true>(gb.y, MN_LDV, P.w[1], MN_LLD(1), into_h,
             [&](int r, int j) { return *reinterpret_cast<const float2 *>(gb.h + r * MN_LDH + j); });
         mn_gemm<MN_FR, MN_PDH, MN_PDV, false, true>(gb.dy, MN_LDV, P.w[1], MN_LLD(1),
                                                     [&](int r, int j, float a0, float a1) {
             *reinterpret_cast<float2 *>(gb.hd + r * MN_LDH + j) = make_float2(a0, a1);
         });
+    } else {
+        mn_gemm<MN_FR, MN_PDH, MN_PDV, false, true>(gb.y, MN_LDV, P.w[1], MN_LLD(1), into_h);
     }
     __syncthreads();
     MN_FG_MARK(13);
@@ -488,11 +512,17 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_gbuf &gb, int cr, const m
         if (MN_BIAS) mn_bias_grad<MN_DH>(dA[1], gb.h, MN_LDH, cr, c.first, false, 0);
     }
     MN_FG_MARK(21);
+    /* dx += zdbar dG1 (the slot still dG1), then W1 back and dx += zbar W1 */
     {
         const mn_fg_add_rows add = {c.gx, cr};
-        mn_gemm<MN_FR, MN_PDK, MN_PDH, false, true>(gb.h, MN_LDH, P.w[0], MN_LLD(0), add);
+        if (tangent) {
+            mn_gemm<MN_FR, MN_PDK, MN_PDH, false, true>(gb.hd, MN_LDH, P.w[0], MN_LLD(0), add);
+            __syncthreads();
+            mn_fg_copy_layer(P, Wg, 0);
+            __syncthreads();
+        }
         MN_FG_MARK(22);
-        if (tangent) mn_gemm<MN_FR, MN_PDK, MN_PDH, false, true>(gb.hd, MN_LDH, c.dG->w[0], MN_LLD(0), add);
+        mn_gemm<MN_FR, MN_PDK, MN_PDH, false, true>(gb.h, MN_LDH, P.w[0], MN_LLD(0), add);
     }
 #else
     {
@@ -502,8 +532,13 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_gbuf &gb, int cr, const m
     }
     {
         const mn_fg_add_rows add = {c.gx, cr};
+        if (tangent) {
+            mn_gemm<MN_FR, MN_PDK, MN_PDV, false, true>(gb.dy, MN_LDV, P.w[0], MN_LLD(0), add);
+            __syncthreads();
+            mn_fg_copy_layer(P, Wg, 0);
+            __syncthreads();
+        }
         mn_gemm<MN_FR, MN_PDK, MN_PDV, false, true>(gb.y, MN_LDV, P.w[0], MN_LLD(0), add);
-        if (tangent) mn_gemm<MN_FR, MN_PDK, MN_PDV, false, true>(gb.dy, MN_LDV, c.dG->w[0], MN_LLD(0), add);
     }
 #endif
     __syncthreads();
@@ -512,10 +547,11 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_gbuf &gb, int cr, const m
 
 /* ---- one row's retrieval at W^(s+1) and its vector-Jacobian product ---- */
 
-/* y = M(x; W) with W flat in global memory, given dy: adds into gW (flat)
- * and gx (dk floats). The row buffers are the first rows of the chunk
- * buffers. A non-finite x contributes nothing (its output is cut). */
-__device__ void mn_fg_row_vjp(const float *Wf, const float *x, const float *dyr, float *gWf, float *gx,
+/* y = M(x; W) with W = P (shared: the slots hold W^(s+1) when step s's
+ * reverse begins), given dy: adds into gW (flat, global) and gx (dk
+ * floats). The row buffers are the first rows of the chunk buffers. A
+ * non-finite x contributes nothing (its output is cut). */
+__device__ void mn_fg_row_vjp(const mn_pset &P, const float *x, const float *dyr, float *gWf, float *gx,
                               const mn_gbuf &gb)
 {
     const int tid = threadIdx.x;
@@ -526,22 +562,15 @@ __device__ void mn_fg_row_vjp(const float *Wf, const float *x, const float *dyr,
     double nbad = 0.0;
     for (int j = tid; j < MN_DK; j += MN_FT) nbad += isfinite(x[j]) ? 0.0 : 1.0;
     if (mn_block_sum(nbad) != 0.0) return; /* its barriers publish xs and ys */
-    const float *W[MN_NPARAMS];
     float *gW[MN_NPARAMS];
-    {
-        float *wp[MN_NPARAMS];
-        mn_gptrs((float *)Wf, wp);
-        mn_gptrs(gWf, gW);
-#pragma unroll
-        for (int p = 0; p < MN_NPARAMS; p++) W[p] = wp[p];
-    }
+    mn_gptrs(gWf, gW);
 #if MN_LAYERS == 2
     float *zs = gb.z, *hs = gb.h;
-    const float *W1 = W[0], *W2 = W[MN_PER];
+    const float *W1 = P.w[0], *W2 = P.w[1];
     for (int o = tid; o < MN_DH; o += MN_FT) {
         float acc = 0.0f;
-        for (int j = 0; j < MN_DK; j++) acc += W1[o * MN_DK + j] * xs[j];
-        if (MN_BIAS) acc += W[1][o];
+        for (int j = 0; j < MN_DK; j++) acc += W1[o * MN_LLD(0) + j] * xs[j];
+        if (MN_BIAS) acc += P.b[0][o];
         zs[o] = acc;
         hs[o] = mn_hook_act(acc);
     }
@@ -551,7 +580,7 @@ __device__ void mn_fg_row_vjp(const float *Wf, const float *x, const float *dyr,
         for (int o = tid; o < MN_DV; o += MN_FT) gW[MN_PER + 1][o] += ys[o];
     for (int j = tid; j < MN_DH; j += MN_FT) {
         float hb = 0.0f;
-        for (int o = 0; o < MN_DV; o++) hb += ys[o] * W2[o * MN_DH + j];
+        for (int o = 0; o < MN_DV; o++) hb += ys[o] * W2[o * MN_LLD(1) + j];
         zs[j] = (float)(mn_ghook_act_d((double)zs[j]) * (double)hb); /* zbar: each thread its own j */
     }
     __syncthreads();
@@ -560,18 +589,18 @@ __device__ void mn_fg_row_vjp(const float *Wf, const float *x, const float *dyr,
         for (int o = tid; o < MN_DH; o += MN_FT) gW[1][o] += zs[o];
     for (int j = tid; j < MN_DK; j += MN_FT) {
         float acc = 0.0f;
-        for (int o = 0; o < MN_DH; o++) acc += zs[o] * W1[o * MN_DK + j];
+        for (int o = 0; o < MN_DH; o++) acc += zs[o] * W1[o * MN_LLD(0) + j];
         if (MN_RESIDUAL) acc += ys[j];
         gx[j] += acc;
     }
 #else
-    const float *W1 = W[0];
+    const float *W1 = P.w[0];
     for (int e = tid; e < MN_DV * MN_DK; e += MN_FT) gW[0][e] += ys[e / MN_DK] * xs[e % MN_DK];
     if (MN_BIAS)
         for (int o = tid; o < MN_DV; o += MN_FT) gW[1][o] += ys[o];
     for (int j = tid; j < MN_DK; j += MN_FT) {
         float acc = 0.0f;
-        for (int o = 0; o < MN_DV; o++) acc += ys[o] * W1[o * MN_DK + j];
+        for (int o = 0; o < MN_DV; o++) acc += ys[o] * W1[o * MN_LLD(0) + j];
         if (MN_RESIDUAL) acc += ys[j];
         gx[j] += acc;
     }
@@ -579,13 +608,86 @@ __device__ void mn_fg_row_vjp(const float *Wf, const float *x, const float *dyr,
     __syncthreads();
 }
 
-/* ---- the reverse of step s, block slot i (grad_kernel.cuh's mn_gstep_reverse, refresh = step) ---- */
-
+/* This block's pieces of the workspace. */
 struct mn_fg_state {
     long long P, stride; /* floats of one memory's parameters; of a slot (P rounded up to 4) */
     float *Wb, *Sb, *Gb, *dW, *dS, *dA, *dGt, *dG, *skip;
-    mn_pset dGp;
+    mn_pset dGp, Wg; /* dG and W^(s) padded (global): what a shared slot copies */
 };
+
+/* ---- the update's and the clip's adjoints ---- */
+
+/* grad_kernel.cuh's update adjoint, its mn_vdot's and mn_gclip_adjoint, in
+ * two passes over the parameters instead of eight: the first forms dGt =
+ * -(dS + dW), the new dW = (1 - alpha) dW and dS = eta (dS + dW), and the
+ * sums deta, dalpha and per parameter <dGt, G>, <G, G>; the second writes
+ * dG (sc dGt + sc'(n) <dGt, G> / n G for a scale clip, clip'(G) dGt for an
+ * elementwise one) straight into the padded dGp, whose padding stays 0. */
+__device__ void mn_fg_update_adjoint(const mn_grad_kargs &a, const mn_fg_state &g, long long m, long long s,
+                                     const float *G, const float *Snow, const float *Wnow)
+{
+    const int tid = threadIdx.x;
+    const float e_s = a.eta[m * a.nsteps + s], keep = 1.0f - a.alpha[m * a.nsteps + s];
+    double deta = 0.0, dalpha = 0.0, dot[MN_NPARAMS], gg[MN_NPARAMS];
+#pragma unroll
+    for (int p = 0; p < MN_NPARAMS; p++) {
+        const long long o = mn_goff(p), ne = MN_NUMEL(p);
+        double dp = 0.0, gp = 0.0;
+        for (long long e = o + tid; e < o + ne; e += MN_FT) {
+            const float dS = g.dS[e], dW = g.dW[e], Sv = Snow[e], Gv = G[e];
+            /* the adjoint of S^(s+1) is dS + dW (both uses) */
+            deta += (double)dS * (double)Sv + (double)dW * (double)Sv;
+            dalpha -= (double)dW * (double)Wnow[e];
+            const float dSt = __fadd_rn(dS, dW);
+            g.dGt[e] = -dSt;
+            g.dW[e] = __fmul_rn(dW, keep);
+            g.dS[e] = __fmul_rn(e_s, dSt);
+            dp += -(double)dSt * (double)Gv;
+            gp += (double)Gv * (double)Gv;
+        }
+        dot[p] = dp;
+        gg[p] = gp;
+    }
+    deta = mn_block_sum(deta);
+    dalpha = mn_block_sum(dalpha);
+    if (tid == 0) {
+        a.geta[m * a.nsteps + s] = (float)deta;
+        a.galpha[m * a.nsteps + s] = (float)dalpha;
+    }
+    MN_FG_MARK(4);
+#if MN_CLIP_MODE == 1
+    mn_block_sums<MN_NPARAMS>(dot);
+    mn_block_sums<MN_NPARAMS>(gg);
+    double tdot = 0.0, tgg = 0.0;
+#pragma unroll
+    for (int p = 0; p < MN_NPARAMS; p++) tdot += dot[p], tgg += gg[p];
+#endif
+#pragma unroll
+    for (int p = 0; p < MN_NPARAMS; p++) {
+        const long long o = mn_goff(p);
+        const int ne = (int)MN_NUMEL(p);
+#if MN_CLIP_MODE == 1
+        const double nrm = sqrt(MN_CLIP_TENSOR ? gg[p] : tgg), sc = mn_hook_clip_scale(nrm);
+        const double through = nrm > 0 ? mn_ghook_clip_dscale(nrm) * (MN_CLIP_TENSOR ? dot[p] : tdot) / nrm : 0.0;
+#endif
+        for (int e = tid; e < ne; e += MN_FT) {
+            const float dGt = g.dGt[o + e];
+#if MN_CLIP_MODE == 1
+            const float d = (float)(sc * (double)dGt + through * (double)G[o + e]);
+#elif MN_CLIP_MODE == 2
+            const float d = (float)((double)dGt * mn_ghook_clip_delem((double)G[o + e]));
+#else
+            const float d = dGt;
+#endif
+            *mn_pset_el(g.dGp, p, e) = d;
+        }
+    }
+    __syncthreads();
+    MN_FG_MARK(5);
+}
+
+/* ---- the reverse of step s, block slot i (grad_kernel.cuh's mn_gstep_reverse, refresh = step) ---- */
+
 
 __device__ void mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g, const mn_pset &P, const mn_gbuf &gb,
                                    long long m, long long s, long long i, int code)
@@ -601,46 +703,28 @@ __device__ void mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g,
     const float *dy = a.dy ? a.dy + m * n * MN_DV : 0, *dloss = a.dloss ? a.dloss + m * n : 0;
     const float *theta = a.theta + m * n;
     const long long st = g.stride;
-    const float *Wnow = g.Wb + i * st, *Wnext = g.Wb + (i + 1) * st, *Snow = g.Sb + i * st, *G = g.Gb + i * st;
+    const float *Wnow = g.Wb + i * st, *Snow = g.Sb + i * st, *G = g.Gb + i * st;
     const int tid = threadIdx.x;
 
     MN_FG_MARK(0);
     /* the retrieval of the step's last token at W^(s+1) (retrieve = after) */
     if (dy && !MN_RETRIEVE_BEFORE && grows == rows) {
         const long long t = t0 + rows - 1;
-        mn_fg_row_vjp(Wnext, xq + t * MN_DK, dy + t * MN_DV, g.dW, gxq + t * MN_DK, gb);
+        mn_fg_row_vjp(P, xq + t * MN_DK, dy + t * MN_DV, g.dW, gxq + t * MN_DK, gb);
     }
     MN_FG_MARK(1);
     MN_FG_MARK(3);
     const bool skipped = code == MN_STEP_SKIPPED;
-    if (!skipped) {
-        const float e_s = a.eta[m * a.nsteps + s], keep = 1.0f - a.alpha[m * a.nsteps + s];
-        /* the adjoint of S^(s+1) is dS + dW (both uses) */
-        const double deta = mn_vdot(g.dS, Snow, Pn) + mn_vdot(g.dW, Snow, Pn), dalpha = -mn_vdot(g.dW, Wnow, Pn);
-        for (long long e = tid; e < Pn; e += MN_FT) {
-            const float dSt = __fadd_rn(g.dS[e], g.dW[e]);
-            g.dGt[e] = -dSt;
-            g.dW[e] = __fmul_rn(g.dW[e], keep);
-            g.dS[e] = __fmul_rn(e_s, dSt);
-        }
-        if (tid == 0) {
-            a.geta[m * a.nsteps + s] = (float)deta;
-            a.galpha[m * a.nsteps + s] = (float)dalpha;
-        }
-        __syncthreads();
-        MN_FG_MARK(4);
-        mn_gclip_adjoint(G, g.dGt, g.dG, Pn);
-        MN_FG_MARK(5);
-        float *dGptr[MN_NPARAMS];
-        mn_gptrs(g.dG, dGptr);
-        mn_pset_from(g.dGp, dGptr);
-    }
+    if (!skipped) mn_fg_update_adjoint(a, g, m, s, G, Snow, Wnow);
     MN_FG_MARK(6);
-    /* W^(s) into shared memory: the products' weights */
+    /* W^(s) padded into the workspace, then into the shared slots: the products' weights */
     {
         float *wp[MN_NPARAMS];
         mn_gptrs((float *)Wnow, wp);
-        mn_pset_from(P, wp);
+        mn_pset_from(g.Wg, wp);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < MN_LAYERS; i++) mn_fg_copy_layer(P, g.Wg, i);
     }
     __syncthreads();
     MN_FG_MARK(7);
@@ -674,7 +758,7 @@ __device__ void mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g,
             c.gtheta = gtheta + t;
             c.dA = dAp;
             c.first = fresh;
-            mn_fg_chunk(P, gb, cr, c);
+            mn_fg_chunk(P, g.Wg, gb, cr, c);
             fresh = false;
         }
     }
@@ -694,7 +778,7 @@ __device__ void mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g,
             c.gv = c.gtheta = 0;
             c.dA = dAp;
             c.first = fresh;
-            mn_fg_chunk(P, gb, cr, c);
+            mn_fg_chunk(P, g.Wg, gb, cr, c);
             fresh = false;
         }
     }
@@ -762,6 +846,8 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_grad_kernel(cons
     g.dG = base + lo.dG;
     g.skip = base + lo.skip;
     mn_pset_init(&g.dGp, base + lo.dGp);
+    mn_pset_init(&g.Wg, base + lo.Wp);
+    mn_vzero(base + lo.dGp, lo.Pp); /* the padding of dG is never written after */
     const long long P4 = g.stride;
     float *ck = base + lo.ck;
 
