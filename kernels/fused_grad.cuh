@@ -147,10 +147,45 @@ __device__ __forceinline__ mn_fbuf mn_gbuf_fwd(const mn_gbuf &gb)
 __device__ __forceinline__ void mn_fg_copy_layer(const mn_pset &dst, const mn_pset &src, int i)
 {
     const int n4 = (MN_LPOUT(i) * MN_LLD(i) + (MN_BIAS ? MN_LPOUT(i) : 0)) / 4;
+    constexpr int U = 4; /* loads in flight per thread before their stores: the copy waits on latency, not bandwidth */
     float4 *d = reinterpret_cast<float4 *>(dst.w[i]);
     const float4 *sv = reinterpret_cast<const float4 *>(src.w[i]);
-#pragma unroll 4
-    for (int e = threadIdx.x; e < n4; e += MN_FT) d[e] = sv[e];
+    for (int e0 = threadIdx.x; e0 < n4; e0 += U * MN_FT) {
+        float4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (e0 + u * MN_FT < n4) v[u] = sv[e0 + u * MN_FT];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (e0 + u * MN_FT < n4) d[e0 + u * MN_FT] = v[u];
+    }
+}
+
+/* W^(s) from its flat copy (global) into the shared slots and the padded
+ * global copy the slots take it back from, in one pass. */
+__device__ void mn_fg_load_w(const mn_pset &P, const mn_pset &Wg, const float *Wflat)
+{
+    float *src[MN_NPARAMS];
+    mn_gptrs((float *)Wflat, src);
+#pragma unroll
+    for (int i = 0; i < MN_LAYERS; i++) {
+        const int ni = MN_LIN(i), no = MN_LOUT(i), ld = MN_LLD(i);
+        const float *w = src[i * MN_PER];
+        for (int e = threadIdx.x; e < MN_LPOUT(i) * ld; e += MN_FT) {
+            const int o = e / ld, j = e % ld;
+            const float v = (o < no && j < ni) ? w[o * ni + j] : 0.0f;
+            P.w[i][e] = v;
+            Wg.w[i][e] = v;
+        }
+        if (MN_BIAS) {
+            const float *b = src[i * MN_PER + 1];
+            for (int o = threadIdx.x; o < MN_LPOUT(i); o += MN_FT) {
+                const float v = o < no ? b[o] : 0.0f;
+                P.b[i][o] = v;
+                Wg.b[i][o] = v;
+            }
+        }
+    }
 }
 
 /* Rows [0, cr) of x (global, dk floats a row) into gb.x, zero beyond; a row
@@ -718,14 +753,7 @@ __device__ void mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g,
     if (!skipped) mn_fg_update_adjoint(a, g, m, s, G, Snow, Wnow);
     MN_FG_MARK(6);
     /* W^(s) padded into the workspace, then into the shared slots: the products' weights */
-    {
-        float *wp[MN_NPARAMS];
-        mn_gptrs((float *)Wnow, wp);
-        mn_pset_from(g.Wg, wp);
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < MN_LAYERS; i++) mn_fg_copy_layer(P, g.Wg, i);
-    }
+    mn_fg_load_w(P, g.Wg, Wnow);
     __syncthreads();
     MN_FG_MARK(7);
     float *dAp[MN_NPARAMS];
