@@ -5,20 +5,24 @@
 #   - the unit-test binaries and the Lua tests (the CUDA ones run for real),
 #   - the rule engine from Lua on cuda against cpu (run, memory in pieces,
 #     read, precision modes, rule:source), and the backward of a cuda run on
-#     the GPU against the cpu's (tests/lua/test_grad_cuda.lua),
+#     the GPU against the cpu's (tests/lua/test_grad_cuda.lua: the planned
+#     fused or general kernel, then the general one forced, then tf32 and
+#     bf16),
 #   - the conformance suite (tests/reference) on cuda in fp32, tf32 and bf16
 #     on the path the plan picks (the fused kernel for layers 1 and 2), in
 #     fp32 on sequences up to 400 tokens (steps longer than a chunk), and in
 #     fp32 with the general and the large path forced (MNEMO_CUDA_PATH), all
 #     at once (they share the kernel cache, written atomically); the forced
 #     general run's /grads come from the GPU backward, the others' from the
-#     CPU's (MNEMO_CUDA_BACKWARD=cpu),
+#     CPU's (MNEMO_CUDA_BACKWARD=cpu); and fewer configurations in each
+#     precision whose /grads come from the planned GPU backward (the fused
+#     one where the rule has refresh = step),
 #   - the PyTorch bridge (tests/python/test_bridge.py, tests/gpu/test_bridge_gpu.py),
 #   - compute-sanitizer (memcheck; racecheck, initcheck, synccheck on fewer)
-#     on a few `mnemo run` calls,
+#     on a few `mnemo run` calls, two of them with the backward (fused, general),
 #   - one mid-size run timed on cuda and cpu, and compared.
 # Logs go to $OUT (default: a temporary folder): summary.log (every
-# PASS/FAIL/SKIP line), conformance_{fp32,tf32,bf16,long,general,large}.log, gpu_logs.tgz
+# PASS/FAIL/SKIP line), conformance_{fp32,tf32,bf16,long,general,large,backward_*}.log, gpu_logs.tgz
 # with the rest (few files: the device tool brings back at most 8). Ends with
 # "N passed, N failed" (exit 1 on failure).
 # Environment: MNEMO (the binary; env.sh sets it), PYTHON (one with torch and
@@ -108,7 +112,7 @@ if want conformance && [ -n "$PYTHON" ]; then
     # reference's gradients in each precision, on fewer configurations
     for prec in fp32 tf32 bf16; do
         ( MNEMO_DEVICE=cuda MNEMO_PRECISION=$prec MNEMO_CONFORMANCE_SEED=5 \
-              MNEMO_CONFORMANCE_COUNT=${BACKWARD_CONFORMANCE_COUNT:-40} timeout "${CONFORMANCE_TIMEOUT:-540}" \
+              MNEMO_CONFORMANCE_COUNT=${BACKWARD_CONFORMANCE_COUNT:-24} timeout "${CONFORMANCE_TIMEOUT:-540}" \
               "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_backward_$prec.log" 2>&1
           echo $? > "$WORK/conformance_backward_$prec.rc" ) &
     done

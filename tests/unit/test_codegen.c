@@ -195,6 +195,14 @@ static void test_backward_plan(void)
     unsetenv("MNEMO_CUDA_PATH");
     CHECK("codegen/backward_plan/forward_forced_general", ok && bp.path == MN_PATH_GENERAL &&
                                                               strstr(bp.why, "the forward takes the general path"));
+    /* MNEMO_FG_PROFILE=1: the phase counters' source compiles too */
+    setenv("MNEMO_FG_PROFILE", "1", 1);
+    ok = mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 90, 0, &bp) == MN_OK;
+    char *psrc = ok ? mn_cuda_fused_grad_source(&r, &d, MN_PREC_TF32, &bp) : NULL;
+    unsetenv("MNEMO_FG_PROFILE");
+    CHECK("codegen/backward_plan/profile_source", psrc && strstr(psrc, "#define MN_FG_PROFILE 1"));
+    if (psrc) compile_line("codegen/nvrtc_sm90/p1/fused backward, MNEMO_FG_PROFILE", psrc);
+    free(psrc);
     /* sm_80's 163 KB: P1's weights (134 KB) and 16 rows of the backward's buffers do not fit */
     ok = mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 80, 0, &bp) == MN_OK;
     CHECK("codegen/backward_plan/sm80_too_small", ok && bp.path == MN_PATH_GENERAL && strstr(bp.why, "KB"));
