@@ -84,14 +84,16 @@ def make_step(cfg, way):
     forward, wl1 = rule_pieces(cfg)
     grad_vmapped = torch.func.vmap(torch.func.grad(wl1), in_dims=(0, 0, 0)) if way != "autograd" else None
 
-    def step(W, S, x, v):
+    def step(W, S, A, x, v):
+        # the gradient at the refresh block's anchor A (W itself when r = c),
+        # retrieval at W (retrieve = after: the last token at the new W)
+        y = forward(W, x)
         if way == "autograd":
-            y = forward(W, x)
-            loss = THETA * (y - v).pow(2).mean(-1).sum()
-            G = torch.autograd.grad(loss, W, create_graph=True)
+            yA = y if A is W else forward(A, x)
+            loss = THETA * (yA - v).pow(2).mean(-1).sum()
+            G = torch.autograd.grad(loss, A, create_graph=True)
         else:
-            y = forward(W, x)
-            G = grad_vmapped(tuple(W), x, v)
+            G = grad_vmapped(tuple(A), x, v)
         W1, S1 = update(W, S, list(G))
         return W1, S1, y[:, :-1], forward(W1, x[:, -1:])
     return step
@@ -99,11 +101,15 @@ def make_step(cfg, way):
 
 def objective(step, cfg, W0, k, v, dy, dW1):
     T, c = cfg["T"], cfg["c"]
+    r = cfg.get("r", c)
     W, S = list(W0), [torch.zeros_like(w) for w in W0]
+    A = W
     ys = []
-    for lo in range(0, T, c):
+    for s, lo in enumerate(range(0, T, c)):
         hi = min(T, lo + c)
-        W, S, y_first, y_last = step(W, S, k[:, lo:hi], v[:, lo:hi])
+        if r > 0 and (s * c) % r == 0:
+            A = W   # a new refresh block: its gradient point is W^(s)
+        W, S, y_first, y_last = step(W, S, A, k[:, lo:hi], v[:, lo:hi])
         ys += [y_first, y_last]
     y = torch.cat(ys, 1)
     return (dy * y).sum() + (dW1 * W[0]).sum()
