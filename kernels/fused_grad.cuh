@@ -257,31 +257,7 @@ __device__ int mn_fg_step_forward(const mn_grad_kargs &a, const mn_pset &P, cons
             fb.dy[r * MN_LDV + j] = d;
         }
         __syncthreads();
-#if MN_LAYERS == 2
-        {
-            const mn_gacc g2 = {Gp[1 * MN_PER], MN_DV, MN_DH, first, last, &ss[1 * MN_PER]};
-            mn_gemm<MN_PDV, MN_PDH, MN_FR, true, true>(fb.dy, MN_LDV, fb.h, MN_LDH, g2, g2.pre());
-            mn_gemm<MN_FR, MN_PDH, MN_PDV, false, true>(fb.dy, MN_LDV, P.w[1], MN_LLD(1),
-                                                        [&](int r, int j, float a0, float a1) {
-                /* fb.z holds phi'(z) since the forward (mn_fused_forward<true>) */
-                float2 *zp = reinterpret_cast<float2 *>(fb.z + r * MN_LDH + j);
-                const float2 d = *zp;
-                const bool real = r < cr;
-                *zp = make_float2(real && j < MN_DH ? a0 * d.x : 0.0f, real && j + 1 < MN_DH ? a1 * d.y : 0.0f);
-            });
-            if (MN_BIAS) mn_bias_grad<MN_DV>(Gp[1 * MN_PER + 1], fb.dy, MN_LDV, cr, first, last, &ss[MN_PER + 1]);
-            __syncthreads();
-            const mn_gacc g1 = {Gp[0], MN_DH, MN_DK, first, last, &ss[0]};
-            mn_gemm<MN_PDH, MN_PDK, MN_FR, true, true>(fb.z, MN_LDH, fb.x, MN_LDK, g1, g1.pre());
-            if (MN_BIAS) mn_bias_grad<MN_DH>(Gp[1], fb.z, MN_LDH, cr, first, last, &ss[1]);
-        }
-#else
-        {
-            const mn_gacc g1 = {Gp[0], MN_DV, MN_DK, first, last, &ss[0]};
-            mn_gemm<MN_PDV, MN_PDK, MN_FR, true, true>(fb.dy, MN_LDV, fb.x, MN_LDK, g1, g1.pre());
-            if (MN_BIAS) mn_bias_grad<MN_DV>(Gp[1], fb.dy, MN_LDV, cr, first, last, &ss[1]);
-        }
-#endif
+        mn_fused_chunk_grad(P, fb, Gp, cr, first, last, ss);
         __syncthreads();
     }
     mn_block_sums<MN_NPARAMS>(ss);
