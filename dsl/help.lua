@@ -218,9 +218,12 @@ res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block 
   the call gave: a scalar gate gets a scalar, [H,T] gets [H,T], W1 given
   as [dh,dk] gets [dh,dk]; what the call did not give comes at full
   shape [B,H,...]. The backward runs where the run ran: a cuda run's on
-  the GPU (the general path's backward kernel, fp32) unless the rule has
-  glu, out_norm, qk_norm or a precondition, whose backward runs on the
-  cpu (rule:plan's backward line says which); a cpu run's on the cpu.
+  the GPU (the fused backward kernel, in the run's precision, where the
+  forward is fused and refresh = step; else the general one, fp32) and
+  its gradients stay there (cuda tensors; one summed to a smaller given
+  shape lands on that tensor's device), unless the rule has glu,
+  out_norm, qk_norm or a precondition, whose backward runs on the cpu
+  (rule:plan's backward line says which); a cpu run's on the cpu.
   Either way it recomputes the
   forward from checkpoints every block steps (default about sqrt(steps);
   a cpu run with grad = true keeps them as it goes); g.memory reports
