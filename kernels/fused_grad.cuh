@@ -54,7 +54,7 @@ typedef struct mn_fgrad_layout {
     long long ck;                /* nblocks x (W, S) */
     long long Wb, Sb;            /* (K + 1) x P: the block's W^(s), S^(s) */
     long long Gb;                /* K x P: the block's G_s */
-    long long dW, dS, dA, dGt, dG; /* P each: adjoints */
+    long long dW, dS, dA, dGt;   /* P each: adjoints */
     long long dGp, Wp;           /* Pp each: dG and W^(s) padded, whole layers copied into shared memory */
     long long skip;              /* K: what each step of the block did */
     long long total;
@@ -74,8 +74,8 @@ MN_SHARED_FN void mn_fgrad_layout_init(mn_fgrad_layout *lo, long long P, long lo
     off += (K + 1) * P4;
     lo->Gb = off;
     off += K * P4;
-    long long *flat[] = {&lo->dW, &lo->dS, &lo->dA, &lo->dGt, &lo->dG};
-    for (int i = 0; i < 5; i++) {
+    long long *flat[] = {&lo->dW, &lo->dS, &lo->dA, &lo->dGt};
+    for (int i = 0; i < 4; i++) {
         *flat[i] = off;
         off += P4;
     }
@@ -174,7 +174,7 @@ __device__ int mn_fg_step_forward(const mn_grad_kargs &a, const mn_pset &P, cons
 /* This block's pieces of the workspace. */
 struct mn_fg_state {
     long long P, stride; /* floats of one memory's parameters; of a slot (P rounded up to 4) */
-    float *Wb, *Sb, *Gb, *dW, *dS, *dA, *dGt, *dG, *skip;
+    float *Wb, *Sb, *Gb, *dW, *dS, *dA, *dGt, *skip;
     mn_pset dGp, Wg; /* dG and W^(s) padded (global): what a shared slot copies */
 };
 
@@ -276,10 +276,8 @@ __device__ void mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g,
         mn_fg_row_vjp(P, xq + t * MN_DK, dy + t * MN_DV, g.dW, gxq + t * MN_DK, gb);
     }
     MN_FG_MARK(1);
-    MN_FG_MARK(3);
     const bool skipped = code == MN_STEP_SKIPPED;
     if (!skipped) mn_fg_update_adjoint(a, g, m, s, G, Snow, Wnow);
-    MN_FG_MARK(6);
     /* W^(s) padded into the workspace, then into the shared slots: the products' weights */
     mn_fg_load_w(P, g.Wg, Wnow);
     __syncthreads();
@@ -399,7 +397,6 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_grad_kernel(cons
     g.dS = base + lo.dS;
     g.dA = base + lo.dA;
     g.dGt = base + lo.dGt;
-    g.dG = base + lo.dG;
     g.skip = base + lo.skip;
     mn_pset_init(&g.dGp, base + lo.dGp);
     mn_pset_init(&g.Wg, base + lo.Wp);

@@ -174,7 +174,6 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_pset &Wg, const mn_gbuf &
     const double R = MN_FEATURE_SCALE;
     const bool tangent = c.dG != 0;
     const mn_fbuf fb = mn_gbuf_fwd(gb);
-    MN_FG_MARK(9);
     /* z stays z: the adjoint's phi' and phi'' take it in double */
     mn_fused_forward<false>(P, fb, cr, [&](int r, int j, float y0, float y1) {
         *reinterpret_cast<float2 *>(gb.y + r * MN_LDV + j) = make_float2(y0, y1);
