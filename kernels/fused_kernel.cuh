@@ -158,6 +158,14 @@ struct mn_no_post {
  * The k index inside one instruction is permuted (the same way for A and
  * B, so the sum is unchanged) so that each thread's operands are adjacent
  * along k: one wide load where k is the contiguous direction. */
+/* The output tiles of an M x N product: 16 x (8 NT8) each, NB of them
+ * across N, TILES in all, warp w taking w, w + MN_FWARPS, ... (mn_gemm and
+ * the emulation's, which must give each thread the same elements). */
+template <int M, int N> struct mn_gemm_shape {
+    /* enumerators, not static members: no device globals in the module */
+    enum { NT8 = ((M / 16) * (N / 32) >= MN_FWARPS && N % 32 == 0) ? 4 : 2, NB = N / (8 * NT8), TILES = (M / 16) * NB };
+};
+
 #ifdef MN_EMULATED
 /* The emulation's mn_gemm (tests/emu/cuda_shim.h): the same tiles to the
  * same threads, pre before, epi after and post after the tile, each output
@@ -166,9 +174,7 @@ template <int M, int N, int K, bool AT, bool BK, class Epi, class Pre = mn_no_pr
 __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre(),
                                         Post post = Post())
 {
-    constexpr int NT8 = ((M / 16) * (N / 32) >= MN_FWARPS && N % 32 == 0) ? 4 : 2;
-    constexpr int NB = N / (8 * NT8);
-    constexpr int TILES = (M / 16) * NB;
+    constexpr int NT8 = mn_gemm_shape<M, N>::NT8, NB = mn_gemm_shape<M, N>::NB, TILES = mn_gemm_shape<M, N>::TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     for (int tile = warp; tile < TILES; tile += MN_FWARPS) {
         const int m0 = (tile / NB) * 16, n0 = (tile % NB) * (8 * NT8);
@@ -194,9 +200,7 @@ template <int M, int N, int K, bool AT, bool BK, class Epi, class Pre = mn_no_pr
 __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre(),
                                         Post post = Post())
 {
-    constexpr int NT8 = ((M / 16) * (N / 32) >= MN_FWARPS && N % 32 == 0) ? 4 : 2;
-    constexpr int NB = N / (8 * NT8);
-    constexpr int TILES = (M / 16) * NB;
+    constexpr int NT8 = mn_gemm_shape<M, N>::NT8, NB = mn_gemm_shape<M, N>::NB, TILES = mn_gemm_shape<M, N>::TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     for (int tile = warp; tile < TILES; tile += MN_FWARPS) {
         const int m0 = (tile / NB) * 16, n0 = (tile % NB) * (8 * NT8);

@@ -92,15 +92,13 @@ typedef struct grad_kernel {
 } grad_kernel;
 
 static mn_status kernel_for(const mn_rule *r, const mn_dims *d, mn_precision prec, const mn_cuda_plan *pl,
-                            int64_t K, int64_t nblocks, grad_kernel *gk)
+                            long long P, int64_t K, int64_t nblocks, grad_kernel *gk)
 {
     char *src;
     const char *name;
     if (pl->path == MN_PATH_FUSED) {
-        mn_grad_layout flat;
-        mn_grad_layout_init(&flat, r->layers, r->bias, d->dk, d->dv, r->layers > 1 ? d->dh : 0, 16, 1, 1);
         mn_fgrad_layout lo;
-        mn_fgrad_layout_init(&lo, flat.P, mn_fused_padded_floats(r, d), K, nblocks);
+        mn_fgrad_layout_init(&lo, P, mn_fused_padded_floats(r, d), K, nblocks);
         gk->work_floats = lo.total;
         gk->threads = pl->threads;
         gk->smem = pl->smem_bytes;
@@ -145,7 +143,7 @@ static mn_status run_kernel(grad_run *g, mn_precision prec, int64_t n, int64_t S
         return mn_fail(MN_ERR_UNSUPPORTED, "cuda backward: %lld memories (B x H) exceed one launch's grid",
                        (long long)memories);
     grad_kernel gk;
-    MN_TRY(kernel_for(r, d, prec, &pl, K, nblocks, &gk));
+    MN_TRY(kernel_for(r, d, prec, &pl, flat.P, K, nblocks, &gk));
     out->backward_bytes = (int64_t)sizeof(float) * gk.work_floats * memories;
     g->work_bytes = sizeof(float) * (size_t)gk.work_floats * (size_t)memories;
     mn_status s = mn_cuda_alloc(g->work_bytes, &g->work);
