@@ -23,8 +23,8 @@
  * where dG is the adjoint of the step's gradient G (after the update's and
  * the clip's adjoints), held in the workspace in the padded layout so that
  * it is a product's operand as W is, and dA the adjoint of the gradient
- * point, which (refresh = step: the point is W^(s)) joins dW after the
- * step. The last token's retrieval at W^(s+1) (retrieve = after) is one
+ * point, which (refresh = step: the point is W^(s)) the chunks add
+ * straight into dW. The last token's retrieval at W^(s+1) (retrieve = after) is one
  * row, on the CUDA cores. Everything P-sized (checkpoints, the block's
  * states, G, the adjoints) is in a global workspace per memory; the chunk's
  * activations, tangents and adjoints are in shared memory.
@@ -54,7 +54,7 @@ typedef struct mn_fgrad_layout {
     long long ck;                /* nblocks x (W, S) */
     long long Wb, Sb;            /* (K + 1) x P: the block's W^(s), S^(s) */
     long long Gb;                /* K x P: the block's G_s */
-    long long dW, dS, dA, dGt;   /* P each: adjoints */
+    long long dW, dS, dGt;       /* P each: adjoints */
     long long dGp, Wp;           /* Pp each: dG and W^(s) padded, whole layers copied into shared memory */
     long long skip;              /* K: what each step of the block did */
     long long total;
@@ -74,8 +74,8 @@ MN_SHARED_FN void mn_fgrad_layout_init(mn_fgrad_layout *lo, long long P, long lo
     off += (K + 1) * P4;
     lo->Gb = off;
     off += K * P4;
-    long long *flat[] = {&lo->dW, &lo->dS, &lo->dA, &lo->dGt};
-    for (int i = 0; i < 4; i++) {
+    long long *flat[] = {&lo->dW, &lo->dS, &lo->dGt};
+    for (int i = 0; i < 3; i++) {
         *flat[i] = off;
         off += P4;
     }
@@ -153,17 +153,33 @@ __device__ int mn_fg_step_forward(const mn_grad_kargs &a, const mn_pset &P, cons
     double scale[MN_NPARAMS];
     mn_clip_scales<MN_NPARAMS>(ss, ctl.gnorm, scale);
     const float e_s = a.eta[m * a.nsteps + s], keep = 1.0f - a.alpha[m * a.nsteps + s];
+    /* MN_FG_U elements per thread at a time, every load issued before any
+     * store (as the step kernel's update, fused_step.cuh): the loop waits on
+     * memory latency, not bandwidth. Each element is read and written by one
+     * thread, so Sin may be Sout. */
 #pragma unroll
     for (int p = 0; p < MN_NPARAMS; p++) {
         const float fs = (float)scale[p];
         const long long o = mn_goff(p);
-        for (int e = tid; e < (int)MN_NUMEL(p); e += MN_FT) {
-            float *wp = mn_pset_el(P, p, e);
-            float sv = Sin[o + e];
-            const float w = mn_update_elem(Gp[p][e], fs, e_s, keep, &sv, *wp);
-            Sout[o + e] = sv;
-            *wp = w;
-            if (Wout) Wout[o + e] = w;
+        const int numel = (int)MN_NUMEL(p);
+        for (int base = tid; base < numel; base += MN_FG_U * MN_FT) {
+            float gv[MN_FG_U], sv[MN_FG_U], wv[MN_FG_U];
+#pragma unroll
+            for (int u = 0; u < MN_FG_U; u++) {
+                const int e = base + u * MN_FT;
+                gv[u] = e < numel ? Gp[p][e] : 0.0f;
+                sv[u] = e < numel ? Sin[o + e] : 0.0f;
+                wv[u] = e < numel ? *mn_pset_el(P, p, e) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < MN_FG_U; u++) {
+                const int e = base + u * MN_FT;
+                if (e >= numel) break;
+                const float w = mn_update_elem(gv[u], fs, e_s, keep, &sv[u], wv[u]);
+                Sout[o + e] = sv[u];
+                *mn_pset_el(P, p, e) = w;
+                if (Wout) Wout[o + e] = w;
+            }
         }
         (void)fs;
     }
@@ -174,7 +190,7 @@ __device__ int mn_fg_step_forward(const mn_grad_kargs &a, const mn_pset &P, cons
 /* This block's pieces of the workspace. */
 struct mn_fg_state {
     long long P, stride; /* floats of one memory's parameters; of a slot (P rounded up to 4) */
-    float *Wb, *Sb, *Gb, *dW, *dS, *dA, *dGt, *skip;
+    float *Wb, *Sb, *Gb, *dW, *dS, *dGt, *skip;
     mn_pset dGp, Wg; /* dG and W^(s) padded (global): what a shared slot copies */
 };
 
@@ -196,17 +212,33 @@ __device__ void mn_fg_update_adjoint(const mn_grad_kargs &a, const mn_fg_state &
     for (int p = 0; p < MN_NPARAMS; p++) {
         const long long o = mn_goff(p), ne = MN_NUMEL(p);
         double dp = 0.0, gp = 0.0;
-        for (long long e = o + tid; e < o + ne; e += MN_FT) {
-            const float dS = g.dS[e], dW = g.dW[e], Sv = Snow[e], Gv = G[e];
-            /* the adjoint of S^(s+1) is dS + dW (both uses) */
-            deta += (double)dS * (double)Sv + (double)dW * (double)Sv;
-            dalpha -= (double)dW * (double)Wnow[e];
-            const float dSt = __fadd_rn(dS, dW);
-            g.dGt[e] = -dSt;
-            g.dW[e] = __fmul_rn(dW, keep);
-            g.dS[e] = __fmul_rn(e_s, dSt);
-            dp += -(double)dSt * (double)Gv;
-            gp += (double)Gv * (double)Gv;
+        for (long long base = o + tid; base < o + ne; base += MN_FG_U * MN_FT) {
+            float dSv[MN_FG_U], dWv[MN_FG_U], Sv[MN_FG_U], Gv[MN_FG_U], Wv[MN_FG_U];
+#pragma unroll
+            for (int u = 0; u < MN_FG_U; u++) {
+                const long long e = base + u * MN_FT;
+                const bool in = e < o + ne;
+                dSv[u] = in ? g.dS[e] : 0.0f;
+                dWv[u] = in ? g.dW[e] : 0.0f;
+                Sv[u] = in ? Snow[e] : 0.0f;
+                Gv[u] = in ? G[e] : 0.0f;
+                Wv[u] = in ? Wnow[e] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < MN_FG_U; u++) {
+                const long long e = base + u * MN_FT;
+                if (e >= o + ne) break;
+                const float dS = dSv[u], dW = dWv[u];
+                /* the adjoint of S^(s+1) is dS + dW (both uses) */
+                deta += (double)dS * (double)Sv[u] + (double)dW * (double)Sv[u];
+                dalpha -= (double)dW * (double)Wv[u];
+                const float dSt = __fadd_rn(dS, dW);
+                g.dGt[e] = -dSt;
+                g.dW[e] = __fmul_rn(dW, keep);
+                g.dS[e] = __fmul_rn(e_s, dSt);
+                dp += -(double)dSt * (double)Gv[u];
+                gp += (double)Gv[u] * (double)Gv[u];
+            }
         }
         dot[p] = dp;
         gg[p] = gp;
@@ -233,16 +265,29 @@ __device__ void mn_fg_update_adjoint(const mn_grad_kargs &a, const mn_fg_state &
         const double nrm = sqrt(MN_CLIP_TENSOR ? gg[p] : tgg), sc = mn_hook_clip_scale(nrm);
         const double through = nrm > 0 ? mn_ghook_clip_dscale(nrm) * (MN_CLIP_TENSOR ? dot[p] : tdot) / nrm : 0.0;
 #endif
-        for (int e = tid; e < ne; e += MN_FT) {
-            const float dGt = g.dGt[o + e];
+        for (int base = tid; base < ne; base += MN_FG_U * MN_FT) {
+            float dGtv[MN_FG_U], Gv[MN_FG_U];
+#pragma unroll
+            for (int u = 0; u < MN_FG_U; u++) {
+                const int e = base + u * MN_FT;
+                dGtv[u] = e < ne ? g.dGt[o + e] : 0.0f;
+                Gv[u] = e < ne ? G[o + e] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < MN_FG_U; u++) {
+                const int e = base + u * MN_FT;
+                if (e >= ne) break;
+                const float dGt = dGtv[u];
 #if MN_CLIP_MODE == 1
-            const float d = (float)(sc * (double)dGt + through * (double)G[o + e]);
+                const float d = (float)(sc * (double)dGt + through * (double)Gv[u]);
 #elif MN_CLIP_MODE == 2
-            const float d = (float)((double)dGt * mn_ghook_clip_delem((double)G[o + e]));
+                const float d = (float)((double)dGt * mn_ghook_clip_delem((double)Gv[u]));
 #else
-            const float d = dGt;
+                const float d = dGt;
 #endif
-            *mn_pset_el(g.dGp, p, e) = d;
+                *mn_pset_el(g.dGp, p, e) = d;
+            }
+            (void)Gv;
         }
     }
     __syncthreads();
@@ -255,7 +300,7 @@ __device__ void mn_fg_update_adjoint(const mn_grad_kargs &a, const mn_fg_state &
 __device__ void mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g, const mn_pset &P, const mn_gbuf &gb,
                                    long long m, long long s, long long i, int code)
 {
-    const long long Pn = g.P, n = a.n, t0 = s * MN_STEP;
+    const long long n = a.n, t0 = s * MN_STEP;
     const int rows = (int)mn_steps_rows(n, s), grows = (int)mn_real_rows(a, m, s);
     if (code == MN_STEP_PADDING) return; /* the identity; y = 0 and loss = 0 are constants */
     const float *k = a.k + m * n * MN_DK, *v = a.v + m * n * MN_DV;
@@ -267,7 +312,6 @@ __device__ void mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g,
     const float *theta = a.theta + m * n;
     const long long st = g.stride;
     const float *Wnow = g.Wb + i * st, *Snow = g.Sb + i * st, *G = g.Gb + i * st;
-    const int tid = threadIdx.x;
 
     MN_FG_MARK(0);
     /* the retrieval of the step's last token at W^(s+1) (retrieve = after) */
@@ -282,9 +326,10 @@ __device__ void mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g,
     mn_fg_load_w(P, g.Wg, Wnow);
     __syncthreads();
     MN_FG_MARK(7);
+    /* the gradient point is W^(s) (refresh = step): the chunks add its
+     * adjoint straight into dW */
     float *dAp[MN_NPARAMS];
-    mn_gptrs(g.dA, dAp);
-    bool fresh = true; /* dA not yet written in this step */
+    mn_gptrs(g.dW, dAp);
 
     /* the rows that see W^(s): with q = k their retrieval is the step's own forward */
     int before = MN_RETRIEVE_BEFORE ? rows : rows - 1;
@@ -311,9 +356,8 @@ __device__ void mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g,
             c.gv = gv + t * MN_DV;
             c.gtheta = gtheta + t;
             c.dA = dAp;
-            c.first = fresh;
+            c.first = false;
             mn_fg_chunk(P, g.Wg, gb, cr, c);
-            fresh = false;
         }
     }
     if (dy && before > 0 && !merged) {
@@ -331,16 +375,9 @@ __device__ void mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g,
             c.gx = gxq + t * MN_DK;
             c.gv = c.gtheta = 0;
             c.dA = dAp;
-            c.first = fresh;
+            c.first = false;
             mn_fg_chunk(P, g.Wg, gb, cr, c);
-            fresh = false;
         }
-    }
-    MN_FG_MARK(0);
-    /* the gradient point is W^(s): its adjoint joins dW */
-    if (!fresh) {
-        for (long long e = tid; e < Pn; e += MN_FT) g.dW[e] += g.dA[e];
-        __syncthreads();
     }
     MN_FG_MARK(16);
 }
@@ -395,7 +432,6 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_grad_kernel(cons
     g.Gb = base + lo.Gb;
     g.dW = base + lo.dW;
     g.dS = base + lo.dS;
-    g.dA = base + lo.dA;
     g.dGt = base + lo.dGt;
     g.skip = base + lo.skip;
     mn_pset_init(&g.dGp, base + lo.dGp);
