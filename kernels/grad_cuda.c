@@ -40,6 +40,7 @@ typedef struct grad_run {
     mn_segment_inputs in;
     mn_tensor dy, dloss, dW[MN_MAX_PARAMS], dS[MN_MAX_PARAMS];
     mn_tensor gk, gv, gq, gtheta, geta, galpha, gW[MN_MAX_PARAMS], gS[MN_MAX_PARAMS];
+    mn_tensor gouter[MN_OUTER_COUNT]; /* out_norm: the gradients of ln_g, ln_b [B,H,dv] */
     void *work;
     size_t work_bytes;
 } grad_run;
@@ -48,6 +49,7 @@ static void grad_run_free(grad_run *g)
 {
     mn_tensor *ts[] = {&g->dy, &g->dloss, &g->gk, &g->gv, &g->gq, &g->gtheta, &g->geta, &g->galpha};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) mn_tensor_release(ts[i]);
+    for (int j = 0; j < MN_OUTER_COUNT; j++) mn_tensor_release(&g->gouter[j]);
     for (int p = 0; p < MN_MAX_PARAMS; p++) {
         mn_tensor_release(&g->dW[p]);
         mn_tensor_release(&g->dS[p]);
@@ -108,6 +110,7 @@ static mn_status kernel_for(const mn_rule *r, const mn_dims *d, mn_precision pre
         mn_grad_layout lo;
         mn_grad_layout_init(&lo, r->layers, r->bias, d->dk, d->dv, r->layers > 1 ? d->dh : 0,
                             mn_rule_chunk_rows(r->step), K, nblocks);
+        if (r->out_norm != MN_NORM_NONE) mn_grad_layout_out_norm(&lo, d->dv, mn_rule_chunk_rows(r->step));
         gk->work_floats = lo.total;
         gk->threads = MN_RULE_THREADS;
         gk->smem = 0;
@@ -176,6 +179,13 @@ static mn_status run_kernel(grad_run *g, mn_precision prec, int64_t n, int64_t S
     a.gtheta = f32(&g->gtheta);
     a.geta = f32(&g->geta);
     a.galpha = f32(&g->galpha);
+    /* out_norm: the state's ln_g, ln_b (on the device, mn_memory_set_outer) and their gradients */
+    a.ln_g = f32(&g->st.outer[0]);
+    a.ln_b = f32(&g->st.outer[1]);
+    a.gln_g = f32(&g->gouter[0]);
+    a.gln_b = f32(&g->gouter[1]);
+    if (r->out_norm != MN_NORM_NONE && !(a.ln_g && a.ln_b && a.gln_g && a.gln_b))
+        return mn_fail(MN_ERR_ARG, "cuda backward: out_norm without ln_g, ln_b on the device");
     if (g->in.lengths.storage) {
         if (g->in.lengths.dtype != MN_I64 || g->in.lengths.storage->device != MN_CUDA)
             return mn_fail(MN_ERR_ARG, "cuda backward: lengths must come as i64 on cuda");
@@ -229,6 +239,10 @@ static mn_status cuda_grad_run(const mn_rule *rule, mn_precision precision, cons
     if (s == MN_OK) s = mn_tensor_zeros(&g->gtheta, MN_F32, 3, tshape, MN_CUDA);
     if (s == MN_OK) s = mn_tensor_zeros(&g->geta, MN_F32, 3, sshape, MN_CUDA);
     if (s == MN_OK) s = mn_tensor_zeros(&g->galpha, MN_F32, 3, sshape, MN_CUDA);
+    /* ln_g's and ln_b's, summed over every pass of a memory as grad_cpu.c's */
+    int64_t oshape[3] = {d->B, d->H, d->dv};
+    for (int j = 0; j < mn_rule_outer_count(&g->st.rule) && s == MN_OK; j++)
+        s = mn_tensor_zeros(&g->gouter[j], MN_F32, 3, oshape, MN_CUDA);
     for (int p = 0; p < np && s == MN_OK; p++) {
         const mn_tensor *pt = &g->st.params[p];
         s = mn_tensor_zeros(&g->gW[p], MN_F32, pt->ndim, pt->shape, MN_CUDA);
@@ -248,6 +262,7 @@ static mn_status cuda_grad_run(const mn_rule *rule, mn_precision precision, cons
             keep(&out->params[p], &g->gW[p]);
             keep(&out->momenta[p], &g->gS[p]);
         }
+        for (int j = 0; j < MN_OUTER_COUNT; j++) keep(&out->outer[j], &g->gouter[j]);
     }
     grad_run_free(g);
     free(g);

@@ -24,8 +24,14 @@
  * that decide control flow are block sums, so every thread takes the same
  * branch.
  *
+ * out_norm (MN_OUT_NORM) is part of the memory model, as on the CPU: the
+ * forward's passes take the rule kernel's norm (mn_forward), the tangent
+ * and the reverse go through it (mn_gnorm_tangent, mn_gnorm_reverse:
+ * mlp_grad_cpu.c's norm_reverse and rownorm.c's jvp, vjp and second-order
+ * term), and ln_g's and ln_b's gradients add up over every pass of a memory.
+ *
  * Not covered (the CPU runs their backward: mn_cuda_backward_covers in
- * kernels/plan.c): glu, out_norm, precondition, qk_norm.
+ * kernels/plan.c): glu, precondition, qk_norm.
  *
  * Checked on a GPU against the CPU by tests/lua/test_grad_cuda.lua, and
  * without one by tests/unit/test_grad_emulated.c, which compiles this
@@ -57,6 +63,8 @@ typedef struct mn_grad_kargs {
     float *gk, *gv, *gq, *gtheta, *geta, *galpha; /* zeroed by the host: passes accumulate */
     const long long *lengths;               /* [B] real tokens, or NULL */
     long long heads;
+    const float *ln_g, *ln_b;               /* out_norm: gain and shift [B,H,dv], else NULL */
+    float *gln_g, *gln_b;                   /* out_norm: their gradients [B,H,dv], zeroed by the host */
     float *work;                            /* work_floats per memory */
     long long work_floats;
     long long n, nsteps, K, nblocks;
@@ -75,6 +83,7 @@ typedef struct mn_grad_layout {
     long long zdot[MN_RULE_MAX_LAYERS], hdot[MN_RULE_MAX_LAYERS]; /* tangents of the hidden layers */
     long long u, ybar, ubar;                       /* rows x dv */
     long long zbar, zdotbar, hbar, hdotbar;        /* rows x widest */
+    long long nhat, ns, od, nd;                    /* out_norm (mn_grad_layout_out_norm), else 0 */
     long long total;
 } mn_grad_layout;
 
@@ -130,6 +139,25 @@ MN_SHARED_FN void mn_grad_layout_init(mn_grad_layout *lo, int layers, int bias, 
         *byw[i] = off;
         off += mn_grad_up4(rows * wide);
     }
+    lo->nhat = lo->ns = lo->od = lo->nd = 0;
+    lo->total = off;
+}
+
+/* out_norm's part of one memory's slice, after the rest: the forward's nhat
+ * and s of a chunk (the kernel points its mn_ws there: the spot mn_ws_init
+ * gives them lies past the forward's chunk slice, where W begins here) and
+ * the tangents of o and of nhat (mlp_grad_cpu.c's od, nd). */
+MN_SHARED_FN void mn_grad_layout_out_norm(mn_grad_layout *lo, long long dv, long long rows)
+{
+    long long off = lo->total;
+    lo->nhat = off;
+    off += mn_grad_up4(rows * dv);
+    lo->ns = off;
+    off += mn_grad_up4(rows);
+    lo->od = off;
+    off += mn_grad_up4(rows * dv);
+    lo->nd = off;
+    off += mn_grad_up4(rows * dv);
     lo->total = off;
 }
 
@@ -164,6 +192,7 @@ struct mn_gstate {
     long long P;
     float *W, *S, *A, *dW, *dS, *dA, *dG, *dGt, *tmp, *ck, *Wb, *Sb, *Ab, *Gb, *skip;
     float *xc, *xbad, *zdot[MN_LAYERS], *hdot[MN_LAYERS], *u, *ybar, *ubar, *zbar, *zdotbar, *hbar, *hdotbar;
+    float *od, *nd, *gln_g, *gln_b; /* out_norm: tangents of o and nhat; this memory's ln_g, ln_b gradients */
 };
 
 /* ---- flat vectors of P floats (each ends with a barrier) ---- */
@@ -335,6 +364,112 @@ __device__ void mn_gclean_rows(const float *x, int rows, mn_gstate *g)
     __syncthreads();
 }
 
+#if MN_OUT_NORM
+/* out_norm's tangent, after the layers' (the last one's in g->od): nd =
+ * J(o) od and u = g nd, with J the norm's Jacobian at the forward's nhat
+ * and s (model/rownorm.c mn_rownorm_jvp, then mn_mlp_step_adjoint's u).
+ * One warp a row, sums in double as the CPU's. Ends with a barrier. */
+__device__ void mn_gnorm_tangent(int rows, const mn_ws *ws, mn_gstate *g)
+{
+    const int lane = threadIdx.x & 31;
+    const double D = (double)MN_DV;
+    for (int r = threadIdx.x >> 5; r < rows; r += MN_GT / 32) {
+        const float *h = ws->nhat + (long long)r * MN_DV, *d = g->od + (long long)r * MN_DV;
+        float *nd = g->nd + (long long)r * MN_DV, *u = g->u + (long long)r * MN_DV;
+        const double sc = ws->ns[r];
+        double mu = 0.0, mm = 0.0;
+        if (MN_OUT_NORM == 1) {
+            for (int j = lane; j < MN_DV; j += 32) mu += d[j];
+            mu = mn_warp_sum(mu) / (double)MN_DV;
+        }
+        for (int j = lane; j < MN_DV; j += 32) mm += (double)h[j] * ((double)d[j] - mu);
+        mm = mn_warp_sum(mm) / D;
+        for (int j = lane; j < MN_DV; j += 32) {
+            nd[j] = (float)(sc * (((double)d[j] - mu) - h[j] * mm));
+            u[j] = __fmul_rn(ws->ln_g[j], nd[j]);
+        }
+    }
+    __syncthreads();
+}
+
+/* out_norm's part of the reverse (mlp_grad_cpu.c norm_reverse), on the
+ * seeds ybar (and with the tangent, ubar) of y = g nhat(o) + beta: adds
+ * their share to this memory's ln_g and ln_b gradients, then turns them in
+ * place into the seeds of o and od:
+ *   obar  = J^T (g ybar) + d/do <g ubar, J(o) od>   (rownorm.c's vjp and hvp)
+ *   odbar = J^T (g ubar)
+ * ln_g, ln_b first, one thread a feature over the rows in order (the CPU's
+ * float sums); then one warp a row, sums in double. Ends with a barrier. */
+__device__ void mn_gnorm_reverse(int rows, bool tangent, const mn_ws *ws, mn_gstate *g)
+{
+    for (int j = threadIdx.x; j < MN_DV; j += MN_GT) {
+        float sg = g->gln_g[j], sb = g->gln_b[j];
+        for (int r = 0; r < rows; r++) {
+            const long long e = (long long)r * MN_DV + j;
+            sg += __fadd_rn(__fmul_rn(g->ybar[e], ws->nhat[e]), tangent ? __fmul_rn(g->ubar[e], g->nd[e]) : 0.0f);
+            sb += g->ybar[e];
+        }
+        g->gln_g[j] = sg;
+        g->gln_b[j] = sb;
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    const double D = (double)MN_DV, n = (double)MN_DV;
+    for (int r = threadIdx.x >> 5; r < rows; r += MN_GT / 32) {
+        float *yb = g->ybar + (long long)r * MN_DV, *ub = g->ubar + (long long)r * MN_DV;
+        const float *h = ws->nhat + (long long)r * MN_DV, *od = g->od + (long long)r * MN_DV;
+        const double sc = ws->ns[r];
+        /* a = g ybar (and g ubar), in place as the CPU's; each lane keeps to its own features */
+        double B = 0.0, mean = 0.0;
+        for (int j = lane; j < MN_DV; j += 32) {
+            yb[j] = __fmul_rn(yb[j], ws->ln_g[j]);
+            if (tangent) ub[j] = __fmul_rn(ub[j], ws->ln_g[j]);
+            B += (double)yb[j] * h[j];
+        }
+        B = mn_warp_sum(B);
+        if (MN_OUT_NORM == 1) {
+            for (int j = lane; j < MN_DV; j += 32) mean += sc * ((double)yb[j] - h[j] * B / D);
+            mean = mn_warp_sum(mean) / n;
+        }
+        if (!tangent) {
+            for (int j = lane; j < MN_DV; j += 32) yb[j] = (float)(sc * ((double)yb[j] - h[j] * B / D) - mean);
+            continue;
+        }
+        /* the second-order term's sums (mn_rownorm_hvp_acc: a = g ubar, xd = od) and odbar's (mn_rownorm_vjp) */
+        double mu = 0.0, mm = 0.0, Bu = 0.0, F = 0.0, hmean = 0.0, umean = 0.0;
+        if (MN_OUT_NORM == 1) {
+            for (int j = lane; j < MN_DV; j += 32) mu += od[j];
+            mu = mn_warp_sum(mu) / n;
+        }
+        for (int j = lane; j < MN_DV; j += 32) {
+            mm += (double)h[j] * ((double)od[j] - mu);
+            Bu += (double)ub[j] * h[j];
+        }
+        mm = mn_warp_sum(mm) / D;
+        Bu = mn_warp_sum(Bu);
+        for (int j = lane; j < MN_DV; j += 32) F += (double)ub[j] * sc * (((double)od[j] - mu) - h[j] * mm);
+        F = mn_warp_sum(F);
+        if (MN_OUT_NORM == 1) {
+            for (int j = lane; j < MN_DV; j += 32) {
+                const double ndj = sc * (((double)od[j] - mu) - h[j] * mm);
+                hmean += -sc * h[j] * F / D - sc * Bu * ndj / D - sc * sc * mm * ub[j] + sc * sc * mm * h[j] * Bu / D;
+                umean += sc * ((double)ub[j] - h[j] * Bu / D);
+            }
+            hmean = mn_warp_sum(hmean) / n;
+            umean = mn_warp_sum(umean) / n;
+        }
+        for (int j = lane; j < MN_DV; j += 32) {
+            const double ndj = sc * (((double)od[j] - mu) - h[j] * mm);
+            const double t = -sc * h[j] * F / D - sc * Bu * ndj / D - sc * sc * mm * ub[j] + sc * sc * mm * h[j] * Bu / D;
+            const float obar = (float)(sc * ((double)yb[j] - h[j] * B / D) - mean);
+            yb[j] = __fadd_rn(obar, (float)(t - hmean));
+            ub[j] = (float)(sc * ((double)ub[j] - h[j] * Bu / D) - umean);
+        }
+    }
+    __syncthreads();
+}
+#endif
+
 /* With dG: the tangent u = J_P(y) dG layer by layer (zdot, hdot of the
  * hidden layers, u of the last), after mn_forward on g->xc at P. */
 __device__ void mn_gtangent(float *const *P, float *const *dG, int rows, const mn_ws *ws, mn_gstate *g)
@@ -346,7 +481,7 @@ __device__ void mn_gtangent(float *const *P, float *const *dG, int rows, const m
         const float *dbi = MN_BIAS ? dG[i * MN_PER + 1] : 0;
         const float *in = i == 0 ? g->xc : ws->h[i > 0 ? i - 1 : 0];
         const float *hd = g->hdot[i > 0 ? i - 1 : 0];
-        float *zd = i == MN_LAYERS - 1 ? g->u : g->zdot[i];
+        float *zd = i == MN_LAYERS - 1 ? (MN_OUT_NORM ? g->od : g->u) : g->zdot[i];
         for (int e = threadIdx.x; e < rows * no; e += MN_GT) {
             const int r = e / no, o = e % no;
             float s1 = 0.0f, s2 = 0.0f;
@@ -361,6 +496,9 @@ __device__ void mn_gtangent(float *const *P, float *const *dG, int rows, const m
         }
         __syncthreads();
     }
+#if MN_OUT_NORM
+    mn_gnorm_tangent(rows, ws, g);
+#endif
 }
 
 /* The reverse of forward (+ tangent with dG) from the seeds ybar (and ubar)
@@ -371,6 +509,9 @@ __device__ void mn_greverse(float *const *P, float *const *dG, int rows, const m
 {
     if (MN_RESIDUAL)
         for (int e = threadIdx.x; e < rows * MN_DV; e += MN_GT) gx[e] += g->ybar[e]; /* dk = dv */
+#if MN_OUT_NORM
+    mn_gnorm_reverse(rows, dG != 0, ws, g); /* its first barrier orders the residual's reads before its writes */
+#endif
     for (int e = threadIdx.x; e < rows * MN_DV; e += MN_GT) {
         g->zbar[e] = g->ybar[e];
         if (dG) g->zdotbar[e] = g->ubar[e];
@@ -610,6 +751,26 @@ __device__ void mn_gstep_reverse(const mn_grad_kargs &a, mn_gstate *g, mn_ws *ws
     }
 }
 
+/* out_norm's slices of memory m's workspace (after lo's, which this
+ * extends), its ln_g, ln_b and where their gradients go (grad_cpu.c
+ * run_memory's gln_g, gln_b); without out_norm the pointers are NULL. */
+__device__ __forceinline__ void mn_gout_norm_init(const mn_grad_kargs &a, float *base, mn_grad_layout *lo, long long m,
+                                                  mn_ws *ws, mn_gstate *g)
+{
+    g->od = g->nd = g->gln_g = g->gln_b = 0;
+#if MN_OUT_NORM
+    mn_grad_layout_out_norm(lo, MN_DV, MN_ROWS);
+    ws->nhat = base + lo->nhat;
+    ws->ns = base + lo->ns;
+    g->od = base + lo->od;
+    g->nd = base + lo->nd;
+    g->gln_g = a.gln_g + m * MN_DV;
+    g->gln_b = a.gln_b + m * MN_DV;
+#else
+    (void)a, (void)base, (void)lo, (void)m, (void)ws;
+#endif
+}
+
 /* One memory's backward (grad_cpu.c run_memory). */
 extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_grad_kernel(const mn_grad_kargs a)
 {
@@ -650,7 +811,8 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_grad_kernel(con
     g.hbar = base + lo.hbar;
     g.hdotbar = base + lo.hdotbar;
     mn_ws ws;
-    mn_ws_init(&ws, base + lo.fwd, 0, 0, m);
+    mn_ws_init(&ws, base + lo.fwd, a.ln_g, a.ln_b, m);
+    mn_gout_norm_init(a, base, &lo, m, &ws, &g);
 
     /* initial state */
 #pragma unroll

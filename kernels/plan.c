@@ -280,7 +280,10 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
     if (s != MN_OK) return s;
     int rows = 0;
     long smem = 0;
-    if (fwd.path != MN_PATH_FUSED) {
+    if (r->out_norm != MN_NORM_NONE) {
+        /* the fused forward runs it, the fused backward does not (yet) */
+        snprintf(why, sizeof why, "out_norm %s: the general backward runs it", mn_part_name(&mn_norm_set, r->out_norm));
+    } else if (fwd.path != MN_PATH_FUSED) {
         snprintf(why, sizeof why, "the forward takes the %s path (%.300s)", mn_cuda_path_name(fwd.path), fwd.why);
     } else if (mn_rule_refresh(r) != r->step) {
         snprintf(why, sizeof why, "refresh %d is not the step (%d): the fused backward takes the gradient at W^(s)",
@@ -354,10 +357,6 @@ bool mn_cuda_backward_rule_covers(const mn_rule *r, char *why, size_t len)
         add_cpu_backward(why, len, one);
     }
     if (r->glu && r->layers > 1) add_cpu_backward(why, len, "glu");
-    if (r->out_norm != MN_NORM_NONE) {
-        snprintf(one, sizeof one, "out_norm %s", mn_part_name(&mn_norm_set, r->out_norm));
-        add_cpu_backward(why, len, one);
-    }
     if (r->qk_norm != MN_QKNORM_NONE) {
         snprintf(one, sizeof one, "qk_norm %s", mn_part_name(&mn_qknorm_set, r->qk_norm));
         add_cpu_backward(why, len, one);

@@ -64,7 +64,7 @@ int main(int argc, char **argv)
     if (!f) return 2;
     long long h[8];
     if (fread(h, 8, 8, f) != 8) return 3;
-    const long long B = h[0], H = h[1], n = h[2], S = h[3], np = h[4], K = h[5], nlen = h[6];
+    const long long B = h[0], H = h[1], n = h[2], S = h[3], np = h[4], K = h[5], nlen = h[6], nouter = h[7];
     std::vector<long long> lengths((size_t)nlen);
     if (nlen && fread(lengths.data(), 8, (size_t)nlen, f) != (size_t)nlen) return 3;
     std::vector<float> in[8]; /* k, v, q, theta, eta, alpha, dy, dloss */
@@ -72,10 +72,14 @@ int main(int argc, char **argv)
     std::vector<float> param[MN_RULE_MAX_PARAMS][4]; /* W0, S0, dW, dS */
     for (int p = 0; p < np; p++)
         for (int j = 0; j < 4; j++) param[p][j] = read_tensor(f);
+    std::vector<float> outer[2], want_outer[2]; /* out_norm's ln_g, ln_b and their gradients */
+    if (nouter != 0 && nouter != 2) return 3;
+    for (int j = 0; j < nouter; j++) outer[j] = read_tensor(f);
     std::vector<float> want[6], want_param[MN_RULE_MAX_PARAMS][2];
     for (int i = 0; i < 6; i++) want[i] = read_tensor(f);
     for (int p = 0; p < np; p++)
         for (int j = 0; j < 2; j++) want_param[p][j] = read_tensor(f);
+    for (int j = 0; j < nouter; j++) want_outer[j] = read_tensor(f);
     fclose(f);
 
     const long long memories = B * H, nblocks = (S + K - 1) / K;
@@ -85,7 +89,9 @@ int main(int argc, char **argv)
 #else
     mn_grad_layout lo;
     mn_grad_layout_init(&lo, MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, MN_ROWS, K, nblocks);
+    if (MN_OUT_NORM) mn_grad_layout_out_norm(&lo, MN_DV, MN_ROWS);
 #endif
+    if ((MN_OUT_NORM != 0) != (nouter != 0)) return 3; /* the case and the source disagree */
     std::vector<float> work((size_t)(lo.total * memories), NAN);
     std::vector<float> got[6], got_param[MN_RULE_MAX_PARAMS][2];
     for (int i = 0; i < 6; i++) got[i].assign(in[i].size(), 0.0f);
@@ -112,6 +118,14 @@ int main(int argc, char **argv)
     args.dloss = in[7].size() ? in[7].data() : NULL;
     args.gk = gin[0], args.gv = gin[1], args.gq = gin[2], args.gtheta = gin[3], args.geta = gin[4], args.galpha = gin[5];
     args.lengths = nlen ? lengths.data() : NULL;
+    std::vector<float> got_outer[2];
+    for (int j = 0; j < nouter; j++) got_outer[j].assign(outer[j].size(), 0.0f);
+    if (nouter) {
+        args.ln_g = outer[0].data();
+        args.ln_b = outer[1].data();
+        args.gln_g = got_outer[0].data();
+        args.gln_b = got_outer[1].data();
+    }
     args.heads = H;
     args.work = work.data();
     args.work_floats = lo.total;
@@ -147,6 +161,12 @@ int main(int argc, char **argv)
             printf("%s %.3g\n", name, e);
             if (e > worst) worst = e, snprintf(worst_name, sizeof worst_name, "%s", name);
         }
+    static const char *const outer_names[] = {"ln_g", "ln_b"};
+    for (int j = 0; j < nouter; j++) {
+        double e = rel(got_outer[j], want_outer[j]);
+        printf("%s %.3g\n", outer_names[j], e);
+        if (e > worst) worst = e, snprintf(worst_name, sizeof worst_name, "%s", outer_names[j]);
+    }
     printf("worst %.3g %s\n", worst, worst_name);
     return 0;
 }

@@ -3,9 +3,9 @@
 
   - cuda tensors against the same call on cpu tensors (outputs, final state,
     gradients; the backward of these covered rules runs on the GPU, no
-    warning; out_norm's on CPU copies),
-    the same with lengths (ragged batches: padding outputs 0) and with
-    out_norm (ln_g, ln_b cuda tensors, their gradients too);
+    warning), the same with lengths (ragged batches: padding outputs 0) and
+    with out_norm (ln_g, ln_b cuda tensors, their gradients too, on cuda:
+    its backward runs on the GPU's general backward kernel);
   - the caller's stream: the op on a side stream right after a long kernel
     that writes its input there, and its output read on that stream;
   - torch.compile(fullgraph=True) of a small model that calls the op
@@ -143,6 +143,7 @@ def main():
             (rg.y * up.cuda()).sum().backward()
         (rc.y * up).sum().backward()
         rows = ["%s %.2g" % (n, rel(xg[n].grad, xc[n].grad)) for n in base if rel(xg[n].grad, xc[n].grad) > 1e-4]
+        rows += ["%s not on cuda" % n for n in base if not xg[n].grad.is_cuda]
         report(not rows, "bridge_gpu/out_norm_backward", "; ".join(rows))
     except Exception as e:
         report(False, "bridge_gpu/out_norm", "%s: %s" % (type(e).__name__, e))

@@ -2,14 +2,17 @@
 -- (kernels/grad_kernel.cuh, SPEC.md section 7).
 --   Everywhere (a CUDA build, GPU or not): rule:plan's backward line says
 --   where a cuda run's backward runs: "general (cuda)" for a covered rule,
---   "cpu, because ..." naming glu, out_norm, qk_norm, precondition.
+--   "cpu, because ..." naming glu, qk_norm, precondition; out_norm's runs
+--   on the general backward, which the plan says naming out_norm even where
+--   the forward is fused.
 --   On a GPU: for a table of rules across the axes the kernel covers (every
 --   loss, activation and clip kind, scopes, custom expressions, depth 1-3,
 --   bias, residual, q given or not, step / refresh 0, c, k c / retrieve,
 --   reductions, steps longer than a chunk, lengths, skipped steps,
---   non-finite k, v and theta, initial momenta, block sizes), a run on cuda
+--   non-finite k, v and theta, initial momenta, block sizes; out_norm
+--   layernorm and rmsnorm with ln_g, ln_b given), a run on cuda
 --   and the same run on cpu give the same gradient of every input (k, v, q,
---   theta, eta, alpha) and initial parameter and momentum, to fp32
+--   theta, eta, alpha) and initial parameter and momentum (and ln_g, ln_b), to fp32
 --   tolerance: 1e-4 relative (L2 over the tensor) where the rule is smooth,
 --   2e-3 where it has a kink (relu, l1, lp, huber, value/norm clips, where):
 --   an element within rounding of a kink may take the other branch on one
@@ -39,6 +42,9 @@ else
     custom = { m.rule { layers = 3, hidden = 8, activation = "z*tanh(softplus(z))", loss = "log(1 + r^2)",
                         clip = "elementwise", clip_expr = "m*tanh(g/m)", constants = { m = 0.01 } }, "general",
                "the forward takes the general path" },
+    -- the fused forward runs out_norm, the general backward does (the fused one does not)
+    out_norm = { m.rule { out_norm = "layernorm" }, "general", "out_norm layernorm: the general backward runs it" },
+    out_norm_mlp2 = { m.rule { layers = 2, hidden = 8, out_norm = "rmsnorm" }, "general", "out_norm rmsnorm" },
   }
   for name, c in pairs(covered) do
     local want = backward_env == "general" and "general" or c[2]
@@ -55,7 +61,6 @@ else
   end
   local uncovered = {
     glu = { m.rule { layers = 2, hidden = 8, glu = true }, "glu" },
-    out_norm = { m.rule { out_norm = "layernorm" }, "out_norm layernorm" },
     qk_norm = { m.rule { qk_norm = "l2" }, "qk_norm l2" },
     newton_schulz = { m.rule { precondition = "newton_schulz" }, "precondition newton_schulz" },
   }
@@ -70,7 +75,7 @@ else
   -- every reason at once, in one line
   local all = m.rule { layers = 2, hidden = 8, glu = true, out_norm = "rmsnorm", precondition = "newton_schulz" }
   local why = all:plan { dk = 8 }.backward_why
-  T.ok("grad_cuda/plan/all_reasons", why:find("glu", 1, true) and why:find("out_norm rmsnorm", 1, true) and
+  T.ok("grad_cuda/plan/all_reasons", why:find("glu", 1, true) and not why:find("out_norm", 1, true) and
        why:find("newton_schulz", 1, true) and not why:find("\n", 1, true), why)
 end
 
@@ -94,7 +99,8 @@ assert(PREC_TOL, "MNEMO_GRAD_PRECISION: expected fp32, tf32 or bf16")
 -- One case: rule fields, sizes, and what the run gets. opts: B, H, Tn, dk,
 -- dv, dh; q (a query tensor), lengths, momenta (initial S_*), bad = {what,
 -- b, h, t} (a non-finite entry), dloss, dparams (upstream of the finals),
--- block (res:backward{block =}).
+-- block (res:backward{block =}); with rule.out_norm, ln (the shape of the
+-- ln_g, ln_b given: "dv" (default), "H" or "BH").
 local cases = {
   { name = "linear_mse", rule = { theta = 0.1, eta = 0.6 }, tol = SMOOTH },
   { name = "linear_bias_dot_step3", rule = { bias = true, loss = "dot", step = 3, refresh = 3, theta = 0.05, eta = 0.5 },
@@ -151,6 +157,22 @@ local cases = {
     token_reduce = "mean" }, B = 3, Tn = 23, dk = 24, dv = 20, lengths = { 23, 9, 0 }, tol = SMOOTH },
   { name = "fused_mlp2_residual_momenta", rule = { layers = 2, activation = "tanh", residual = true, step = 6,
     refresh = 6, eta = 0.9 }, Tn = 30, dk = 16, dv = 16, dh = 32, momenta = true, tol = SMOOTH },
+  -- out_norm (the general backward, whichever forward): the norm in every
+  -- pass, its second-order adjoint in the step's, ln_g's and ln_b's gradients
+  { name = "norm_linear_layernorm", rule = { out_norm = "layernorm", theta = 0.1, eta = 0.6 }, tol = SMOOTH },
+  { name = "norm_mlp2_rmsnorm_bias_clip_q", rule = { layers = 2, activation = "gelu", bias = true,
+    out_norm = "rmsnorm", step = 3, refresh = 6, clip = "norm", clip_max = 0.5 }, q = true, ln = "H", tol = KINK },
+  { name = "norm_mlp2_layernorm_residual_before_lengths", rule = { layers = 2, activation = "silu", residual = true,
+    out_norm = "layernorm", step = 2, refresh = 4, retrieve = "before", token_reduce = "mean" }, B = 3, Tn = 13,
+    lengths = { 13, 4, 7 }, ln = "BH", tol = SMOOTH },
+  { name = "norm_mlp3_rmsnorm_refresh0_no_dloss", rule = { layers = 3, activation = "tanh", bias = true,
+    out_norm = "rmsnorm", step = 1, refresh = 0, theta = 0.05 }, dloss = false, dparams = false, tol = SMOOTH },
+  { name = "norm_linear_rmsnorm_bias_long_step", rule = { bias = true, out_norm = "rmsnorm", step = 70, refresh = 140,
+    theta = 0.3 }, Tn = 150, tol = SMOOTH },
+  { name = "norm_mlp2_layernorm_fused_forward_momenta", rule = { layers = 2, activation = "gelu", out_norm = "layernorm",
+    step = 4, refresh = 4, theta = 0.05 }, Tn = 24, dk = 16, dv = 16, dh = 32, momenta = true, ln = "H", tol = SMOOTH },
+  { name = "norm_mlp2_layernorm_skipped_step", rule = { layers = 2, activation = "silu", out_norm = "layernorm",
+    step = 3, refresh = 6 }, bad = { "theta", 1, 2, 5 }, skips = true, tol = SMOOTH },
 }
 
 local function put_bad(t, b, h, tok, value) t[{ b, h, tok }] = value end
@@ -205,6 +227,12 @@ for ci, c in ipairs(cases) do
       np = np + 1
     end
   end
+  if c.rule.out_norm then
+    -- away from their defaults (1, 0), in the shape the case gives
+    local shape = ({ dv = { dv }, H = { H, dv }, BH = { B, H, dv } })[c.ln or "dv"]
+    init.ln_g = m.rand(table.unpack(shape)) + 0.5
+    init.ln_b = m.randn(table.unpack(shape)) * 0.3
+  end
   up.dy = m.randn(B, H, Tn, dv)
   if c.dloss ~= false then up.dloss = m.randn(B, H, Tn) end
   up.block = c.block
@@ -248,7 +276,9 @@ for ci, c in ipairs(cases) do
       compare("init." .. name, gg.init[name], t)
       ninit = ninit + 1
     end
-    T.ok(label .. "/every_init_gradient", ninit == 2 * np, ("%d init gradients for %d parameters"):format(ninit, np))
+    local nouter = c.rule.out_norm and 2 or 0 -- ln_g, ln_b
+    T.ok(label .. "/every_init_gradient", ninit == 2 * np + nouter,
+         ("%d init gradients for %d parameters%s"):format(ninit, np, nouter > 0 and " and ln_g, ln_b" or ""))
     T.ok(label, #rows == 0, table.concat(rows, "; ") .. (" (tolerance %g)"):format(tol))
     print(("# %s: worst relative error %.3g (%s)"):format(label, worst,
                                                           finite_only and "kinked: finiteness only" or "tolerance " .. tol))

@@ -136,7 +136,8 @@ end, "out_norm none")
 -- layers (3 layers are refused for that reason), forced large is refused
 -- naming out_norm; a CUDA run equals the cpu's: y, loss, grad_norm, the
 -- final weights and momenta, and the gradients of grad = true (ln_g, ln_b
--- included).
+-- included; the backward on the GPU's general backward kernel,
+-- kernels/grad_kernel.cuh, whichever path ran the forward).
 local forced = os.getenv("MNEMO_CUDA_PATH")
 local large_forced = forced == "large"
 local fast_forced = forced == "fused" or large_forced

@@ -6,7 +6,8 @@
  * key changes with each of its inputs; a broken source fails with NVRTC's
  * log; the disk cache writes and reads a CUBIN; newton_schulz sources
  * compile and plan to the general path; out_norm sources compile on the
- * general and fused paths and plan to the fused path where it fits. */
+ * general and fused paths and plan to the fused path where it fits, its
+ * backward's on the general path, where the backward's plan sends it. */
 #include "check.h"
 
 #ifdef MN_HAVE_CUDA
@@ -468,6 +469,34 @@ static void test_out_norm(void)
         snprintf(label, sizeof label, "codegen/out_norm/source/%s", cases[i].name);
         snprintf(nvrtc, sizeof nvrtc, "codegen/nvrtc_sm90/out_norm/%s", cases[i].name);
         check_source(label, nvrtc, src, define, "mn_out_norm_backward");
+        /* the general backward's source (fp32 whatever the forward's precision) with the norm's adjoints */
+        snprintf(label, sizeof label, "codegen/out_norm/grad_source/%s", cases[i].name);
+        snprintf(nvrtc, sizeof nvrtc, "codegen/nvrtc_sm90/out_norm/backward/%s", cases[i].name);
+        check_source(label, nvrtc, mn_cuda_grad_source(&r, &d), define, "mn_gnorm_reverse");
+        mn_rule_free(&r);
+    }
+    /* the backward's plan: the fused forward runs out_norm, the fused
+     * backward does not; the general one takes it, and a forced fused
+     * backward is refused, both naming out_norm */
+    {
+        mn_rule r;
+        norm_rule(&r, MN_NORM_LAYERNORM, 2, 1, 0, 4);
+        r.refresh = 4;
+        mn_dims d = {2, 3, 16, 16, 16, 32, 0};
+        mn_cuda_plan fwd, bp;
+        unsetenv("MNEMO_CUDA_PATH");
+        unsetenv("MNEMO_CUDA_BACKWARD");
+        char why[256];
+        bool fused = mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 6, 90, 0, &fwd) == MN_OK && fwd.path == MN_PATH_FUSED;
+        bool planned = mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 90, 0, &bp) == MN_OK;
+        CHECK("codegen/out_norm/backward_plan_general", fused && planned && bp.path == MN_PATH_GENERAL &&
+                                                            strstr(bp.why, "out_norm layernorm") &&
+                                                            mn_cuda_backward_rule_covers(&r, why, sizeof why));
+        setenv("MNEMO_CUDA_BACKWARD", "fused", 1);
+        CHECK("codegen/out_norm/backward_forced_fused_refused",
+              mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 90, 0, &bp) == MN_ERR_UNSUPPORTED &&
+                  strstr(mn_last_error(), "MNEMO_CUDA_BACKWARD=fused: out_norm layernorm"));
+        unsetenv("MNEMO_CUDA_BACKWARD");
         mn_rule_free(&r);
     }
     /* the fused path's source: the norm's row pass, loss and backward through it */

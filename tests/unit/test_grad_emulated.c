@@ -3,7 +3,8 @@
  * case (rules across losses, activations, clip kinds and scopes, custom
  * expressions, depth 1-3, bias, residual, q, steps longer than a chunk,
  * refresh 0 / c / k c, both retrieve modes, lengths, non-finite k, v and
- * theta, block sizes) it generates the rule's backward source as the CUDA
+ * theta, block sizes; out_norm layernorm and rmsnorm with ln_g, ln_b, whose
+ * gradients are compared too) it generates the rule's backward source as the CUDA
  * backend does (mn_cuda_grad_source), compiles it as C++ with
  * tests/emu/cuda_shim.h (threads as pthreads, barriers as barriers, warp
  * shuffles through a buffer) and runs tests/emu/grad_emu.cpp on the inputs
@@ -30,6 +31,12 @@ typedef struct {
     int block;         /* K (0: about sqrt(S)) */
     bool fused;        /* the fused backward's kernel (kernels/fused_grad.cuh) instead of the general one */
 } variant;
+
+/* A variant with out_norm on its rule (layernorm, rmsnorm), ln_g, ln_b random [B,H,dv]. */
+typedef struct {
+    variant v;
+    mn_norm out_norm;
+} norm_variant;
 
 static const rule_case rules[] = {
     {"linear_mse", 1, 0, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NONE, MN_SCOPE_GLOBAL, NULL, 1, 1,
@@ -82,6 +89,17 @@ static const variant variants[] = {
     {13, true, 0, true, 0, true},   {14, false, 0, true, 0, true}, {14, true, 1, false, 0, true},
 };
 
+/* out_norm on the general backward: layernorm and rmsnorm, 1 to 3 layers,
+ * bias on and off, residual, refresh = step and not, clips, q, lengths, a
+ * NaN key or theta (a skipped step), steps of several chunks, blocks */
+static const norm_variant norm_variants[] = {
+    {{0, true, 0, false, 0, false}, MN_NORM_LAYERNORM}, {{1, true, 0, false, 0, false}, MN_NORM_RMSNORM},
+    {{2, true, 0, true, 0, false}, MN_NORM_LAYERNORM},  {{2, false, 0, false, 2, false}, MN_NORM_RMSNORM},
+    {{3, false, 1, false, 0, false}, MN_NORM_RMSNORM},  {{3, true, 0, false, 0, false}, MN_NORM_LAYERNORM},
+    {{4, false, 0, false, 5, false}, MN_NORM_LAYERNORM}, {{5, false, 2, false, 0, false}, MN_NORM_RMSNORM},
+    {{8, true, 0, true, 0, false}, MN_NORM_LAYERNORM},  {{9, false, 0, true, 0, false}, MN_NORM_RMSNORM},
+};
+
 static uint64_t rng_state = 88172645463325252ULL;
 static double uniform(void)
 {
@@ -113,11 +131,16 @@ static bool write_tensor(FILE *f, const mn_tensor *t)
 
 /* The case's inputs, the CPU backward and the file grad_emu.cpp reads;
  * also the generated source. Returns false with why. */
-static bool prepare(const variant *va, const char *dir, char *why, size_t wlen)
+static bool prepare(const variant *va, mn_norm out_norm, const char *dir, char *why, size_t wlen)
 {
     const rule_case *c = &rules[va->rule];
     mn_rule r;
-    if (make_rule(c, &r) != MN_OK) {
+    mn_status made = make_rule(c, &r);
+    if (made == MN_OK && out_norm != MN_NORM_NONE) {
+        r.out_norm = out_norm;
+        made = mn_rule_validate(&r);
+    }
+    if (made != MN_OK) {
         snprintf(why, wlen, "the rule is invalid: %s", mn_last_error());
         mn_rule_free(&r);
         return false;
@@ -149,7 +172,7 @@ static bool prepare(const variant *va, const char *dir, char *why, size_t wlen)
     }
     int64_t ks[4] = {B, H, n, c->dk}, vs[4] = {B, H, n, c->dv}, ts[3] = {B, H, n}, ss[3] = {B, H, S};
     mn_segment_inputs in = {0};
-    mn_tensor init[MN_MAX_PARAMS] = {{0}}, mom[MN_MAX_PARAMS] = {{0}};
+    mn_tensor init[MN_MAX_PARAMS] = {{0}}, mom[MN_MAX_PARAMS] = {{0}}, outer[MN_OUTER_COUNT] = {{0}};
     mn_run_upstream up;
     memset(&up, 0, sizeof up);
     mn_run_grads g = {0};
@@ -176,28 +199,36 @@ static bool prepare(const variant *va, const char *dir, char *why, size_t wlen)
         if (s == MN_OK) s = random_tensor(&up.dparams[p], pd + 2, sh, 1, 0);
         if (s == MN_OK) s = random_tensor(&up.dmomenta[p], pd + 2, sh, 0.5, 0);
     }
+    /* ln_g, ln_b away from their defaults (1, 0), different per memory */
+    int64_t os[3] = {B, H, c->dv};
+    int nouter = mn_rule_outer_count(&r);
+    if (s == MN_OK && nouter) s = random_tensor(&outer[0], 3, os, 0.3, 1.0);
+    if (s == MN_OK && nouter) s = random_tensor(&outer[1], 3, os, 0.2, 0);
     if (s == MN_OK) s = random_tensor(&up.dy, 4, vs, 1, 0);
     if (s == MN_OK) s = random_tensor(&up.dloss, 3, ts, 1, 0);
-    if (s == MN_OK) s = mn_run_backward(&r, &d, init, mom, NULL, &in, &up, va->block, NULL, &g);
+    if (s == MN_OK) s = mn_run_backward(&r, &d, init, mom, nouter ? outer : NULL, &in, &up, va->block, NULL, &g);
     snprintf(path, sizeof path, "%s/case.bin", dir);
     f = s == MN_OK ? fopen(path, "wb") : NULL;
     ok = f != NULL;
     if (ok) {
-        long long h[8] = {B, H, n, S, np, g.block, va->lengths ? B : 0, 0};
+        long long h[8] = {B, H, n, S, np, g.block, va->lengths ? B : 0, nouter};
         ok = fwrite(h, 8, 8, f) == 8 && (!va->lengths || fwrite(lengths, 8, 2, f) == 2);
         const mn_tensor *ins[] = {&in.k, &in.v, &in.q, &in.theta, &in.eta, &in.alpha, &up.dy, &up.dloss};
         for (int i = 0; i < 8 && ok; i++) ok = write_tensor(f, ins[i]);
         for (int p = 0; p < np && ok; p++)
             ok = write_tensor(f, &init[p]) && write_tensor(f, &mom[p]) && write_tensor(f, &up.dparams[p]) &&
                  write_tensor(f, &up.dmomenta[p]);
+        for (int j = 0; j < nouter && ok; j++) ok = write_tensor(f, &outer[j]);
         const mn_tensor *outs[] = {&g.k, &g.v, &g.q, &g.theta, &g.eta, &g.alpha};
         for (int i = 0; i < 6 && ok; i++) ok = write_tensor(f, outs[i]);
         for (int p = 0; p < np && ok; p++) ok = write_tensor(f, &g.params[p]) && write_tensor(f, &g.momenta[p]);
+        for (int j = 0; j < nouter && ok; j++) ok = write_tensor(f, &g.outer[j]);
         ok = fclose(f) == 0 && ok;
     }
     if (!ok) snprintf(why, wlen, "%s", s != MN_OK ? mn_last_error() : "cannot write the case file");
     mn_tensor *ts_[] = {&in.k, &in.v, &in.q, &in.theta, &in.eta, &in.alpha, &in.lengths, &up.dy, &up.dloss};
     for (size_t i = 0; i < sizeof ts_ / sizeof *ts_; i++) mn_tensor_release(ts_[i]);
+    for (int j = 0; j < MN_OUTER_COUNT; j++) mn_tensor_release(&outer[j]);
     for (int p = 0; p < MN_MAX_PARAMS; p++) {
         mn_tensor_release(&init[p]);
         mn_tensor_release(&mom[p]);
@@ -209,14 +240,15 @@ static bool prepare(const variant *va, const char *dir, char *why, size_t wlen)
     return ok;
 }
 
-static void run_variant(const variant *va, const char *cxx, const char *dir)
+static void run_variant(const variant *va, mn_norm out_norm, const char *cxx, const char *dir)
 {
     const rule_case *c = &rules[va->rule];
     char name[192], why[512] = "", cmd[2048];
-    snprintf(name, sizeof name, "grad_emulated/%s%s%s%s%s%s", va->fused ? "fused/" : "", c->name, va->q ? "/q" : "",
-             va->bad == 1 ? "/nan_k" : va->bad == 2 ? "/nan_theta" : va->bad == 3 ? "/inf_v" : "",
+    snprintf(name, sizeof name, "grad_emulated/%s%s%s%s%s%s%s", va->fused ? "fused/" : "", c->name,
+             out_norm == MN_NORM_LAYERNORM ? "/layernorm" : out_norm == MN_NORM_RMSNORM ? "/rmsnorm" : "",
+             va->q ? "/q" : "", va->bad == 1 ? "/nan_k" : va->bad == 2 ? "/nan_theta" : va->bad == 3 ? "/inf_v" : "",
              va->lengths ? "/lengths" : "", va->block ? "/block" : "");
-    if (!prepare(va, dir, why, sizeof why)) {
+    if (!prepare(va, out_norm, dir, why, sizeof why)) {
         printf("FAIL %s: %s\n", name, why);
         check_failures_++;
         return;
@@ -270,7 +302,9 @@ int main(void)
         printf("FAIL grad_emulated: no temporary directory\n");
         return 1;
     }
-    for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) run_variant(&variants[i], cxx, dir);
+    for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) run_variant(&variants[i], MN_NORM_NONE, cxx, dir);
+    for (size_t i = 0; i < sizeof norm_variants / sizeof *norm_variants; i++)
+        run_variant(&norm_variants[i].v, norm_variants[i].out_norm, cxx, dir);
     /* a failure's files stay for a look (the source, the case, the compiler's log) */
     if (check_failures_) {
         printf("# kept %s\n", dir);
