@@ -84,7 +84,7 @@ int main(int argc, char **argv)
     mn_fgrad_layout_init(&lo, mn_goff(MN_NPARAMS), mn_pset_floats(), K, nblocks);
 #else
     mn_grad_layout lo;
-    mn_grad_layout_init(&lo, MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, MN_ROWS, K, nblocks);
+    mn_grad_layout_init(&lo, MN_LAYERS, MN_BIAS, MN_GLU, MN_DK, MN_DV, MN_DH, MN_ROWS, K, nblocks);
 #endif
     std::vector<float> work((size_t)(lo.total * memories), NAN);
     std::vector<float> got[6], got_param[MN_RULE_MAX_PARAMS][2];

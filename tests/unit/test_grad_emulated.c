@@ -1,7 +1,7 @@
 /* test_grad_emulated.c: the GPU's backward kernel (kernels/grad_kernel.cuh)
  * against the CPU's (model/grad_cpu.c) on a machine without a GPU. For each
  * case (rules across losses, activations, clip kinds and scopes, custom
- * expressions, depth 1-3, bias, residual, q, steps longer than a chunk,
+ * expressions, depth 1-3, bias, residual, glu, q, steps longer than a chunk,
  * refresh 0 / c / k c, both retrieve modes, lengths, non-finite k, v and
  * theta, block sizes) it generates the rule's backward source as the CUDA
  * backend does (mn_cuda_grad_source), compiles it as C++ with
@@ -67,6 +67,18 @@ static const rule_case rules[] = {
      true, false},
     {"fused_mlp2_long_step_elementwise", 2, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_ELEMENTWISE,
      MN_SCOPE_GLOBAL, "m*tanh(g/m)", 70, 70, MN_RETRIEVE_AFTER, MN_PREC_FP32, 8, 8, 20, false, false},
+    /* for glu_variants: the gates' tangent and adjoints at depth 2 and 3 */
+    {"glu2_silu_bias_norm", 2, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NORM, MN_SCOPE_GLOBAL, NULL, 3, 6,
+     MN_RETRIEVE_AFTER, MN_PREC_FP32, 5, 4, 7, false, false},
+    {"glu3_gelu_huber_softnorm_tensor_residual", 3, 0, 1, MN_ACT_GELU, NULL, MN_LOSS_HUBER, NULL, MN_CLIP_SOFTNORM,
+     MN_SCOPE_TENSOR, NULL, 2, 0, MN_RETRIEVE_BEFORE, MN_PREC_FP32, 6, 6, 8, false, false},
+    {"glu2_tanh_dot_value", 2, 0, 0, MN_ACT_TANH, NULL, MN_LOSS_DOT, NULL, MN_CLIP_VALUE, MN_SCOPE_GLOBAL, NULL, 1, 4,
+     MN_RETRIEVE_AFTER, MN_PREC_FP32, 4, 5, 6, false, false},
+    {"glu3_custom_act_loss_elementwise_bias_mean", 3, 1, 0, MN_ACT_CUSTOM, "z*tanh(softplus(z))", MN_LOSS_CUSTOM,
+     "log(1 + r^2)", MN_CLIP_ELEMENTWISE, MN_SCOPE_GLOBAL, "m*tanh(g/m)", 4, 8, MN_RETRIEVE_AFTER, MN_PREC_FP32, 4, 3,
+     5, true, true},
+    {"glu2_long_step_chunked_bias_tensor", 2, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NORM,
+     MN_SCOPE_TENSOR, NULL, 70, 140, MN_RETRIEVE_BEFORE, MN_PREC_FP32, 4, 4, 6, false, true},
 };
 
 static const variant variants[] = {
@@ -80,6 +92,15 @@ static const variant variants[] = {
     {10, false, 1, false, 3, true}, {11, false, 0, true, 0, true}, {11, true, 3, false, 0, true},
     {12, true, 0, false, 0, true},  {12, false, 2, true, 0, true}, {13, false, 0, false, 1, true},
     {13, true, 0, true, 0, true},   {14, false, 0, true, 0, true}, {14, true, 1, false, 0, true},
+};
+
+/* The glu rules (15-19) with glu on, on the general backward: depth 2 and 3,
+ * bias or not, refresh != step, clips, q, lengths, non-finite inputs, blocks */
+static const variant glu_variants[] = {
+    {15, false, 0, false, 0, false}, {15, true, 0, true, 0, false},  {15, false, 2, false, 0, false},
+    {16, false, 0, false, 0, false}, {16, true, 1, false, 3, false},  {17, false, 0, true, 0, false},
+    {17, true, 3, false, 0, false},  {18, false, 0, false, 0, false}, {18, true, 0, true, 1, false},
+    {19, false, 0, false, 0, false}, {19, true, 0, true, 0, false},
 };
 
 static uint64_t rng_state = 88172645463325252ULL;
@@ -113,11 +134,16 @@ static bool write_tensor(FILE *f, const mn_tensor *t)
 
 /* The case's inputs, the CPU backward and the file grad_emu.cpp reads;
  * also the generated source. Returns false with why. */
-static bool prepare(const variant *va, const char *dir, char *why, size_t wlen)
+static bool prepare(const variant *va, bool glu, const char *dir, char *why, size_t wlen)
 {
     const rule_case *c = &rules[va->rule];
     mn_rule r;
-    if (make_rule(c, &r) != MN_OK) {
+    mn_status made = make_rule(c, &r);
+    if (made == MN_OK && glu) {
+        r.glu = true;
+        made = mn_rule_validate(&r);
+    }
+    if (made != MN_OK) {
         snprintf(why, wlen, "the rule is invalid: %s", mn_last_error());
         mn_rule_free(&r);
         return false;
@@ -209,14 +235,15 @@ static bool prepare(const variant *va, const char *dir, char *why, size_t wlen)
     return ok;
 }
 
-static void run_variant(const variant *va, const char *cxx, const char *dir)
+static void run_variant(const variant *va, bool glu, const char *cxx, const char *dir)
 {
     const rule_case *c = &rules[va->rule];
     char name[192], why[512] = "", cmd[2048];
-    snprintf(name, sizeof name, "grad_emulated/%s%s%s%s%s%s", va->fused ? "fused/" : "", c->name, va->q ? "/q" : "",
+    snprintf(name, sizeof name, "grad_emulated/%s%s%s%s%s%s%s", va->fused ? "fused/" : "", c->name,
+             glu ? "/glu" : "", va->q ? "/q" : "",
              va->bad == 1 ? "/nan_k" : va->bad == 2 ? "/nan_theta" : va->bad == 3 ? "/inf_v" : "",
              va->lengths ? "/lengths" : "", va->block ? "/block" : "");
-    if (!prepare(va, dir, why, sizeof why)) {
+    if (!prepare(va, glu, dir, why, sizeof why)) {
         printf("FAIL %s: %s\n", name, why);
         check_failures_++;
         return;
@@ -270,7 +297,9 @@ int main(void)
         printf("FAIL grad_emulated: no temporary directory\n");
         return 1;
     }
-    for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) run_variant(&variants[i], cxx, dir);
+    for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) run_variant(&variants[i], false, cxx, dir);
+    for (size_t i = 0; i < sizeof glu_variants / sizeof *glu_variants; i++)
+        run_variant(&glu_variants[i], true, cxx, dir);
     /* a failure's files stay for a look (the source, the case, the compiler's log) */
     if (check_failures_) {
         printf("# kept %s\n", dir);
