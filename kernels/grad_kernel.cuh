@@ -92,7 +92,8 @@ MN_SHARED_FN void mn_grad_layout_init(mn_grad_layout *lo, int layers, int bias, 
 {
     long long P = 0, wide = dk > dv ? dk : dv;
     if (layers > 1 && dh > wide) wide = dh;
-    for (int p = 0; p < mn_param_count_glu(layers, bias, glu); p++) P += mn_param_numel_glu(layers, bias, dk, dv, dh, p);
+    for (int p = 0; p < mn_param_count_glu(layers, bias, glu); p++)
+        P += mn_param_numel_glu(layers, bias, dk, dv, dh, p);
     lo->P = P;
     mn_rule_layout f;
     mn_rule_layout_init(&f, layers, bias, glu, dk, dv, dh, rows);
