@@ -108,8 +108,8 @@ static mn_status kernel_for(const mn_rule *r, const mn_dims *d, mn_precision pre
         name = MN_FUSED_GRAD_KERNEL;
     } else {
         mn_grad_layout lo;
-        mn_grad_layout_init(&lo, r->layers, r->bias, d->dk, d->dv, r->layers > 1 ? d->dh : 0,
-                            mn_rule_chunk_rows(r->step), K, nblocks);
+        mn_grad_layout_init(&lo, r->layers, r->bias, r->glu && r->layers > 1, d->dk, d->dv,
+                            r->layers > 1 ? d->dh : 0, mn_rule_chunk_rows(r->step), K, nblocks);
         if (r->out_norm != MN_NORM_NONE) mn_grad_layout_out_norm(&lo, d->dv, mn_rule_chunk_rows(r->step));
         gk->work_floats = lo.total;
         gk->threads = MN_RULE_THREADS;
@@ -138,7 +138,8 @@ static mn_status run_kernel(grad_run *g, mn_precision prec, int64_t n, int64_t S
     mn_cuda_plan pl;
     MN_TRY(mn_cuda_plan_backward(r, d, prec, mn_cuda_arch(), mn_cuda_smem_optin(), &pl));
     mn_grad_layout flat;
-    mn_grad_layout_init(&flat, r->layers, r->bias, d->dk, d->dv, r->layers > 1 ? d->dh : 0, 16, 1, 1);
+    mn_grad_layout_init(&flat, r->layers, r->bias, r->glu && r->layers > 1, d->dk, d->dv, r->layers > 1 ? d->dh : 0,
+                        16, 1, 1);
     out->block = K;
     out->forward_bytes = memories * 3 * flat.P * 4;
     if (n == 0 || memories == 0) return MN_OK;

@@ -30,8 +30,13 @@
  * mlp_grad_cpu.c's norm_reverse and rownorm.c's jvp, vjp and second-order
  * term), and ln_g's and ln_b's gradients add up over every pass of a memory.
  *
+ * glu's gates (U_i, c_i of the hidden layers) join the flat parameters
+ * after the layers' W_i, b_i (param_layout.h), their tangents gdot and
+ * adjoints gbar, gdotbar the slice; the fused backward (fused_grad.cuh)
+ * does not run glu.
+ *
  * Not covered (the CPU runs their backward: mn_cuda_backward_covers in
- * kernels/plan.c): glu, precondition, qk_norm.
+ * kernels/plan.c): precondition, qk_norm.
  *
  * Checked on a GPU against the CPU by tests/lua/test_grad_cuda.lua, and
  * without one by tests/unit/test_grad_emulated.c, which compiles this
@@ -81,23 +86,28 @@ typedef struct mn_grad_layout {
     long long skip;                                /* K: what each step of the block did */
     long long xc, xbad;                            /* chunk: x with non-finite rows zeroed, and which */
     long long zdot[MN_RULE_MAX_LAYERS], hdot[MN_RULE_MAX_LAYERS]; /* tangents of the hidden layers */
+    long long gdot[MN_RULE_MAX_LAYERS];            /* glu: the gates' tangents (0 without glu) */
     long long u, ybar, ubar;                       /* rows x dv */
     long long zbar, zdotbar, hbar, hdotbar;        /* rows x widest */
     long long nhat, ns, od, nd;                    /* out_norm (mn_grad_layout_out_norm), else 0 */
+    long long gbar, gdotbar;                       /* glu: the gates' adjoints, rows x widest (0 without) */
     long long total;
 } mn_grad_layout;
 
 MN_SHARED_FN long long mn_grad_up4(long long x) { return (x + 3) & ~3LL; }
 
-MN_SHARED_FN void mn_grad_layout_init(mn_grad_layout *lo, int layers, int bias, long long dk, long long dv,
+/* glu is the rule's glu && layers > 1 (codegen.c's MN_GLU): the gates' U_i,
+ * c_i join the flat parameters, and their tangents and adjoints the slice. */
+MN_SHARED_FN void mn_grad_layout_init(mn_grad_layout *lo, int layers, int bias, int glu, long long dk, long long dv,
                                       long long dh, long long rows, long long K, long long nblocks)
 {
     long long P = 0, wide = dk > dv ? dk : dv;
     if (layers > 1 && dh > wide) wide = dh;
-    for (int p = 0; p < mn_param_count(layers, bias); p++) P += mn_param_numel(layers, bias, dk, dv, dh, p);
+    for (int p = 0; p < mn_param_count_glu(layers, bias, glu); p++)
+        P += mn_param_numel_glu(layers, bias, dk, dv, dh, p);
     lo->P = P;
     mn_rule_layout f;
-    mn_rule_layout_init(&f, layers, bias, 0, dk, dv, dh, rows);
+    mn_rule_layout_init(&f, layers, bias, glu, dk, dv, dh, rows);
     long long off = 0;
     lo->fwd = off;
     off += f.total;
@@ -122,12 +132,16 @@ MN_SHARED_FN void mn_grad_layout_init(mn_grad_layout *lo, int layers, int bias, 
     off += mn_grad_up4(rows * dk);
     lo->xbad = off;
     off += mn_grad_up4(rows);
-    for (int i = 0; i < MN_RULE_MAX_LAYERS; i++) lo->zdot[i] = lo->hdot[i] = 0;
+    for (int i = 0; i < MN_RULE_MAX_LAYERS; i++) lo->zdot[i] = lo->hdot[i] = lo->gdot[i] = 0;
     for (int i = 0; i + 1 < layers; i++) {
         lo->zdot[i] = off;
         off += mn_grad_up4(rows * dh);
         lo->hdot[i] = off;
         off += mn_grad_up4(rows * dh);
+        if (glu) {
+            lo->gdot[i] = off;
+            off += mn_grad_up4(rows * dh);
+        }
     }
     long long *byv[] = {&lo->u, &lo->ybar, &lo->ubar};
     for (int i = 0; i < 3; i++) {
@@ -137,6 +151,13 @@ MN_SHARED_FN void mn_grad_layout_init(mn_grad_layout *lo, int layers, int bias, 
     long long *byw[] = {&lo->zbar, &lo->zdotbar, &lo->hbar, &lo->hdotbar};
     for (int i = 0; i < 4; i++) {
         *byw[i] = off;
+        off += mn_grad_up4(rows * wide);
+    }
+    lo->gbar = lo->gdotbar = 0;
+    if (glu) {
+        lo->gbar = off;
+        off += mn_grad_up4(rows * wide);
+        lo->gdotbar = off;
         off += mn_grad_up4(rows * wide);
     }
     lo->nhat = lo->ns = lo->od = lo->nd = 0;
@@ -165,7 +186,7 @@ MN_SHARED_FN void mn_grad_layout_out_norm(mn_grad_layout *lo, long long dv, long
 
 #ifdef __CUDACC_RTC__
 
-#define MN_GNP mn_param_count(MN_LAYERS, MN_BIAS)
+#define MN_GNP MN_NPARAMS /* glu's gates included (rule_kernel.cuh) */
 #define MN_GT MN_RULE_THREADS
 
 /* What step_forward did (grad_cpu.c). */
@@ -193,6 +214,7 @@ struct mn_gstate {
     float *W, *S, *A, *dW, *dS, *dA, *dG, *dGt, *tmp, *ck, *Wb, *Sb, *Ab, *Gb, *skip;
     float *xc, *xbad, *zdot[MN_LAYERS], *hdot[MN_LAYERS], *u, *ybar, *ubar, *zbar, *zdotbar, *hbar, *hdotbar;
     float *od, *nd, *gln_g, *gln_b; /* out_norm: tangents of o and nhat; this memory's ln_g, ln_b gradients */
+    float *gdot[MN_LAYERS], *gbar, *gdotbar; /* glu, else unset */
 };
 
 /* ---- flat vectors of P floats (each ends with a barrier) ---- */
@@ -471,14 +493,20 @@ __device__ void mn_gnorm_reverse(int rows, bool tangent, const mn_ws *ws, mn_gst
 #endif
 
 /* With dG: the tangent u = J_P(y) dG layer by layer (zdot, hdot of the
- * hidden layers, u of the last), after mn_forward on g->xc at P. */
+ * hidden layers, u of the last), after mn_forward on g->xc at P. With glu
+ * (mlp_grad_cpu.c) a hidden layer's gate g = U in + c has the tangent
+ * gdot = dU in + U hdot + dc, and h = a g with a = phi(z) gives
+ * hdot = phi'(z) zdot g + a gdot; the gate g is the forward's ws->u. */
 __device__ void mn_gtangent(float *const *P, float *const *dG, int rows, const mn_ws *ws, mn_gstate *g)
 {
 #pragma unroll
     for (int i = 0; i < MN_LAYERS; i++) {
         const int ni = MN_IN(i), no = MN_OUT(i);
+        const bool gated = MN_GLU && i < MN_LAYERS - 1;
         const float *Wi = P[i * MN_PER], *dWi = dG[i * MN_PER];
         const float *dbi = MN_BIAS ? dG[i * MN_PER + 1] : 0;
+        const float *Ui = gated ? P[MN_GATE(i)] : 0, *dUi = gated ? dG[MN_GATE(i)] : 0;
+        const float *dci = gated && MN_BIAS ? dG[MN_GATE(i) + 1] : 0;
         const float *in = i == 0 ? g->xc : ws->h[i > 0 ? i - 1 : 0];
         const float *hd = g->hdot[i > 0 ? i - 1 : 0];
         float *zd = i == MN_LAYERS - 1 ? (MN_OUT_NORM ? g->od : g->u) : g->zdot[i];
@@ -492,7 +520,21 @@ __device__ void mn_gtangent(float *const *P, float *const *dG, int rows, const m
                 acc = __fadd_rn(acc, s2);
             }
             zd[e] = acc;
-            if (i < MN_LAYERS - 1) g->hdot[i][e] = (float)(mn_ghook_act_d((double)ws->z[i][e]) * (double)acc);
+            if (gated) {
+                float t1 = 0.0f, t2 = 0.0f;
+                for (int j = 0; j < ni; j++) t1 += in[(long long)r * ni + j] * dUi[(long long)o * ni + j];
+                float gacc = MN_BIAS ? __fadd_rn(dci[o], t1) : t1;
+                if (i > 0) {
+                    for (int j = 0; j < ni; j++) t2 += hd[(long long)r * ni + j] * Ui[(long long)o * ni + j];
+                    gacc = __fadd_rn(gacc, t2);
+                }
+                g->gdot[i][e] = gacc;
+                const float z = ws->z[i][e], act = mn_hook_act(z);
+                g->hdot[i][e] = (float)(mn_ghook_act_d((double)z) * (double)acc * (double)ws->u[i][e] +
+                                        (double)act * (double)gacc);
+            } else if (i < MN_LAYERS - 1) {
+                g->hdot[i][e] = (float)(mn_ghook_act_d((double)ws->z[i][e]) * (double)acc);
+            }
         }
         __syncthreads();
     }
@@ -502,8 +544,10 @@ __device__ void mn_gtangent(float *const *P, float *const *dG, int rows, const m
 }
 
 /* The reverse of forward (+ tangent with dG) from the seeds ybar (and ubar)
- * in g: accumulates gP and gx (rows x dk). Reads the forward's z, h in ws,
- * x in g->xc. mlp_grad_cpu.c's reverse loop. */
+ * in g: accumulates gP and gx (rows x dk). Reads the forward's z, h (with
+ * glu the gate u) in ws, x in g->xc. mlp_grad_cpu.c's reverse loop: a gated
+ * layer's U, c take gbar (and gdotbar) as W, b take zbar (and zdotbar), and
+ * its input's adjoints add theirs through U (and dU). */
 __device__ void mn_greverse(float *const *P, float *const *dG, int rows, const mn_ws *ws, mn_gstate *g,
                             float *const *gP, float *gx)
 {
@@ -520,13 +564,18 @@ __device__ void mn_greverse(float *const *P, float *const *dG, int rows, const m
 #pragma unroll
     for (int i = MN_LAYERS - 1; i >= 0; i--) {
         const int ni = MN_IN(i), no = MN_OUT(i);
+        const bool gated = MN_GLU && i < MN_LAYERS - 1;
         const float *Wi = P[i * MN_PER];
         const float *dWi = dG ? dG[i * MN_PER] : 0;
         float *gWi = gP[i * MN_PER];
         float *gbi = MN_BIAS ? gP[i * MN_PER + 1] : 0;
+        const float *Ui = gated ? P[MN_GATE(i)] : 0, *dUi = gated && dG ? dG[MN_GATE(i)] : 0;
+        float *gUi = gated ? gP[MN_GATE(i)] : 0;
+        float *gci = gated && MN_BIAS ? gP[MN_GATE(i) + 1] : 0;
         const float *in = i == 0 ? g->xc : ws->h[i > 0 ? i - 1 : 0];
         const float *hd = g->hdot[i > 0 ? i - 1 : 0];
-        /* gW += zbar^T in (+ zdotbar^T hdot), gb += the column sums of zbar */
+        /* gW += zbar^T in (+ zdotbar^T hdot), gb += the column sums of zbar;
+         * gated: gU, gc alike from gbar (and gdotbar) */
         for (int e = threadIdx.x; e < no * ni; e += MN_GT) {
             const int o = e / ni, j = e % ni;
             float s1 = 0.0f;
@@ -537,38 +586,81 @@ __device__ void mn_greverse(float *const *P, float *const *dG, int rows, const m
                 for (int r = 0; r < rows; r++) s2 += g->zdotbar[r * no + o] * hd[(long long)r * ni + j];
                 gWi[e] += s2;
             }
+            if (gated) {
+                float t1 = 0.0f;
+                for (int r = 0; r < rows; r++) t1 += g->gbar[r * no + o] * in[(long long)r * ni + j];
+                gUi[e] += t1;
+                if (dG && i > 0) {
+                    float t2 = 0.0f;
+                    for (int r = 0; r < rows; r++) t2 += g->gdotbar[r * no + o] * hd[(long long)r * ni + j];
+                    gUi[e] += t2;
+                }
+            }
         }
         if (MN_BIAS)
             for (int o = threadIdx.x; o < no; o += MN_GT) {
                 double acc = 0.0;
                 for (int r = 0; r < rows; r++) acc += g->zbar[r * no + o];
                 gbi[o] += (float)acc;
-            }
-        /* hbar = zbar W + zdotbar dW; hdotbar = zdotbar W */
-        for (int e = threadIdx.x; e < rows * ni; e += MN_GT) {
-            const int r = e / ni, j = e % ni;
-            float hb = 0.0f;
-            for (int o = 0; o < no; o++) hb += g->zbar[r * no + o] * Wi[(long long)o * ni + j];
-            if (dG) {
-                float s2 = 0.0f, hdb = 0.0f;
-                for (int o = 0; o < no; o++) s2 += g->zdotbar[r * no + o] * dWi[(long long)o * ni + j];
-                hb = __fadd_rn(hb, s2);
-                if (i > 0) {
-                    for (int o = 0; o < no; o++) hdb += g->zdotbar[r * no + o] * Wi[(long long)o * ni + j];
-                    g->hdotbar[e] = hdb;
+                if (gated) {
+                    double gacc = 0.0;
+                    for (int r = 0; r < rows; r++) gacc += g->gbar[r * no + o];
+                    gci[o] += (float)gacc;
                 }
             }
+        /* hbar = zbar W + zdotbar dW (+ gbar U + gdotbar dU); hdotbar = zdotbar W (+ gdotbar U) */
+        for (int e = threadIdx.x; e < rows * ni; e += MN_GT) {
+            const int r = e / ni, j = e % ni;
+            float hb = 0.0f, hdb = 0.0f;
+            for (int o = 0; o < no; o++) hb += g->zbar[r * no + o] * Wi[(long long)o * ni + j];
+            if (dG) {
+                float s2 = 0.0f;
+                for (int o = 0; o < no; o++) s2 += g->zdotbar[r * no + o] * dWi[(long long)o * ni + j];
+                hb = __fadd_rn(hb, s2);
+                if (i > 0)
+                    for (int o = 0; o < no; o++) hdb += g->zdotbar[r * no + o] * Wi[(long long)o * ni + j];
+            }
+            if (gated) {
+                float t1 = 0.0f;
+                for (int o = 0; o < no; o++) t1 += g->gbar[r * no + o] * Ui[(long long)o * ni + j];
+                hb = __fadd_rn(hb, t1);
+                if (dG) {
+                    float t2 = 0.0f, t3 = 0.0f;
+                    for (int o = 0; o < no; o++) t2 += g->gdotbar[r * no + o] * dUi[(long long)o * ni + j];
+                    hb = __fadd_rn(hb, t2);
+                    if (i > 0) {
+                        for (int o = 0; o < no; o++) t3 += g->gdotbar[r * no + o] * Ui[(long long)o * ni + j];
+                        hdb = __fadd_rn(hdb, t3);
+                    }
+                }
+            }
+            if (dG && i > 0) g->hdotbar[e] = hdb;
             if (i == 0) gx[e] += hb;
             else g->hbar[e] = hb;
         }
         __syncthreads();
         if (i == 0) break;
-        /* through the activation of layer i - 1 */
+        /* through the activation of layer i - 1 (with glu h = a g: also the gate's adjoints) */
         const float *zp = ws->z[i > 0 ? i - 1 : 0];
         const float *zdp = g->zdot[i > 0 ? i - 1 : 0];
+        const float *gp = ws->u[i > 0 ? i - 1 : 0], *gdp = g->gdot[i > 0 ? i - 1 : 0];
         for (int e = threadIdx.x; e < rows * ni; e += MN_GT) {
             const double d1 = mn_ghook_act_d((double)zp[e]);
-            if (dG) {
+            if (MN_GLU) {
+                const float act = mn_hook_act(zp[e]);
+                const double gt = gp[e];
+                if (dG) {
+                    const double d2 = mn_ghook_act_dd((double)zp[e]), hb = g->hbar[e], hdb = g->hdotbar[e];
+                    const double zd = zdp[e], gd = gdp[e];
+                    g->zbar[e] = (float)(d1 * (hb * gt + hdb * gd) + d2 * zd * gt * hdb);
+                    g->gbar[e] = (float)(hb * (double)act + hdb * d1 * zd);
+                    g->zdotbar[e] = (float)(d1 * gt * hdb);
+                    g->gdotbar[e] = (float)((double)act * hdb);
+                } else {
+                    g->zbar[e] = (float)(d1 * (double)g->hbar[e] * gt);
+                    g->gbar[e] = g->hbar[e] * act;
+                }
+            } else if (dG) {
                 const double d2 = mn_ghook_act_dd((double)zp[e]), hdb = g->hdotbar[e];
                 g->zbar[e] = (float)(d1 * (double)g->hbar[e] + d2 * (double)zdp[e] * hdb);
                 g->zdotbar[e] = (float)(d1 * hdb);
@@ -777,7 +869,7 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_grad_kernel(con
     const long long m = blockIdx.x, K = a.K;
     float *base = a.work + m * a.work_floats;
     mn_grad_layout lo;
-    mn_grad_layout_init(&lo, MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, MN_ROWS, K, a.nblocks);
+    mn_grad_layout_init(&lo, MN_LAYERS, MN_BIAS, MN_GLU, MN_DK, MN_DV, MN_DH, MN_ROWS, K, a.nblocks);
     const long long P = lo.P;
     mn_gstate g;
     g.P = P;
@@ -802,7 +894,10 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_grad_kernel(con
     for (int i = 0; i < MN_LAYERS; i++) {
         g.zdot[i] = base + lo.zdot[i];
         g.hdot[i] = base + lo.hdot[i];
+        g.gdot[i] = base + lo.gdot[i];
     }
+    g.gbar = base + lo.gbar;
+    g.gdotbar = base + lo.gdotbar;
     g.u = base + lo.u;
     g.ybar = base + lo.ybar;
     g.ubar = base + lo.ubar;

@@ -283,6 +283,9 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
     if (r->out_norm != MN_NORM_NONE) {
         /* the fused forward runs it, the fused backward does not (yet) */
         snprintf(why, sizeof why, "out_norm %s: the general backward runs it", mn_part_name(&mn_norm_set, r->out_norm));
+    } else if (r->glu && r->layers > 1) {
+        /* as the fused forward, the fused backward's shared memory holds no gates */
+        snprintf(why, sizeof why, "glu: the general backward runs it");
     } else if (fwd.path != MN_PATH_FUSED) {
         snprintf(why, sizeof why, "the forward takes the %s path (%.300s)", mn_cuda_path_name(fwd.path), fwd.why);
     } else if (mn_rule_refresh(r) != r->step) {
@@ -356,7 +359,6 @@ bool mn_cuda_backward_rule_covers(const mn_rule *r, char *why, size_t len)
         snprintf(one, sizeof one, "%.100s", mn_last_error());
         add_cpu_backward(why, len, one);
     }
-    if (r->glu && r->layers > 1) add_cpu_backward(why, len, "glu");
     if (r->qk_norm != MN_QKNORM_NONE) {
         snprintf(one, sizeof one, "qk_norm %s", mn_part_name(&mn_qknorm_set, r->qk_norm));
         add_cpu_backward(why, len, one);
@@ -365,6 +367,7 @@ bool mn_cuda_backward_rule_covers(const mn_rule *r, char *why, size_t len)
         snprintf(one, sizeof one, "precondition %s", mn_part_name(&mn_precond_set, r->precondition));
         add_cpu_backward(why, len, one);
     }
-    if (mn_param_count(r->layers, r->bias) > MN_RULE_MAX_PARAMS) add_cpu_backward(why, len, "more parameters than the kernel takes");
+    if (mn_param_count_glu(r->layers, r->bias, r->glu && r->layers > 1) > MN_RULE_MAX_PARAMS)
+        add_cpu_backward(why, len, "more parameters than the kernel takes");
     return why[0] == '\0';
 }

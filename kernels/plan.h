@@ -62,8 +62,8 @@ const char *mn_cuda_plan_step_kernel(const mn_cuda_plan *pl);
  * (kernels/fused_grad.cuh; plan.path MN_PATH_FUSED with its rows, threads
  * and shared memory) where the fused forward runs the rule, its refresh is
  * the step and the backward's chunk buffers fit beside the weights; else
- * the general backward (kernels/grad_kernel.cuh), which alone runs out_norm's
- * backward (the reason names it). why says which and why in
+ * the general backward (kernels/grad_kernel.cuh), which alone runs the
+ * backward of out_norm and glu (the reason names them). why says which and why in
  * one line. MNEMO_CUDA_BACKWARD=general|fused forces one (fused: an error
  * when it cannot); MNEMO_CUDA_PATH=general or large, which send the forward
  * off the fused path, send the backward to the general one. */
@@ -85,7 +85,7 @@ char *mn_cuda_fused_grad_source(const mn_rule *r, const mn_dims *d, mn_precision
 /* Whether the backward of a run (SPEC.md section 7) of this rule runs on
  * the GPU, on the general path (kernels/grad_kernel.cuh), for a run on
  * cuda; if not, why (one line into why: the options that keep it on the
- * CPU, whose backward then runs such a run's, "glu: ..."), or when
+ * CPU, whose backward then runs such a run's, "out_norm layernorm: ..."), or when
  * MNEMO_CUDA_BACKWARD=cpu says to keep every backward there. Plain C. */
 bool mn_cuda_backward_covers(const mn_rule *r, char *why, size_t len);
 /* The same for the rule alone: MNEMO_CUDA_BACKWARD=cpu (tests and

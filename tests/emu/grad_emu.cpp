@@ -88,7 +88,7 @@ int main(int argc, char **argv)
     mn_fgrad_layout_init(&lo, mn_goff(MN_NPARAMS), mn_pset_floats(), K, nblocks);
 #else
     mn_grad_layout lo;
-    mn_grad_layout_init(&lo, MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, MN_ROWS, K, nblocks);
+    mn_grad_layout_init(&lo, MN_LAYERS, MN_BIAS, MN_GLU, MN_DK, MN_DV, MN_DH, MN_ROWS, K, nblocks);
     if (MN_OUT_NORM) mn_grad_layout_out_norm(&lo, MN_DV, MN_ROWS);
 #endif
     if ((MN_OUT_NORM != 0) != (nouter != 0)) return 3; /* the case and the source disagree */

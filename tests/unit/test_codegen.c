@@ -718,11 +718,84 @@ static void test_glu(void)
     mn_rule_free(&r);
 }
 
+/* glu's backward on the GPU (kernels/grad_kernel.cuh): the general
+ * backward's source compiles for 2 and 3 layers with and without bias
+ * (fp32: the general backward computes in fp32 whatever the run's
+ * precision), the rule is covered (the CPU no longer takes its backward),
+ * and the backward's plan sends it to the general backward naming glu, at a
+ * small shape and at P1's (where the forward is large), and refuses a
+ * forced fused backward by name. */
+static void test_glu_backward(void)
+{
+    static const rule_case gcases[] = {
+        {"glu2_silu_bias_norm", 2, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NORM, MN_SCOPE_TENSOR, NULL, 3,
+         6, MN_RETRIEVE_AFTER, MN_PREC_FP32, 6, 5, 7, false, false},
+        {"glu2_gelu_residual", 2, 0, 1, MN_ACT_GELU, NULL, MN_LOSS_HUBER, NULL, MN_CLIP_NONE, MN_SCOPE_GLOBAL, NULL, 2,
+         0, MN_RETRIEVE_BEFORE, MN_PREC_TF32, 6, 6, 9, false, true},
+        {"glu3_custom_act_bias", 3, 1, 0, MN_ACT_CUSTOM, "z*tanh(softplus(z))", MN_LOSS_CUSTOM, "log(1 + r^2)",
+         MN_CLIP_ELEMENTWISE, MN_SCOPE_GLOBAL, "m*tanh(g/m)", 4, 4, MN_RETRIEVE_AFTER, MN_PREC_BF16, 5, 3, 8, true,
+         false},
+        {"glu3_silu_long_step", 3, 0, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NONE, MN_SCOPE_GLOBAL, NULL, 70,
+         140, MN_RETRIEVE_BEFORE, MN_PREC_FP32, 4, 4, 6, false, false},
+    };
+    char label[160], nvrtc[160], why[512];
+    for (size_t i = 0; i < sizeof gcases / sizeof *gcases; i++) {
+        mn_rule r;
+        mn_status st = make_rule(&gcases[i], &r);
+        r.glu = true;
+        if (st == MN_OK) st = mn_rule_validate(&r);
+        mn_dims d = dims_of(&gcases[i]);
+        snprintf(label, sizeof label, "codegen/glu_backward/%s/source", gcases[i].name);
+        snprintf(nvrtc, sizeof nvrtc, "codegen/nvrtc_sm90/glu_backward/%s", gcases[i].name);
+        check_source(label, nvrtc, st == MN_OK ? mn_cuda_grad_source(&r, &d) : NULL, "#define MN_GLU 1",
+                     "mn_grad_kernel");
+        snprintf(label, sizeof label, "codegen/glu_backward/%s/covered", gcases[i].name);
+        CHECK(label, st == MN_OK && mn_cuda_backward_rule_covers(&r, why, sizeof why) && why[0] == '\0');
+        mn_rule_free(&r);
+    }
+    mn_rule r;
+    mn_rule_init(&r);
+    r.layers = 2;
+    r.glu = true;
+    r.step = 4;
+    r.refresh = 4;
+    mn_dims small = {2, 3, 10, 16, 16, 32, 0}, p1 = {4, 32, 4096, 64, 64, 256, 0};
+    mn_cuda_plan bp;
+    unsetenv("MNEMO_CUDA_PATH");
+    unsetenv("MNEMO_CUDA_BACKWARD");
+    /* without glu, these two shapes take the fused backward */
+    r.glu = false;
+    bool fused_small = mn_cuda_plan_backward(&r, &small, MN_PREC_TF32, 90, 0, &bp) == MN_OK && bp.path == MN_PATH_FUSED;
+    bool fused_p1 = mn_cuda_plan_backward(&r, &p1, MN_PREC_TF32, 90, 0, &bp) == MN_OK && bp.path == MN_PATH_FUSED;
+    r.glu = true;
+    bool planned = mn_cuda_plan_backward(&r, &small, MN_PREC_TF32, 90, 0, &bp) == MN_OK;
+    CHECK("codegen/glu_backward/plan_general_small", fused_small && planned && bp.path == MN_PATH_GENERAL &&
+                                                         strstr(bp.why, "glu: the general backward runs it") &&
+                                                         !strchr(bp.why, '\n'));
+    planned = mn_cuda_plan_backward(&r, &p1, MN_PREC_TF32, 90, 0, &bp) == MN_OK;
+    CHECK("codegen/glu_backward/plan_general_p1", fused_p1 && planned && bp.path == MN_PATH_GENERAL &&
+                                                      strstr(bp.why, "glu: the general backward runs it"));
+    setenv("MNEMO_CUDA_BACKWARD", "fused", 1);
+    CHECK("codegen/glu_backward/forced_fused_refused",
+          mn_cuda_plan_backward(&r, &small, MN_PREC_TF32, 90, 0, &bp) == MN_ERR_UNSUPPORTED &&
+              strstr(mn_last_error(), "MNEMO_CUDA_BACKWARD=fused: glu") && !strchr(mn_last_error(), '\n'));
+    setenv("MNEMO_CUDA_BACKWARD", "general", 1);
+    CHECK("codegen/glu_backward/forced_general",
+          mn_cuda_plan_backward(&r, &small, MN_PREC_TF32, 90, 0, &bp) == MN_OK && bp.path == MN_PATH_GENERAL);
+    unsetenv("MNEMO_CUDA_BACKWARD");
+    /* glu beside an option whose backward the CPU runs: that one is named, glu is not */
+    r.out_norm = MN_NORM_RMSNORM;
+    bool covered = mn_cuda_backward_rule_covers(&r, why, sizeof why);
+    CHECK("codegen/glu_backward/not_named_beside_out_norm", !covered && strstr(why, "out_norm") && !strstr(why, "glu"));
+    mn_rule_free(&r);
+}
+
 int main(void)
 {
     test_ragged_plan();
     test_out_norm();
     test_glu();
+    test_glu_backward();
     test_newton_schulz();
     test_cache_key();
     test_broken_source();

@@ -1,7 +1,7 @@
 /* test_grad_emulated.c: the GPU's backward kernel (kernels/grad_kernel.cuh)
  * against the CPU's (model/grad_cpu.c) on a machine without a GPU. For each
  * case (rules across losses, activations, clip kinds and scopes, custom
- * expressions, depth 1-3, bias, residual, q, steps longer than a chunk,
+ * expressions, depth 1-3, bias, residual, glu, q, steps longer than a chunk,
  * refresh 0 / c / k c, both retrieve modes, lengths, non-finite k, v and
  * theta, block sizes; out_norm layernorm and rmsnorm with ln_g, ln_b, whose
  * gradients are compared too) it generates the rule's backward source as the CUDA
@@ -37,6 +37,12 @@ typedef struct {
     variant v;
     mn_norm out_norm;
 } norm_variant;
+
+/* The options a variant turns on over its rule case's own. */
+typedef struct {
+    mn_norm out_norm; /* with ln_g, ln_b random [B,H,dv] */
+    bool glu;         /* gated hidden layers */
+} emu_options;
 
 static const rule_case rules[] = {
     {"linear_mse", 1, 0, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NONE, MN_SCOPE_GLOBAL, NULL, 1, 1,
@@ -74,6 +80,18 @@ static const rule_case rules[] = {
      true, false},
     {"fused_mlp2_long_step_elementwise", 2, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_ELEMENTWISE,
      MN_SCOPE_GLOBAL, "m*tanh(g/m)", 70, 70, MN_RETRIEVE_AFTER, MN_PREC_FP32, 8, 8, 20, false, false},
+    /* for glu_variants: the gates' tangent and adjoints at depth 2 and 3 */
+    {"glu2_silu_bias_norm", 2, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NORM, MN_SCOPE_GLOBAL, NULL, 3, 6,
+     MN_RETRIEVE_AFTER, MN_PREC_FP32, 5, 4, 7, false, false},
+    {"glu3_gelu_huber_softnorm_tensor_residual", 3, 0, 1, MN_ACT_GELU, NULL, MN_LOSS_HUBER, NULL, MN_CLIP_SOFTNORM,
+     MN_SCOPE_TENSOR, NULL, 2, 0, MN_RETRIEVE_BEFORE, MN_PREC_FP32, 6, 6, 8, false, false},
+    {"glu2_tanh_dot_value", 2, 0, 0, MN_ACT_TANH, NULL, MN_LOSS_DOT, NULL, MN_CLIP_VALUE, MN_SCOPE_GLOBAL, NULL, 1, 4,
+     MN_RETRIEVE_AFTER, MN_PREC_FP32, 4, 5, 6, false, false},
+    {"glu3_custom_act_loss_elementwise_bias_mean", 3, 1, 0, MN_ACT_CUSTOM, "z*tanh(softplus(z))", MN_LOSS_CUSTOM,
+     "log(1 + r^2)", MN_CLIP_ELEMENTWISE, MN_SCOPE_GLOBAL, "m*tanh(g/m)", 4, 8, MN_RETRIEVE_AFTER, MN_PREC_FP32, 4, 3,
+     5, true, true},
+    {"glu2_long_step_chunked_bias_tensor", 2, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NORM,
+     MN_SCOPE_TENSOR, NULL, 70, 140, MN_RETRIEVE_BEFORE, MN_PREC_FP32, 4, 4, 6, false, true},
 };
 
 static const variant variants[] = {
@@ -98,6 +116,15 @@ static const norm_variant norm_variants[] = {
     {{3, false, 1, false, 0, false}, MN_NORM_RMSNORM},  {{3, true, 0, false, 0, false}, MN_NORM_LAYERNORM},
     {{4, false, 0, false, 5, false}, MN_NORM_LAYERNORM}, {{5, false, 2, false, 0, false}, MN_NORM_RMSNORM},
     {{8, true, 0, true, 0, false}, MN_NORM_LAYERNORM},  {{9, false, 0, true, 0, false}, MN_NORM_RMSNORM},
+};
+
+/* The glu rules (15-19) with glu on, on the general backward: depth 2 and 3,
+ * bias or not, refresh != step, clips, q, lengths, non-finite inputs, blocks */
+static const variant glu_variants[] = {
+    {15, false, 0, false, 0, false}, {15, true, 0, true, 0, false},  {15, false, 2, false, 0, false},
+    {16, false, 0, false, 0, false}, {16, true, 1, false, 3, false},  {17, false, 0, true, 0, false},
+    {17, true, 3, false, 0, false},  {18, false, 0, false, 0, false}, {18, true, 0, true, 1, false},
+    {19, false, 0, false, 0, false}, {19, true, 0, true, 0, false},
 };
 
 static uint64_t rng_state = 88172645463325252ULL;
@@ -131,13 +158,14 @@ static bool write_tensor(FILE *f, const mn_tensor *t)
 
 /* The case's inputs, the CPU backward and the file grad_emu.cpp reads;
  * also the generated source. Returns false with why. */
-static bool prepare(const variant *va, mn_norm out_norm, const char *dir, char *why, size_t wlen)
+static bool prepare(const variant *va, const emu_options *o, const char *dir, char *why, size_t wlen)
 {
     const rule_case *c = &rules[va->rule];
     mn_rule r;
     mn_status made = make_rule(c, &r);
-    if (made == MN_OK && out_norm != MN_NORM_NONE) {
-        r.out_norm = out_norm;
+    if (made == MN_OK && (o->out_norm != MN_NORM_NONE || o->glu)) {
+        r.out_norm = o->out_norm;
+        r.glu = o->glu;
         made = mn_rule_validate(&r);
     }
     if (made != MN_OK) {
@@ -240,15 +268,16 @@ static bool prepare(const variant *va, mn_norm out_norm, const char *dir, char *
     return ok;
 }
 
-static void run_variant(const variant *va, mn_norm out_norm, const char *cxx, const char *dir)
+static void run_variant(const variant *va, const emu_options *o, const char *cxx, const char *dir)
 {
     const rule_case *c = &rules[va->rule];
     char name[192], why[512] = "", cmd[2048];
-    snprintf(name, sizeof name, "grad_emulated/%s%s%s%s%s%s%s", va->fused ? "fused/" : "", c->name,
-             out_norm == MN_NORM_LAYERNORM ? "/layernorm" : out_norm == MN_NORM_RMSNORM ? "/rmsnorm" : "",
-             va->q ? "/q" : "", va->bad == 1 ? "/nan_k" : va->bad == 2 ? "/nan_theta" : va->bad == 3 ? "/inf_v" : "",
+    snprintf(name, sizeof name, "grad_emulated/%s%s%s%s%s%s%s%s", va->fused ? "fused/" : "", c->name,
+             o->out_norm == MN_NORM_LAYERNORM ? "/layernorm" : o->out_norm == MN_NORM_RMSNORM ? "/rmsnorm" : "",
+             o->glu ? "/glu" : "", va->q ? "/q" : "",
+             va->bad == 1 ? "/nan_k" : va->bad == 2 ? "/nan_theta" : va->bad == 3 ? "/inf_v" : "",
              va->lengths ? "/lengths" : "", va->block ? "/block" : "");
-    if (!prepare(va, out_norm, dir, why, sizeof why)) {
+    if (!prepare(va, o, dir, why, sizeof why)) {
         printf("FAIL %s: %s\n", name, why);
         check_failures_++;
         return;
@@ -302,9 +331,21 @@ int main(void)
         printf("FAIL grad_emulated: no temporary directory\n");
         return 1;
     }
-    for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) run_variant(&variants[i], MN_NORM_NONE, cxx, dir);
-    for (size_t i = 0; i < sizeof norm_variants / sizeof *norm_variants; i++)
-        run_variant(&norm_variants[i].v, norm_variants[i].out_norm, cxx, dir);
+    const emu_options none = {MN_NORM_NONE, false};
+    for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) run_variant(&variants[i], &none, cxx, dir);
+    for (size_t i = 0; i < sizeof norm_variants / sizeof *norm_variants; i++) {
+        const emu_options o = {norm_variants[i].out_norm, false};
+        run_variant(&norm_variants[i].v, &o, cxx, dir);
+    }
+    for (size_t i = 0; i < sizeof glu_variants / sizeof *glu_variants; i++) {
+        const emu_options o = {MN_NORM_NONE, true};
+        run_variant(&glu_variants[i], &o, cxx, dir);
+    }
+    /* out_norm and glu together: the norm after the gated layers */
+    for (size_t i = 0; i < 4; i++) {
+        const emu_options o = {i % 2 ? MN_NORM_RMSNORM : MN_NORM_LAYERNORM, true};
+        run_variant(&glu_variants[3 * i], &o, cxx, dir);
+    }
     /* a failure's files stay for a look (the source, the case, the compiler's log) */
     if (check_failures_) {
         printf("# kept %s\n", dir);
