@@ -49,7 +49,6 @@ static void *rownorm_thread(void *tid)
             const double sc = mn_rownorm_warp_row(row, row, job.n, lane, job.center, job.sum, MN_EMU_ROWNORM_EPS);
             if (lane == 0) job.scale[r] = (float)sc;
         }
-        pthread_barrier_wait(&mn_shim_warp_barrier[0]); /* a row's writes before the next row's reads */
     }
     return NULL;
 }
