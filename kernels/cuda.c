@@ -380,6 +380,7 @@ static const mn_backend cuda_backend = {
     .copy = mn_cuda_copy,
     .fill = mn_cuda_fill,
     .rownorm = mn_cuda_rownorm,
+    .rownorm_vjp = mn_cuda_rownorm_vjp,
     .init_fill = mn_cuda_init_fill,
     .stage_in = mn_cuda_stage_in,
     .stage_out = mn_cuda_stage_out,

@@ -23,8 +23,12 @@ mn_status mn_cuda_copy(mn_tensor *dst, const mn_tensor *src);
 mn_status mn_cuda_fill(mn_tensor *dst, double value);
 /* Initial weights drawn on the device (model/random_counter.h; ops.h's init_fill). */
 mn_status mn_cuda_init_fill(mn_tensor *dst, int kind, double scale, uint64_t seed, uint64_t stream, int64_t period);
-/* The row normalisation of model/rownorm.h (qk_norm's keys): one warp a row. */
-mn_status mn_cuda_rownorm(mn_tensor *out, const mn_tensor *x, bool center, bool sum, double eps);
+/* The row normalisation of model/rownorm.h (qk_norm's keys), with each
+ * row's scale where scale is given, and its adjoint: one warp a row
+ * (rownorm_warp.cuh). */
+mn_status mn_cuda_rownorm(mn_tensor *out, mn_tensor *scale, const mn_tensor *x, bool center, bool sum, double eps);
+mn_status mn_cuda_rownorm_vjp(mn_tensor *xbar, const mn_tensor *nhat, const mn_tensor *scale, const mn_tensor *a,
+                              bool center, bool sum);
 /* Staged transfers through page-locked buffers (staging.c; ops.h's stage_in,
  * stage_out); mn_cuda_empty_cache gives the buffers back. */
 mn_status mn_cuda_stage_in(void *dev, size_t nbytes, const mn_stage_io *io);

@@ -30,8 +30,9 @@
  * activations, tangents and adjoints are in shared memory.
  *
  * Covers (kernels/plan.c, mn_fused_grad_fit): the rules the fused forward
- * runs with refresh = step and neither out_norm, qk_norm nor
- * newton_schulz. Non-finite inputs are handled as grad_kernel.cuh does: a
+ * runs with refresh = step and neither out_norm nor newton_schulz
+ * (qk_norm is done around the kernel by kernels/grad_cuda.c, which hands
+ * it the normalised keys). Non-finite inputs are handled as grad_kernel.cuh does: a
  * row with a non-finite key is zeroed and its adjoints cut.
  *
  * The memory model's side (the chunk buffers and slots, a chunk's pass,

@@ -11,7 +11,13 @@
  * backend's gradients stay on its device). The workspace (checkpoints
  * and the block's states, per memory) is sized here by
  * mn_grad_layout_init, the kernel's own layout. Every device allocation is
- * a tensor or the workspace, given back on every path out. */
+ * a tensor or the workspace, given back on every path out.
+ * qk_norm: the kernels (general or fused) run on the normalised keys and
+ * queries and never normalise (codegen gives them no qk_norm), as the CPU's
+ * passes do: the keys are normalised here on the device with each row's
+ * scale kept, and the kernel's gradients of them go back through the
+ * normalisation on the device afterwards (rownorm.h's adjoint, the
+ * backend's rownorm_vjp), as grad_cpu.c does at its end. */
 #include "cuda_check.h"
 #include "codegen.h"
 #include "cuda_module.h"
@@ -21,6 +27,7 @@
 #include "grad_kernel.cuh" /* its first part is C: the arguments and the workspace layout */
 #include "fused_grad.cuh"  /* its first part is C: the fused backward's workspace layout */
 #include "../model/grad.h"
+#include "../model/rownorm.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,13 +48,15 @@ typedef struct grad_run {
     mn_tensor dy, dloss, dW[MN_MAX_PARAMS], dS[MN_MAX_PARAMS];
     mn_tensor gk, gv, gq, gtheta, geta, galpha, gW[MN_MAX_PARAMS], gS[MN_MAX_PARAMS];
     mn_tensor gouter[MN_OUTER_COUNT]; /* out_norm: the gradients of ln_g, ln_b [B,H,dv] */
+    mn_tensor kscale, qscale; /* qk_norm: each key's and query's row scale */
     void *work;
     size_t work_bytes;
 } grad_run;
 
 static void grad_run_free(grad_run *g)
 {
-    mn_tensor *ts[] = {&g->dy, &g->dloss, &g->gk, &g->gv, &g->gq, &g->gtheta, &g->geta, &g->galpha};
+    mn_tensor *ts[] = {&g->dy,    &g->dloss, &g->gk,     &g->gv,     &g->gq,
+                       &g->gtheta, &g->geta, &g->galpha, &g->kscale, &g->qscale};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) mn_tensor_release(ts[i]);
     for (int j = 0; j < MN_OUTER_COUNT; j++) mn_tensor_release(&g->gouter[j]);
     for (int p = 0; p < MN_MAX_PARAMS; p++) {
@@ -202,6 +211,29 @@ static mn_status run_kernel(grad_run *g, mn_precision prec, int64_t n, int64_t S
     return launch(gk.mod, memories, gk.threads, gk.smem, &a);
 }
 
+/* qk_norm: *x (a raw key or query input on the device, perhaps the
+ * caller's own tensor) becomes its normalised copy, and *scale its rows'
+ * scales. */
+static mn_status normalise_keys(mn_rownorm qk, mn_tensor *x, mn_tensor *scale)
+{
+    mn_tensor nhat = {0};
+    MN_TRY(mn_rownorm_tensor_scaled(qk, x, &nhat, scale));
+    mn_tensor_release(x);
+    *x = nhat;
+    return MN_OK;
+}
+
+/* qk_norm: the kernel's gradients of the normalised keys and queries,
+ * taken back through the normalisation in place, waited for (a fault is
+ * reported here, and the scales are released after). */
+static mn_status keys_backward(grad_run *g, mn_rownorm qk)
+{
+    MN_TRY(mn_rownorm_vjp_tensor(qk, &g->in.k, &g->kscale, &g->gk));
+    if (g->gq.storage) MN_TRY(mn_rownorm_vjp_tensor(qk, &g->in.q, &g->qscale, &g->gq));
+    MN_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)mn_cuda_get_stream()));
+    return MN_OK;
+}
+
 static mn_status cuda_grad_run(const mn_rule *rule, mn_precision precision, const mn_dims *dims, const mn_tensor *init_params,
                                const mn_tensor *init_momenta, const mn_tensor *init_outer, const mn_segment_inputs *in,
                                const mn_run_upstream *up, int64_t block_steps, mn_run_grads *out)
@@ -212,10 +244,17 @@ static mn_status cuda_grad_run(const mn_rule *rule, mn_precision precision, cons
     if (!g) return mn_fail(MN_ERR_OOM, "cuda backward: out of memory");
     mn_status s = mn_memory_create(&g->st, rule, dims, init_params, init_momenta, MN_CUDA);
     g->have_state = s == MN_OK;
+    /* qk_norm: the state's copy of the rule goes without it, so that the
+     * inputs come up as given (normalise_keys keeps the scales the
+     * forward's normalisation drops); the kernels never read it */
+    const mn_rownorm qk = mn_rule_qk_norm(rule);
+    if (s == MN_OK) g->st.rule.qk_norm = MN_QKNORM_NONE;
     int64_t n = 0, S = 0;
     if (s == MN_OK) s = mn_memory_set_outer(&g->st, init_outer);
     if (s == MN_OK) s = mn_segment_check(&g->st, in, &n, &S);
     if (s == MN_OK) s = mn_segment_inputs_materialize(&g->st, in, n, S, &g->in);
+    if (s == MN_OK && qk.on) s = normalise_keys(qk, &g->in.k, &g->kscale);
+    if (s == MN_OK && qk.on && g->in.q.storage) s = normalise_keys(qk, &g->in.q, &g->qscale);
     const mn_dims *d = &g->st.dims;
     int np = g->st.nparams;
     int64_t kshape[4] = {d->B, d->H, n, d->dk}, vshape[4] = {d->B, d->H, n, d->dv};
@@ -250,6 +289,7 @@ static mn_status cuda_grad_run(const mn_rule *rule, mn_precision precision, cons
         if (s == MN_OK) s = mn_tensor_zeros(&g->gS[p], MN_F32, pt->ndim, pt->shape, MN_CUDA);
     }
     if (s == MN_OK) s = run_kernel(g, precision, n, S, block_steps, out);
+    if (s == MN_OK && qk.on) s = keys_backward(g, qk);
     /* the gradients stay on the GPU (grad.h): out takes references */
     out->nparams = np;
     if (s == MN_OK) {

@@ -36,7 +36,9 @@
  * does not run glu.
  *
  * Not covered (the CPU runs their backward: mn_cuda_backward_covers in
- * kernels/plan.c): precondition, qk_norm.
+ * kernels/plan.c): precondition. qk_norm is covered around the kernel,
+ * which never sees it: kernels/grad_cuda.c hands it the normalised keys
+ * and queries and takes their gradients back through the normalisation.
  *
  * Checked on a GPU against the CPU by tests/lua/test_grad_cuda.lua, and
  * without one by tests/unit/test_grad_emulated.c, which compiles this

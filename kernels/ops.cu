@@ -13,6 +13,7 @@
 #include "../model/random_counter.h"
 #include "cuda_check.h"
 #include "cuda_ops.h"
+#include "rownorm_warp.cuh"
 
 #include <stdint.h>
 #include <string.h>
@@ -408,50 +409,68 @@ extern "C" mn_status mn_cuda_fill(mn_tensor *dst, double value)
 }
 
 /* ---- row normalisation (model/rownorm.h: c = x - mean x or x, c / sqrt(|c|^2 / D + eps)) ----
- * One warp a row, sums in double as the CPU's loops; memory-bound: one read
- * of x and one write of out. */
+ * One warp a row (rownorm_warp.cuh); memory-bound: one read of x and one
+ * write of out, and of the adjoint's a and xbar. */
 
-__device__ __forceinline__ double warp_sum_d(double v)
-{
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
-}
-
-__global__ void k_rownorm(float *out, const float *x, int64_t rows, int64_t n, bool center, bool sum, double eps)
+__global__ void k_rownorm(float *out, float *scale, const float *x, int64_t rows, int64_t n, bool center, bool sum,
+                          double eps)
 {
     const int64_t row = (int64_t)blockIdx.x * (THREADS / 32) + threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
     if (row >= rows) return;
-    const float *xr = x + row * n;
-    float *o = out + row * n;
-    double mu = 0.0;
-    if (center) {
-        double s = 0.0;
-        for (int64_t j = lane; j < n; j += 32) s += xr[j];
-        mu = warp_sum_d(s) / (double)n;
-    }
-    double sq = 0.0;
-    for (int64_t j = lane; j < n; j += 32) {
-        const double c = (double)xr[j] - mu;
-        sq += c * c;
-    }
-    const double sc = 1.0 / sqrt(warp_sum_d(sq) / (sum ? 1.0 : (double)n) + eps);
-    for (int64_t j = lane; j < n; j += 32) o[j] = (float)(((double)xr[j] - mu) * sc);
+    const double sc = mn_rownorm_warp_row(out + row * n, x + row * n, n, lane, center, sum, eps);
+    if (scale && lane == 0) scale[row] = (float)sc;
 }
 
-extern "C" mn_status mn_cuda_rownorm(mn_tensor *out, const mn_tensor *x, bool center, bool sum, double eps)
+__global__ void k_rownorm_vjp(float *xbar, const float *nhat, const float *scale, const float *a, int64_t rows,
+                              int64_t n, bool center, bool sum)
+{
+    const int64_t row = (int64_t)blockIdx.x * (THREADS / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    mn_rownorm_warp_vjp(xbar + row * n, nhat + row * n, scale[row], a + row * n, n, lane, center, sum);
+}
+
+static bool rows_f32(const mn_tensor *t) { return t->dtype == MN_F32 && mn_tensor_is_contiguous(t) && t->ndim >= 1; }
+
+extern "C" mn_status mn_cuda_rownorm(mn_tensor *out, mn_tensor *scale, const mn_tensor *x, bool center, bool sum,
+                                     double eps)
 {
     const mn_tensor *t[2] = {out, x};
     MN_TRY(check_cuda("rownorm", 2, t, true));
-    if (out->dtype != MN_F32 || x->dtype != MN_F32 || !mn_tensor_is_contiguous(out) ||
-        !mn_tensor_is_contiguous(x) || x->ndim < 1)
+    const mn_tensor *st[1] = {scale};
+    if (scale) MN_TRY(check_cuda("rownorm", 1, st, false));
+    if (!rows_f32(out) || !rows_f32(x))
         return mn_fail(MN_ERR_ARG, "cuda rownorm: needs contiguous f32 tensors of at least one dimension");
     const int64_t n = x->shape[x->ndim - 1], numel = mn_tensor_numel(x);
     if (numel == 0 || n == 0) return MN_OK;
     const int64_t rows = numel / n, per_block = THREADS / 32;
+    if (scale && (scale->dtype != MN_F32 || !mn_tensor_is_contiguous(scale) || mn_tensor_numel(scale) != rows))
+        return mn_fail(MN_ERR_ARG, "cuda rownorm: the scales need a contiguous f32 tensor of one entry a row");
     const unsigned nb = (unsigned)((rows + per_block - 1) / per_block);
-    k_rownorm<<<nb, THREADS, 0, MN_STREAM>>>((float *)mn_tensor_data(out), (const float *)mn_tensor_data(x), rows, n,
-                                             center, sum, eps);
+    k_rownorm<<<nb, THREADS, 0, MN_STREAM>>>((float *)mn_tensor_data(out), scale ? (float *)mn_tensor_data(scale) : NULL,
+                                             (const float *)mn_tensor_data(x), rows, n, center, sum, eps);
+    MN_CUDA_CHECK_LAUNCH();
+    return MN_OK;
+}
+
+extern "C" mn_status mn_cuda_rownorm_vjp(mn_tensor *xbar, const mn_tensor *nhat, const mn_tensor *scale,
+                                         const mn_tensor *a, bool center, bool sum)
+{
+    const mn_tensor *t[3] = {xbar, nhat, a};
+    MN_TRY(check_cuda("rownorm_vjp", 3, t, true));
+    MN_TRY(check_cuda("rownorm_vjp", 1, &scale, false));
+    if (!rows_f32(xbar) || !rows_f32(nhat) || !rows_f32(a))
+        return mn_fail(MN_ERR_ARG, "cuda rownorm_vjp: needs contiguous f32 tensors of at least one dimension");
+    const int64_t n = nhat->shape[nhat->ndim - 1], numel = mn_tensor_numel(nhat);
+    if (numel == 0 || n == 0) return MN_OK;
+    const int64_t rows = numel / n, per_block = THREADS / 32;
+    if (scale->dtype != MN_F32 || !mn_tensor_is_contiguous(scale) || mn_tensor_numel(scale) != rows)
+        return mn_fail(MN_ERR_ARG, "cuda rownorm_vjp: the scales need a contiguous f32 tensor of one entry a row");
+    const unsigned nb = (unsigned)((rows + per_block - 1) / per_block);
+    k_rownorm_vjp<<<nb, THREADS, 0, MN_STREAM>>>((float *)mn_tensor_data(xbar), (const float *)mn_tensor_data(nhat),
+                                                 (const float *)mn_tensor_data(scale), (const float *)mn_tensor_data(a),
+                                                 rows, n, center, sum);
     MN_CUDA_CHECK_LAUNCH();
     return MN_OK;
 }

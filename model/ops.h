@@ -81,8 +81,14 @@ typedef struct mn_backend {
     mn_status (*fill)(mn_tensor *dst, double value);
     /* out = the row normalisation of model/rownorm.h on the last dimension
      * of x, both f32 and contiguous, of one shape (qk_norm's keys on a
-     * device; the CPU runs rownorm.c's loops, so the CPU backend has none). */
-    mn_status (*rownorm)(mn_tensor *out, const mn_tensor *x, bool center, bool sum, double eps);
+     * device; the CPU runs rownorm.c's loops, so the CPU backend has none);
+     * scale, unless NULL, gets each row's s (f32, contiguous, one a row). */
+    mn_status (*rownorm)(mn_tensor *out, mn_tensor *scale, const mn_tensor *x, bool center, bool sum, double eps);
+    /* Its adjoint (rownorm.c's mn_rownorm_vjp): xbar = J(x)^T a from the
+     * forward's out (nhat) and scale, xbar, nhat and a of one shape; xbar
+     * may be a (qk_norm's key gradients on a device, in place). */
+    mn_status (*rownorm_vjp)(mn_tensor *xbar, const mn_tensor *nhat, const mn_tensor *scale, const mn_tensor *a,
+                             bool center, bool sum);
     /* Initial weights where they live (model/random_counter.h): dst, f32 and
      * contiguous, gets element e = mn_rc_init_value(kind, scale, seed,
      * stream, period > 0 ? e % period : e). NULL: drawn on the CPU. */

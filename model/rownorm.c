@@ -121,25 +121,75 @@ void mn_rownorm_hvp_acc(mn_rownorm nm, const float *nhat, const float *s, const 
     }
 }
 
-mn_status mn_rownorm_tensor(mn_rownorm nm, const mn_tensor *x, mn_tensor *out)
+/* The rows of a contiguous f32 tensor of at least one dimension. */
+static int64_t rows_of(const mn_tensor *x)
+{
+    int64_t n = x->shape[x->ndim - 1];
+    return n > 0 ? mn_tensor_numel(x) / n : 0;
+}
+
+static mn_status normalise(mn_rownorm nm, const mn_tensor *x, mn_tensor *out, mn_tensor *scale)
 {
     int64_t n = x->shape[x->ndim - 1];
     mn_device dev = x->storage->device;
-    MN_TRY(mn_tensor_empty(out, MN_F32, x->ndim, x->shape, dev));
     const mn_backend *be = dev == MN_CPU ? NULL : mn_backend_for(dev);
-    mn_status st;
     if (nm.on && dev != MN_CPU) {
         /* the backend's one-pass kernel: one read of x, one write of out */
         if (!be || !be->rownorm || !mn_tensor_is_contiguous(x) || x->dtype != MN_F32)
-            st = mn_fail(MN_ERR_UNSUPPORTED, "row normalisation: the %s backend takes contiguous f32 tensors only",
-                         mn_device_name(dev));
-        else
-            st = be->rownorm(out, x, nm.center, nm.sum, MN_ROWNORM_EPS);
-    } else {
-        st = mn_tensor_copy_into(out, x);
-        if (st == MN_OK && nm.on)
-            mn_rownorm_rows_inplace(nm, mn_tensor_data(out), n > 0 ? mn_tensor_numel(out) / n : 0, n);
+            return mn_fail(MN_ERR_UNSUPPORTED, "row normalisation: the %s backend takes contiguous f32 tensors only",
+                           mn_device_name(dev));
+        return be->rownorm(out, scale, x, nm.center, nm.sum, MN_ROWNORM_EPS);
     }
+    MN_TRY(mn_tensor_copy_into(out, x));
+    if (nm.on)
+        mn_rownorm_forward(nm, mn_tensor_data(out), rows_of(out), n, mn_tensor_data(out),
+                           scale ? mn_tensor_data(scale) : NULL);
+    return MN_OK;
+}
+
+mn_status mn_rownorm_tensor(mn_rownorm nm, const mn_tensor *x, mn_tensor *out)
+{
+    MN_TRY(mn_tensor_empty(out, MN_F32, x->ndim, x->shape, x->storage->device));
+    mn_status st = normalise(nm, x, out, NULL);
     if (st != MN_OK) mn_tensor_release(out);
     return st;
+}
+
+mn_status mn_rownorm_tensor_scaled(mn_rownorm nm, const mn_tensor *x, mn_tensor *out, mn_tensor *scale)
+{
+    if (!nm.on || x->ndim < 1) return mn_fail(MN_ERR_ARG, "row normalisation with scales: no normalisation, or no rows");
+    mn_device dev = x->storage->device;
+    MN_TRY(mn_tensor_empty(out, MN_F32, x->ndim, x->shape, dev));
+    mn_status st = x->ndim > 1 ? mn_tensor_empty(scale, MN_F32, x->ndim - 1, x->shape, dev)
+                               : mn_tensor_empty(scale, MN_F32, 1, (const int64_t[]){1}, dev);
+    if (st == MN_OK) st = normalise(nm, x, out, scale);
+    if (st != MN_OK) {
+        mn_tensor_release(out);
+        mn_tensor_release(scale);
+    }
+    return st;
+}
+
+mn_status mn_rownorm_vjp_tensor(mn_rownorm nm, const mn_tensor *nhat, const mn_tensor *scale, mn_tensor *a)
+{
+    if (!nm.on) return MN_OK;
+    mn_device dev = a->storage->device;
+    const mn_tensor *all[3] = {nhat, scale, a};
+    for (int i = 0; i < 3; i++)
+        if (!all[i]->storage || all[i]->storage->device != dev || all[i]->dtype != MN_F32 ||
+            !mn_tensor_is_contiguous(all[i]) || all[i]->ndim < 1)
+            return mn_fail(MN_ERR_ARG, "row normalisation's adjoint: needs contiguous f32 tensors on one device");
+    int64_t n = a->shape[a->ndim - 1];
+    if (!mn_tensor_same_shape(nhat, a) || mn_tensor_numel(scale) != rows_of(a))
+        return mn_fail(MN_ERR_ARG, "row normalisation's adjoint: the gradient, the rows and their scales do not match");
+    if (dev == MN_CPU) {
+        mn_rownorm_vjp(nm, mn_tensor_data(nhat), mn_tensor_data(scale), mn_tensor_data(a), rows_of(a), n,
+                       mn_tensor_data(a), false);
+        return MN_OK;
+    }
+    const mn_backend *be = mn_backend_for(dev);
+    if (!be) return MN_ERR_DEVICE;
+    if (!be->rownorm_vjp)
+        return mn_fail(MN_ERR_UNSUPPORTED, "row normalisation's adjoint: the %s backend has none", mn_device_name(dev));
+    return be->rownorm_vjp(a, nhat, scale, a, nm.center, nm.sum);
 }

@@ -41,5 +41,14 @@ void mn_rownorm_rows_inplace(mn_rownorm nm, float *x, int64_t rows, int64_t n);
  * kernel (model/ops.h), so a CUDA run's keys and queries are normalised
  * where they live. */
 mn_status mn_rownorm_tensor(mn_rownorm nm, const mn_tensor *x, mn_tensor *out);
+/* As mn_rownorm_tensor, and scale = each row's s, a new f32 tensor of x's
+ * shape less its last dimension on x's device (nm must be on): what the
+ * adjoint below needs, so that a device's backward takes its keys' and
+ * queries' gradients back through qk_norm where they live. */
+mn_status mn_rownorm_tensor_scaled(mn_rownorm nm, const mn_tensor *x, mn_tensor *out, mn_tensor *scale);
+/* a = J(x)^T a in place, from the forward's out (nhat) and scale, all
+ * contiguous f32 on one device: mn_rownorm_vjp's loops on the CPU, the
+ * device backend's rownorm_vjp elsewhere. */
+mn_status mn_rownorm_vjp_tensor(mn_rownorm nm, const mn_tensor *nhat, const mn_tensor *scale, mn_tensor *a);
 
 #endif

@@ -5,9 +5,14 @@
  * tests/unit/test_grad_emulated.c writes it (sizes, inputs, upstream, and
  * the CPU backward's gradients), runs the kernel, and prints one line per
  * gradient "NAME relative-error" and last "worst E NAME". The workspace
- * starts as NaN, so that a read of scratch the kernel did not write shows. */
+ * starts as NaN, so that a read of scratch the kernel did not write shows.
+ * A case with qk_norm (its header's last word) runs as kernels/grad_cuda.c
+ * does: k and q normalised by one emulated warp (kernels/rownorm_warp.cuh,
+ * the code of ops.cu's kernels), the kernel on them, and its gradients of k
+ * and q back through the normalisation's adjoint. */
 #include "cuda_shim.h"
 #include MN_EMU_SOURCE
+#include "../../kernels/rownorm_warp.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +26,42 @@ double mn_shim_warp_buffer[32][32];
 float4 mn_shim_smem[227 * 1024 / 16]; /* the most an sm_90 block may opt in to */
 
 static mn_grad_kargs args;
+
+/* One emulated warp over every row of a [rows, n] tensor: the normalisation
+ * (x to nhat in place, with scales) or its adjoint (a in place). */
+struct rownorm_job {
+    bool vjp, center, sum;
+    float *x, *scale;
+    const float *nhat;
+    long long rows, n;
+};
+static rownorm_job job;
+
+static void *rownorm_thread(void *tid)
+{
+    threadIdx.x = (unsigned)(intptr_t)tid;
+    const int lane = (int)threadIdx.x;
+    for (long long r = 0; r < job.rows; r++) {
+        float *row = job.x + r * job.n;
+        if (job.vjp) {
+            mn_rownorm_warp_vjp(row, job.nhat + r * job.n, job.scale[r], row, job.n, lane, job.center, job.sum);
+        } else {
+            const double sc = mn_rownorm_warp_row(row, row, job.n, lane, job.center, job.sum, MN_EMU_ROWNORM_EPS);
+            if (lane == 0) job.scale[r] = (float)sc;
+        }
+    }
+    return NULL;
+}
+
+static bool rownorm_pass(const rownorm_job &j)
+{
+    job = j;
+    pthread_t t[32];
+    for (int i = 0; i < 32; i++)
+        if (pthread_create(&t[i], NULL, rownorm_thread, (void *)(intptr_t)i) != 0) return false;
+    for (int i = 0; i < 32; i++) pthread_join(t[i], NULL);
+    return true;
+}
 
 static void *thread_main(void *tid)
 {
@@ -62,9 +103,10 @@ int main(int argc, char **argv)
     if (argc != 2) return 2;
     FILE *f = fopen(argv[1], "rb");
     if (!f) return 2;
-    long long h[8];
-    if (fread(h, 8, 8, f) != 8) return 3;
+    long long h[9];
+    if (fread(h, 8, 9, f) != 9) return 3;
     const long long B = h[0], H = h[1], n = h[2], S = h[3], np = h[4], K = h[5], nlen = h[6], nouter = h[7];
+    const long long qk = h[8];
     std::vector<long long> lengths((size_t)nlen);
     if (nlen && fread(lengths.data(), 8, (size_t)nlen, f) != (size_t)nlen) return 3;
     std::vector<float> in[8]; /* k, v, q, theta, eta, alpha, dy, dloss */
@@ -136,12 +178,28 @@ int main(int argc, char **argv)
 
     pthread_barrier_init(&mn_shim_block_barrier, NULL, MN_RULE_THREADS);
     for (int w = 0; w < MN_RULE_THREADS / 32; w++) pthread_barrier_init(&mn_shim_warp_barrier[w], NULL, 32);
+    /* qk_norm: the kernel reads the normalised keys and queries (in[0], in[2]) */
+    const long long krows = B * H * n;
+    const bool center = (qk & 2) != 0, sum = (qk & 4) != 0;
+    std::vector<float> nhat[2], scale[2];
+    for (int i = 0; i < 2 && qk; i++) {
+        std::vector<float> &x = in[i == 0 ? 0 : 2];
+        if (!x.size()) continue;
+        scale[i].assign((size_t)krows, NAN);
+        if (!rownorm_pass({false, center, sum, x.data(), scale[i].data(), NULL, krows, MN_DK})) return 4;
+        nhat[i] = x;
+    }
     for (long long m = 0; m < memories; m++) {
         blockIdx.x = (unsigned)m;
         pthread_t t[MN_RULE_THREADS];
         for (int i = 0; i < MN_RULE_THREADS; i++)
             if (pthread_create(&t[i], NULL, thread_main, (void *)(intptr_t)i) != 0) return 4;
         for (int i = 0; i < MN_RULE_THREADS; i++) pthread_join(t[i], NULL);
+    }
+    for (int i = 0; i < 2 && qk; i++) {
+        std::vector<float> &gx = got[i == 0 ? 0 : 2];
+        if (!nhat[i].size()) continue;
+        if (!rownorm_pass({true, center, sum, gx.data(), scale[i].data(), nhat[i].data(), krows, MN_DK})) return 4;
     }
 
     static const char *const names[] = {"k", "v", "q", "theta", "eta", "alpha"};

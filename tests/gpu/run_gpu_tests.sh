@@ -254,23 +254,30 @@ EOF
       local r = m.rule { layers = 2, hidden = 32, step = 64, refresh = 64, theta = 0.01 }
       m.save('$WORK/san/staged.h5', r:experiment { k = m.randn(1, 2, 4096, 64) * 0.2, v = m.randn(1, 2, 4096, 64) })" \
         > /dev/null 2>&1
-    # and two with /upstream: the backward on the GPU, fused (refresh = step)
-    # and general (refresh 0), widths past one tile, q, several chunks a step
-    for refresh in 8 0; do
+    # and three with /upstream: the backward on the GPU, fused (refresh = step)
+    # and general (refresh 0), widths past one tile, q, several chunks a step;
+    # and fused with qk_norm (the keys normalised and their gradients taken
+    # back through it by ops.cu's row kernels around the backward kernel)
+    for tag in r8 r0 qk; do
+        case $tag in
+        r8) opts="refresh = 8" ;;
+        r0) opts="refresh = 0" ;;
+        qk) opts="refresh = 8, qk_norm = 'rms'" ;;
+        esac
         "$MNEMO" -e "local m = mnemo; m.seed(9)
-          local r = m.rule { layers = 2, hidden = 40, activation = 'gelu', step = 8, refresh = $refresh, clip = 'norm',
+          local r = m.rule { layers = 2, hidden = 40, activation = 'gelu', step = 8, $opts, clip = 'norm',
                              clip_max = 0.5, theta = 0.02, eta = 0.5 }
-          m.save('$WORK/san/grad_r$refresh.h5', r:experiment { k = m.randn(2, 2, 50, 20) * 0.5,
+          m.save('$WORK/san/grad_$tag.h5', r:experiment { k = m.randn(2, 2, 50, 20) * 0.5,
                  v = m.randn(2, 2, 50, 18) * 0.5, q = m.randn(2, 2, 50, 20) * 0.5 })
-          m.save('$WORK/san/up_r$refresh.h5', { dy = m.randn(2, 2, 50, 18), dloss = m.randn(2, 2, 50),
-                                                dW1 = m.randn(2, 2, 40, 20) })" > /dev/null 2>&1
+          m.save('$WORK/san/up_$tag.h5', { dy = m.randn(2, 2, 50, 18), dloss = m.randn(2, 2, 50),
+                                           dW1 = m.randn(2, 2, 40, 20) })" > /dev/null 2>&1
         "$PYTHON" -c "
 import h5py, sys
 with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
     for name in ('dy', 'dloss', 'dW1'):
         f['upstream/' + name] = src[name][()]
-" "$WORK/san/up_r$refresh.h5" "$WORK/san/grad_r$refresh.h5" > /dev/null 2>&1
-        rm -f "$WORK/san/up_r$refresh.h5"
+" "$WORK/san/up_$tag.h5" "$WORK/san/grad_$tag.h5" > /dev/null 2>&1
+        rm -f "$WORK/san/up_$tag.h5"
     done
     # and one glu file with /upstream: the general backward through 3 gated
     # layers with bias (the gates' tangents and adjoints in the workspace)
@@ -323,6 +330,7 @@ with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
         for tool in memcheck racecheck initcheck synccheck; do san $tool "$WORK/san/grad_r8.h5"; done
         san memcheck "$WORK/san/grad_r0.h5"
         for tool in memcheck racecheck initcheck; do san $tool "$WORK/san/grad_glu.h5"; done
+        for tool in memcheck initcheck; do san $tool "$WORK/san/grad_qk.h5"; done
     } > "$LOGS/sanitizer.log" 2>&1
     count sanitizer "$LOGS/sanitizer.log" 0
 else

@@ -3,9 +3,10 @@
 
   - cuda tensors against the same call on cpu tensors (outputs, final state,
     gradients; the backward of these covered rules runs on the GPU, no
-    warning), the same with lengths (ragged batches: padding outputs 0) and
+    warning), the same with lengths (ragged batches: padding outputs 0),
     with out_norm (ln_g, ln_b cuda tensors, their gradients too, on cuda:
-    its backward runs on the GPU's general backward kernel);
+    its backward runs on the GPU's general backward kernel) and with
+    qk_norm (its backward on the GPU);
   - the caller's stream: the op on a side stream right after a long kernel
     that writes its input there, and its output read on that stream;
   - torch.compile(fullgraph=True) of a small model that calls the op
@@ -147,6 +148,26 @@ def main():
         report(not rows, "bridge_gpu/out_norm_backward", "; ".join(rows))
     except Exception as e:
         report(False, "bridge_gpu/out_norm", "%s: %s" % (type(e).__name__, e))
+
+    # ---- qk_norm: the backward on the GPU too (the keys normalised around
+    # the backward kernel, kernels/grad_cuda.c) ----
+    try:
+        qrule = mt.Rule({"layers": 2, "hidden": 16, "step": 4, "activation": "gelu", "qk_norm": "rms"})
+
+        def qcall(x):
+            return mt.run(qrule, x["k"], x["v"], x["theta"], q=x["q"], eta=x["eta"], alpha=x["alpha"],
+                          params={"W1": x["W1"], "W2": x["W2"]})
+
+        xc, xg, rc, rg, rows = on_both(qcall, cpu)
+        report(not rows and rg.y.is_cuda, "bridge_gpu/qk_norm_forward", "; ".join(rows) or "y not on cuda")
+        up = torch.randn(B, H, T, dv)
+        (rg.y * up.cuda() + rg.loss.unsqueeze(-1)).sum().backward()
+        (rc.y * up + rc.loss.unsqueeze(-1)).sum().backward()
+        rows = ["%s %.2g" % (n, rel(xg[n].grad, xc[n].grad)) for n in cpu if rel(xg[n].grad, xc[n].grad) > 1e-4]
+        rows += ["%s not on cuda" % n for n in cpu if not xg[n].grad.is_cuda]
+        report(not rows, "bridge_gpu/qk_norm_backward", "; ".join(rows))
+    except Exception as e:
+        report(False, "bridge_gpu/qk_norm", "%s: %s" % (type(e).__name__, e))
 
     # ---- the caller's stream ----
     try:

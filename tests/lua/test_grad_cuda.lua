@@ -2,15 +2,17 @@
 -- (kernels/grad_kernel.cuh, SPEC.md section 7).
 --   Everywhere (a CUDA build, GPU or not): rule:plan's backward line says
 --   where a cuda run's backward runs: "general (cuda)" for a covered rule,
---   "cpu, because ..." naming qk_norm, precondition; out_norm and glu run
---   on the general backward, which the plan says naming them even where
---   the forward is fused.
+--   "cpu, because ..." naming precondition; out_norm and glu run on the
+--   general backward, which the plan says naming them even where the
+--   forward is fused; qk_norm is covered (the keys normalised around the
+--   kernel, kernels/grad_cuda.c).
 --   On a GPU: for a table of rules across the axes the kernel covers (every
 --   loss, activation and clip kind, scopes, custom expressions, depth 1-3,
 --   bias, residual, glu, q given or not, step / refresh 0, c, k c / retrieve,
 --   reductions, steps longer than a chunk, lengths, skipped steps,
 --   non-finite k, v and theta, initial momenta, block sizes; out_norm
---   layernorm and rmsnorm with ln_g, ln_b given), a run on cuda
+--   layernorm and rmsnorm with ln_g, ln_b given; qk_norm l2 and rms on both
+--   kernels), a run on cuda
 --   and the same run on cpu give the same gradient of every input (k, v, q,
 --   theta, eta, alpha) and initial parameter and momentum (and ln_g, ln_b), to fp32
 --   tolerance: 1e-4 relative (L2 over the tensor) where the rule is smooth,
@@ -50,6 +52,11 @@ else
                            "glu: the general backward runs it" },
     glu2_large_forward = { m.rule { layers = 2, hidden = 256, glu = true, step = 4 }, "general",
                            "glu: the general backward runs it" },
+    -- qk_norm: the keys normalised on the device around either kernel
+    qk_norm_l2 = { m.rule { qk_norm = "l2" }, "fused" },
+    qk_norm_rms_mlp2 = { m.rule { qk_norm = "rms", layers = 2, hidden = 8, activation = "gelu" }, "fused" },
+    qk_norm_rms_refresh0 = { m.rule { qk_norm = "rms", layers = 2, hidden = 8, step = 2, refresh = 0 }, "general",
+                             "refresh 0 is not the step" },
   }
   for name, c in pairs(covered) do
     local want = backward_env == "general" and "general" or c[2]
@@ -65,7 +72,6 @@ else
     end
   end
   local uncovered = {
-    qk_norm = { m.rule { qk_norm = "l2" }, "qk_norm l2" },
     newton_schulz = { m.rule { precondition = "newton_schulz" }, "precondition newton_schulz" },
   }
   for name, c in pairs(uncovered) do
@@ -76,11 +82,13 @@ else
     T.ok("grad_cuda/plan/" .. name .. "/printed",
          tostring(p):find("backward: cpu, because " .. c[2], 1, true) ~= nil, tostring(p))
   end
-  -- every reason at once, in one line (glu and out_norm, which the GPU runs, are not ones)
-  local all = m.rule { layers = 2, hidden = 8, glu = true, out_norm = "rmsnorm", precondition = "newton_schulz" }
+  -- every reason at once, in one line (glu, out_norm and qk_norm, which the GPU runs, are not ones)
+  local all = m.rule { layers = 2, hidden = 8, glu = true, out_norm = "rmsnorm", precondition = "newton_schulz",
+                       qk_norm = "l2" }
   local why = all:plan { dk = 8 }.backward_why
   T.ok("grad_cuda/plan/all_reasons", not why:find("glu", 1, true) and not why:find("out_norm", 1, true) and
        why:find("newton_schulz", 1, true) and not why:find("\n", 1, true), why)
+  T.ok("grad_cuda/plan/all_reasons/not_qk_norm", not why:find("qk_norm", 1, true), why)
 end
 
 if not m.cuda_available() then
@@ -200,6 +208,27 @@ local cases = {
     bad = { "k", 2, 1, 6 }, skips = true, block = 1, tol = SMOOTH },
   { name = "glu2_hidden256_large_forward", rule = { layers = 2, glu = true, activation = "gelu", bias = true, step = 4,
     refresh = 4, theta = 0.02 }, Tn = 16, dk = 8, dv = 8, dh = 256, tol = SMOOTH },
+  -- qk_norm (kernels/grad_cuda.c): the keys and queries normalised on the
+  -- device, either kernel on them, their gradients back through the
+  -- normalisation on the device; l2 and rms, general and fused, q or not
+  { name = "qk_l2_linear_q", rule = { qk_norm = "l2", step = 2, refresh = 4, theta = 0.3 }, q = true, tol = SMOOTH },
+  { name = "qk_rms_mlp2_bias_norm_clip", rule = { qk_norm = "rms", layers = 2, activation = "gelu", bias = true,
+    clip = "norm", clip_max = 0.5, step = 3, refresh = 6 }, q = true, tol = KINK },
+  { name = "qk_l2_mlp3_residual_refresh0", rule = { qk_norm = "l2", layers = 3, activation = "tanh", bias = true,
+    residual = true, loss = "dot", step = 1, refresh = 0, theta = 0.02 }, dv = 5, tol = SMOOTH },
+  { name = "qk_rms_lengths_before_q", rule = { qk_norm = "rms", step = 3, refresh = 6, retrieve = "before" }, B = 3,
+    Tn = 13, lengths = { 13, 4, 7 }, q = true, tol = SMOOTH },
+  { name = "qk_l2_mlp2_block1", rule = { qk_norm = "l2", layers = 2, activation = "silu", step = 2, refresh = 4 },
+    block = 1, tol = SMOOTH },
+  { name = "fused_qk_l2_mlp2_wide_softnorm_q", rule = { qk_norm = "l2", layers = 2, activation = "silu", bias = true,
+    step = 8, refresh = 8, clip = "softnorm", clip_max = 0.3, theta = 0.3 }, Tn = 40, dk = 33, dv = 17, dh = 70,
+    q = true, tol = SMOOTH },
+  { name = "fused_qk_rms_linear_lengths", rule = { qk_norm = "rms", bias = true, step = 5, refresh = 5,
+    token_reduce = "mean" }, B = 3, Tn = 23, dk = 24, dv = 20, lengths = { 23, 9, 0 }, tol = SMOOTH },
+  { name = "fused_qk_rms_mlp2_long_steps_q", rule = { qk_norm = "rms", layers = 2, activation = "gelu", step = 40,
+    refresh = 40, theta = 0.02 }, Tn = 150, dk = 20, dv = 18, dh = 40, q = true, tol = SMOOTH },
+  { name = "fused_qk_l2_mlp2_nonfinite_k", rule = { qk_norm = "l2", layers = 2, activation = "gelu", step = 4,
+    refresh = 4 }, bad = { "k", 2, 1, 6 }, skips = true, tol = SMOOTH },
 }
 
 local function put_bad(t, b, h, tok, value) t[{ b, h, tok }] = value end

@@ -332,7 +332,8 @@ if m.cuda_available() and not large_forced then
 end
 
 -- qk_norm runs on cuda (every path): the same run as the cpu's, gradients
--- of a CUDA run included (they are computed by the cpu engine for now).
+-- of a CUDA run included (computed on the GPU: the keys normalised around
+-- the backward kernel, kernels/grad_cuda.c, so they stay on cuda).
 for _, qn in ipairs({ "l2", "rms" }) do
   local rule = m.rule { layers = 2, hidden = 8, qk_norm = qn, theta = 0.1, step = 2 }
   local init = { W1 = m.randn(8, d) * 0.4, W2 = m.randn(d, 8) * 0.4 }
@@ -351,6 +352,8 @@ for _, qn in ipairs({ "l2", "rms" }) do
     local gc, gg = cpu:backward { dy = m.ones(B, H, Tn, d) }, gpu:backward { dy = m.ones(B, H, Tn, d) }
     T.ok(("qk_norm %s on cuda (%s path): gradients as the cpu's"):format(qn, path),
       rel(gg.k:cpu(), gc.k) < 1e-4 and rel(gg.q:cpu(), gc.q) < 1e-4, rel(gg.k:cpu(), gc.k))
+    T.ok(("qk_norm %s on cuda (%s path): the backward ran on the GPU"):format(qn, path),
+      gg.k.device == "cuda" and gg.q.device == "cuda", gg.k.device)
   else
     T.raises("qk_norm " .. qn .. ": without a GPU, device cuda fails for that reason, not for qk_norm", function()
       rule:run { k = k, v = v, init = init, device = "cuda" }

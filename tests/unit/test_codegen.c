@@ -210,6 +210,65 @@ static void test_backward_plan(void)
     mn_rule_free(&r);
 }
 
+/* qk_norm's backward (kernels/grad_cuda.c): the CUDA backward covers it
+ * and plans it as without qk_norm (P1 with qk_norm: fused), and the kernels
+ * never normalise, the keys arriving normalised: the general and the fused
+ * backward's sources of a rule with qk_norm are those of the rule without
+ * it, byte for byte; each compiles in every precision. */
+static void test_qk_norm_backward(void)
+{
+    static const mn_qknorm kinds[] = {MN_QKNORM_L2, MN_QKNORM_RMS};
+    static const mn_precision precs[] = {MN_PREC_FP32, MN_PREC_TF32, MN_PREC_BF16};
+    mn_rule plain, r;
+    mn_rule_init(&plain);
+    plain.layers = 2;
+    plain.hidden = 256;
+    plain.step = 64;
+    plain.refresh = 64;
+    mn_dims d = {4, 32, 4096, 64, 64, 256, 0};
+    char *gplain = mn_cuda_grad_source(&plain, &d);
+    for (int k = 0; k < 2; k++) {
+        const char *kind = mn_part_name(&mn_qknorm_set, kinds[k]);
+        char name[160], why[256];
+        if (mn_rule_copy(&r, &plain) != MN_OK) {
+            printf("FAIL codegen/qk_norm_backward/%s: %s\n", kind, mn_last_error());
+            check_failures_++;
+            continue;
+        }
+        r.qk_norm = kinds[k];
+        snprintf(name, sizeof name, "codegen/qk_norm_backward/%s/covered", kind);
+        CHECK(name, mn_cuda_backward_rule_covers(&r, why, sizeof why));
+        char *gsrc = mn_cuda_grad_source(&r, &d);
+        snprintf(name, sizeof name, "codegen/qk_norm_backward/%s/general_source_as_without", kind);
+        CHECK(name, gsrc && gplain && strcmp(gsrc, gplain) == 0);
+        if (k == 0 && gsrc) {
+            snprintf(name, sizeof name, "codegen/nvrtc_sm90/p1_qk_norm_%s/backward", kind);
+            compile_line(name, gsrc);
+        }
+        free(gsrc);
+        for (int p = 0; p < 3; p++) {
+            const char *pname = mn_precision_name(precs[p]);
+            mn_cuda_plan bq, bp;
+            bool ok = mn_cuda_plan_backward(&r, &d, precs[p], 90, 0, &bq) == MN_OK &&
+                      mn_cuda_plan_backward(&plain, &d, precs[p], 90, 0, &bp) == MN_OK;
+            snprintf(name, sizeof name, "codegen/qk_norm_backward/%s/%s/fused_plan", kind, pname);
+            CHECK(name, ok && bq.path == MN_PATH_FUSED && bq.rows == bp.rows && bq.smem_bytes == bp.smem_bytes);
+            if (!ok || bq.path != MN_PATH_FUSED) continue;
+            char *fq = mn_cuda_fused_grad_source(&r, &d, precs[p], &bq);
+            char *fp = mn_cuda_fused_grad_source(&plain, &d, precs[p], &bp);
+            snprintf(name, sizeof name, "codegen/qk_norm_backward/%s/%s/fused_source_as_without", kind, pname);
+            CHECK(name, fq && fp && strcmp(fq, fp) == 0);
+            snprintf(name, sizeof name, "codegen/nvrtc_sm90/p1_qk_norm_%s/%s/fused backward", kind, pname);
+            if (k == 0 && fq) compile_line(name, fq);
+            free(fq);
+            free(fp);
+        }
+        mn_rule_free(&r);
+    }
+    free(gplain);
+    mn_rule_free(&plain);
+}
+
 /* Constants are literals in the hooks; the source follows every input. */
 static void test_source_contents(void)
 {
@@ -802,6 +861,7 @@ int main(void)
     test_source_contents();
     test_disk_cache();
     test_backward_plan();
+    test_qk_norm_backward();
     test_compile_cases();
     return CHECK_DONE();
 }

@@ -643,6 +643,47 @@ static void test_rownorm(void)
         }
 }
 
+/* qk_norm's backward on a device (kernels/grad_cuda.c): the normalisation
+ * with each row's scale, and its adjoint (rownorm_vjp, in place as the
+ * backward runs it) on the CPU's nhat and scales, against rownorm.c's loops;
+ * kinds and widths as above, the zero row (s = 1/sqrt(eps)) included. */
+static void test_rownorm_adjoint(void)
+{
+    static const mn_rownorm kinds[] = {{true, false, true}, {true, false, false}, {true, true, false}};
+    static const char *const names[] = {"l2", "rms", "layernorm"};
+    static const int64_t widths[] = {1, 7, 64, 133};
+    for (int k = 0; k < COUNT(kinds); k++)
+        for (int w = 0; w < COUNT(widths); w++) {
+            int64_t shape[3] = {3, 37, widths[w]};
+            mn_tensor x = rand_cpu(MN_F32, 3, shape, -3, 3, false), a = rand_cpu(MN_F32, 3, shape, -2, 2, false);
+            memset(mn_tensor_data(&x), 0, sizeof(float) * (size_t)widths[w]);
+            mn_tensor nhat = {0}, scale = {0}, dnhat = {0}, dscale = {0};
+            must(mn_rownorm_tensor_scaled(kinds[k], &x, &nhat, &scale), "cpu rownorm with scales");
+            mn_tensor dx = to_dev(&x, MN_CUDA), da = to_dev(&a, MN_CUDA), up_nhat = to_dev(&nhat, MN_CUDA),
+                      up_scale = to_dev(&scale, MN_CUDA);
+            char name[96];
+            snprintf(name, sizeof name, "cuda_ops/rownorm_scaled/%s/width%lld", names[k], (long long)widths[w]);
+            if (mn_rownorm_tensor_scaled(kinds[k], &dx, &dnhat, &dscale) != MN_OK) {
+                printf("FAIL %s: %s\n", name, mn_last_error());
+                check_failures_++;
+            } else {
+                check_same(name, &dnhat, &nhat, 1e-6);
+                strcat(name, "/scale");
+                check_same(name, &dscale, &scale, 1e-6);
+            }
+            must(mn_rownorm_vjp_tensor(kinds[k], &nhat, &scale, &a), "cpu rownorm adjoint");
+            snprintf(name, sizeof name, "cuda_ops/rownorm_vjp/%s/width%lld", names[k], (long long)widths[w]);
+            if (mn_rownorm_vjp_tensor(kinds[k], &up_nhat, &up_scale, &da) != MN_OK) {
+                printf("FAIL %s: %s\n", name, mn_last_error());
+                check_failures_++;
+            } else {
+                check_same(name, &da, &a, 1e-6);
+            }
+            mn_tensor *ts[] = {&x, &a, &nhat, &scale, &dnhat, &dscale, &dx, &da, &up_nhat, &up_scale};
+            for (int i = 0; i < COUNT(ts); i++) mn_tensor_release(ts[i]);
+        }
+}
+
 /* Initial weights drawn on the device equal the CPU's draws for the same
  * seed (model/random_counter.h): xavier to the bit (integer hashing and one
  * multiply), normal to float rounding (the device's log and cos). */
@@ -689,7 +730,8 @@ int main(void)
         char why[512];
         snprintf(why, sizeof why, "no usable CUDA device: %s", mn_cuda_unavailable_reason());
         static const char *const groups[] = {"elementwise", "where", "reduce_all", "reduce_dim", "argreduce",
-                                             "matmul", "copy", "alloc", "oom", "pending", "rownorm", "init"};
+                                             "matmul", "copy", "alloc", "oom", "pending", "rownorm", "rownorm_adjoint",
+                                             "init"};
         for (int i = 0; i < COUNT(groups); i++) {
             char name[64];
             snprintf(name, sizeof name, "cuda_ops/%s", groups[i]);
@@ -707,6 +749,7 @@ int main(void)
     test_copies();
     test_allocator();
     test_rownorm();
+    test_rownorm_adjoint();
     test_init_on_device();
     test_pending_fault(); /* last: the fault it provokes leaves the context unusable */
     return CHECK_DONE();

@@ -4,11 +4,17 @@
  * expressions, depth 1-3, bias, residual, glu, q, steps longer than a chunk,
  * refresh 0 / c / k c, both retrieve modes, lengths, non-finite k, v and
  * theta, block sizes; out_norm layernorm and rmsnorm with ln_g, ln_b, whose
- * gradients are compared too) it generates the rule's backward source as the CUDA
+ * gradients are compared too; qk_norm l2 and rms) it generates the rule's backward source as the CUDA
  * backend does (mn_cuda_grad_source), compiles it as C++ with
  * tests/emu/cuda_shim.h (threads as pthreads, barriers as barriers, warp
  * shuffles through a buffer) and runs tests/emu/grad_emu.cpp on the inputs
- * of a CPU backward it ran here, which compares every gradient. The same
+ * of a CPU backward it ran here, which compares every gradient. With
+ * qk_norm the emulation does what kernels/grad_cuda.c does on a GPU: it
+ * normalises the keys and queries (kernels/rownorm_warp.cuh, as ops.cu's
+ * kernel), runs the kernel generated for the rule without qk_norm on them,
+ * and takes the kernel's key and query gradients back through the
+ * normalisation (the same file's adjoint), against the CPU's backward of the
+ * rule with qk_norm. The same
  * algorithm in the same fp32 order (bar the sums of small products) agrees
  * to about 1e-7; the bound is 1e-5. Needs a C++ compiler (g++ or $CXX):
  * without one, SKIP. Run from the repository root (tests/run.sh does). */
@@ -17,6 +23,7 @@
 #ifdef MN_HAVE_CUDA
 #include "rule_cases.h"
 #include "grad.h"
+#include "rownorm.h"
 #include "../../kernels/codegen.h"
 #include "../../kernels/plan.h"
 
@@ -42,6 +49,7 @@ typedef struct {
 typedef struct {
     mn_norm out_norm; /* with ln_g, ln_b random [B,H,dv] */
     bool glu;         /* gated hidden layers */
+    mn_qknorm qk_norm;
 } emu_options;
 
 static const rule_case rules[] = {
@@ -127,6 +135,21 @@ static const variant glu_variants[] = {
     {19, false, 0, false, 0, false}, {19, true, 0, true, 0, false},
 };
 
+/* qk_norm: the keys and queries normalised around either kernel; depth 1-3,
+ * bias or not, refresh 0 / c / k c, clips, retrieve before, lengths, q, a
+ * NaN key, blocks; l2 and rms */
+static const struct {
+    variant v;
+    mn_qknorm qk;
+} qk_variants[] = {
+    {{0, true, 0, false, 0, false}, MN_QKNORM_L2},  {{1, false, 1, false, 0, false}, MN_QKNORM_L2},
+    {{2, true, 0, true, 0, false}, MN_QKNORM_RMS},  {{4, true, 0, false, 5, false}, MN_QKNORM_L2},
+    {{7, true, 0, false, 0, false}, MN_QKNORM_RMS}, {{8, true, 0, true, 0, false}, MN_QKNORM_RMS},
+    {{10, true, 0, false, 0, true}, MN_QKNORM_L2},  {{11, false, 0, true, 0, true}, MN_QKNORM_RMS},
+    {{12, true, 1, false, 0, true}, MN_QKNORM_L2},  {{13, true, 0, false, 1, true}, MN_QKNORM_RMS},
+    {{14, true, 0, true, 0, true}, MN_QKNORM_L2},
+};
+
 static uint64_t rng_state = 88172645463325252ULL;
 static double uniform(void)
 {
@@ -177,6 +200,9 @@ static bool prepare(const variant *va, const emu_options *o, const char *dir, ch
     mn_dims d = {B, H, n, c->dk, c->dv, c->dh, S};
     char path[512];
     char *src = NULL;
+    /* the kernel's rule, as grad_cuda.c hands it the keys normalised: without
+     * qk_norm (r itself has it, for the CPU's backward) */
+    r.qk_norm = MN_QKNORM_NONE;
     if (va->fused) {
         mn_cuda_plan bp;
         if (mn_cuda_plan_backward(&r, &d, MN_PREC_FP32, 90, 0, &bp) != MN_OK || bp.path != MN_PATH_FUSED) {
@@ -188,6 +214,8 @@ static bool prepare(const variant *va, const emu_options *o, const char *dir, ch
     } else {
         src = mn_cuda_grad_source(&r, &d);
     }
+    r.qk_norm = o->qk_norm;
+    mn_rownorm qk = mn_rule_qk_norm(&r);
     snprintf(path, sizeof path, "%s/grad.cu", dir);
     FILE *f = src ? fopen(path, "w") : NULL;
     bool ok = f && fputs(src, f) >= 0;
@@ -239,8 +267,10 @@ static bool prepare(const variant *va, const emu_options *o, const char *dir, ch
     f = s == MN_OK ? fopen(path, "wb") : NULL;
     ok = f != NULL;
     if (ok) {
-        long long h[8] = {B, H, n, S, np, g.block, va->lengths ? B : 0, nouter};
-        ok = fwrite(h, 8, 8, f) == 8 && (!va->lengths || fwrite(lengths, 8, 2, f) == 2);
+        /* h[7]: ln_g, ln_b to read (0 or 2); h[8]: qk_norm, 1 + 2 center + 4 sum (0: none) */
+        long long h[9] = {B, H, n, S, np, g.block, va->lengths ? B : 0, nouter,
+                          qk.on ? 1 + 2 * qk.center + 4 * qk.sum : 0};
+        ok = fwrite(h, 8, 9, f) == 9 && (!va->lengths || fwrite(lengths, 8, 2, f) == 2);
         const mn_tensor *ins[] = {&in.k, &in.v, &in.q, &in.theta, &in.eta, &in.alpha, &up.dy, &up.dloss};
         for (int i = 0; i < 8 && ok; i++) ok = write_tensor(f, ins[i]);
         for (int p = 0; p < np && ok; p++)
@@ -272,20 +302,21 @@ static void run_variant(const variant *va, const emu_options *o, const char *cxx
 {
     const rule_case *c = &rules[va->rule];
     char name[192], why[512] = "", cmd[2048];
-    snprintf(name, sizeof name, "grad_emulated/%s%s%s%s%s%s%s%s", va->fused ? "fused/" : "", c->name,
+    snprintf(name, sizeof name, "grad_emulated/%s%s%s%s%s%s%s%s%s%s", va->fused ? "fused/" : "", c->name,
              o->out_norm == MN_NORM_LAYERNORM ? "/layernorm" : o->out_norm == MN_NORM_RMSNORM ? "/rmsnorm" : "",
              o->glu ? "/glu" : "", va->q ? "/q" : "",
              va->bad == 1 ? "/nan_k" : va->bad == 2 ? "/nan_theta" : va->bad == 3 ? "/inf_v" : "",
-             va->lengths ? "/lengths" : "", va->block ? "/block" : "");
+             va->lengths ? "/lengths" : "", va->block ? "/block" : "", o->qk_norm ? "/qk_norm_" : "",
+             o->qk_norm ? mn_part_name(&mn_qknorm_set, o->qk_norm) : "");
     if (!prepare(va, o, dir, why, sizeof why)) {
         printf("FAIL %s: %s\n", name, why);
         check_failures_++;
         return;
     }
     snprintf(cmd, sizeof cmd,
-             "%s -std=c++17 -O1 -ffp-contract=off -Itests/emu -DMN_EMU_SOURCE='\"%s/grad.cu\"' tests/emu/grad_emu.cpp "
-             "-o %s/grad_emu -lpthread > %s/cxx.log 2>&1",
-             cxx, dir, dir, dir);
+             "%s -std=c++17 -O1 -ffp-contract=off -Itests/emu -DMN_EMU_SOURCE='\"%s/grad.cu\"' "
+             "-DMN_EMU_ROWNORM_EPS=%.17g tests/emu/grad_emu.cpp -o %s/grad_emu -lpthread > %s/cxx.log 2>&1",
+             cxx, dir, MN_ROWNORM_EPS, dir, dir);
     if (system(cmd) != 0) {
         printf("FAIL %s: the emulated kernel does not compile (%s/cxx.log)\n", name, dir);
         check_failures_++;
@@ -331,20 +362,24 @@ int main(void)
         printf("FAIL grad_emulated: no temporary directory\n");
         return 1;
     }
-    const emu_options none = {MN_NORM_NONE, false};
+    const emu_options none = {MN_NORM_NONE, false, MN_QKNORM_NONE};
     for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) run_variant(&variants[i], &none, cxx, dir);
     for (size_t i = 0; i < sizeof norm_variants / sizeof *norm_variants; i++) {
-        const emu_options o = {norm_variants[i].out_norm, false};
+        const emu_options o = {norm_variants[i].out_norm, false, MN_QKNORM_NONE};
         run_variant(&norm_variants[i].v, &o, cxx, dir);
     }
     for (size_t i = 0; i < sizeof glu_variants / sizeof *glu_variants; i++) {
-        const emu_options o = {MN_NORM_NONE, true};
+        const emu_options o = {MN_NORM_NONE, true, MN_QKNORM_NONE};
         run_variant(&glu_variants[i], &o, cxx, dir);
     }
     /* out_norm and glu together: the norm after the gated layers */
     for (size_t i = 0; i < 4; i++) {
-        const emu_options o = {i % 2 ? MN_NORM_RMSNORM : MN_NORM_LAYERNORM, true};
+        const emu_options o = {i % 2 ? MN_NORM_RMSNORM : MN_NORM_LAYERNORM, true, MN_QKNORM_NONE};
         run_variant(&glu_variants[3 * i], &o, cxx, dir);
+    }
+    for (size_t i = 0; i < sizeof qk_variants / sizeof *qk_variants; i++) {
+        const emu_options o = {MN_NORM_NONE, false, qk_variants[i].qk};
+        run_variant(&qk_variants[i].v, &o, cxx, dir);
     }
     /* a failure's files stay for a look (the source, the case, the compiler's log) */
     if (check_failures_) {
