@@ -10,7 +10,8 @@
  * gradient into zeroed device tensors, which the caller gets (grad.h: a
  * backend's gradients stay on its device). The workspace (checkpoints
  * and the block's states, per memory) is sized here by
- * mn_grad_layout_init, the kernel's own layout. Every device allocation is
+ * mn_grad_layout_init, the kernel's own layout (newton_schulz's scratch
+ * after it, mn_grad_layout_add_ns). Every device allocation is
  * a tensor or the workspace, given back on every path out. */
 #include "cuda_check.h"
 #include "codegen.h"
@@ -108,6 +109,8 @@ static mn_status kernel_for(const mn_rule *r, const mn_dims *d, mn_precision pre
         mn_grad_layout lo;
         mn_grad_layout_init(&lo, r->layers, r->bias, d->dk, d->dv, r->layers > 1 ? d->dh : 0,
                             mn_rule_chunk_rows(r->step), K, nblocks);
+        mn_grad_layout_add_ns(&lo, r->layers, d->dk, d->dv, r->layers > 1 ? d->dh : 0,
+                              r->precondition == MN_PRECOND_NEWTON_SCHULZ ? r->ns_steps : 0);
         gk->work_floats = lo.total;
         gk->threads = MN_RULE_THREADS;
         gk->smem = 0;

@@ -280,7 +280,10 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
     if (s != MN_OK) return s;
     int rows = 0;
     long smem = 0;
-    if (fwd.path != MN_PATH_FUSED) {
+    if (r->precondition == MN_PRECOND_NEWTON_SCHULZ) {
+        /* the general backward runs its adjoint (grad_kernel.cuh mn_ns_adjoint) */
+        snprintf(why, sizeof why, "newton_schulz: the fused backward does not run it yet");
+    } else if (fwd.path != MN_PATH_FUSED) {
         snprintf(why, sizeof why, "the forward takes the %s path (%.300s)", mn_cuda_path_name(fwd.path), fwd.why);
     } else if (mn_rule_refresh(r) != r->step) {
         snprintf(why, sizeof why, "refresh %d is not the step (%d): the fused backward takes the gradient at W^(s)",
@@ -360,10 +363,6 @@ bool mn_cuda_backward_rule_covers(const mn_rule *r, char *why, size_t len)
     }
     if (r->qk_norm != MN_QKNORM_NONE) {
         snprintf(one, sizeof one, "qk_norm %s", mn_part_name(&mn_qknorm_set, r->qk_norm));
-        add_cpu_backward(why, len, one);
-    }
-    if (r->precondition != MN_PRECOND_NONE) {
-        snprintf(one, sizeof one, "precondition %s", mn_part_name(&mn_precond_set, r->precondition));
         add_cpu_backward(why, len, one);
     }
     if (mn_param_count(r->layers, r->bias) > MN_RULE_MAX_PARAMS) add_cpu_backward(why, len, "more parameters than the kernel takes");

@@ -14,7 +14,7 @@
 #include <vector>
 
 thread_local mn_dim3 threadIdx;
-mn_dim3 blockIdx;
+mn_dim3 blockIdx, blockDim = {MN_RULE_THREADS, 1, 1};
 pthread_barrier_t mn_shim_block_barrier;
 pthread_barrier_t mn_shim_warp_barrier[32];
 double mn_shim_warp_buffer[32][32];
@@ -85,6 +85,7 @@ int main(int argc, char **argv)
 #else
     mn_grad_layout lo;
     mn_grad_layout_init(&lo, MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, MN_ROWS, K, nblocks);
+    mn_grad_layout_add_ns(&lo, MN_LAYERS, MN_DK, MN_DV, MN_DH, MN_PRECOND ? MN_NS_STEPS : 0);
 #endif
     std::vector<float> work((size_t)(lo.total * memories), NAN);
     std::vector<float> got[6], got_param[MN_RULE_MAX_PARAMS][2];

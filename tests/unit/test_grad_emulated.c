@@ -82,6 +82,22 @@ static const variant variants[] = {
     {13, true, 0, true, 0, true},   {14, false, 0, true, 0, true}, {14, true, 1, false, 0, true},
 };
 
+/* precondition = newton_schulz with ns_steps on a variant of the general
+ * backward: with and without bias, depth 1-3, matrices wide, square and
+ * tall (transposed), refresh = step, 0 and k c, every clip kind, q,
+ * lengths, a NaN key and a skipped step, blocks, steps of several chunks */
+typedef struct {
+    variant va;
+    int ns_steps;
+} ns_variant;
+
+static const ns_variant ns_variants[] = {
+    {{0, false, 0, false, 0, false}, 5}, {{1, true, 0, false, 0, false}, 3}, {{2, true, 0, true, 0, false}, 5},
+    {{3, false, 1, false, 0, false}, 2}, {{4, true, 0, false, 5, false}, 1}, {{5, false, 0, false, 2, false}, 4},
+    {{6, false, 0, true, 0, false}, 3}, {{7, true, 0, false, 0, false}, 5}, {{8, false, 0, true, 0, false}, 2},
+    {{9, false, 2, false, 1, false}, 4},
+};
+
 static uint64_t rng_state = 88172645463325252ULL;
 static double uniform(void)
 {
@@ -112,12 +128,19 @@ static bool write_tensor(FILE *f, const mn_tensor *t)
 }
 
 /* The case's inputs, the CPU backward and the file grad_emu.cpp reads;
- * also the generated source. Returns false with why. */
-static bool prepare(const variant *va, const char *dir, char *why, size_t wlen)
+ * also the generated source. ns_steps > 0: precondition = newton_schulz.
+ * Returns false with why. */
+static bool prepare(const variant *va, int ns_steps, const char *dir, char *why, size_t wlen)
 {
     const rule_case *c = &rules[va->rule];
     mn_rule r;
-    if (make_rule(c, &r) != MN_OK) {
+    mn_status made = make_rule(c, &r);
+    if (made == MN_OK && ns_steps > 0) {
+        r.precondition = MN_PRECOND_NEWTON_SCHULZ;
+        r.ns_steps = ns_steps;
+        made = mn_rule_validate(&r);
+    }
+    if (made != MN_OK) {
         snprintf(why, wlen, "the rule is invalid: %s", mn_last_error());
         mn_rule_free(&r);
         return false;
@@ -209,14 +232,15 @@ static bool prepare(const variant *va, const char *dir, char *why, size_t wlen)
     return ok;
 }
 
-static void run_variant(const variant *va, const char *cxx, const char *dir)
+static void run_variant(const variant *va, int ns_steps, const char *cxx, const char *dir)
 {
     const rule_case *c = &rules[va->rule];
-    char name[192], why[512] = "", cmd[2048];
-    snprintf(name, sizeof name, "grad_emulated/%s%s%s%s%s%s", va->fused ? "fused/" : "", c->name, va->q ? "/q" : "",
-             va->bad == 1 ? "/nan_k" : va->bad == 2 ? "/nan_theta" : va->bad == 3 ? "/inf_v" : "",
+    char name[192], why[512] = "", cmd[2048], ns[16] = "";
+    if (ns_steps > 0) snprintf(ns, sizeof ns, "ns%d/", ns_steps);
+    snprintf(name, sizeof name, "grad_emulated/%s%s%s%s%s%s%s", va->fused ? "fused/" : "", ns, c->name,
+             va->q ? "/q" : "", va->bad == 1 ? "/nan_k" : va->bad == 2 ? "/nan_theta" : va->bad == 3 ? "/inf_v" : "",
              va->lengths ? "/lengths" : "", va->block ? "/block" : "");
-    if (!prepare(va, dir, why, sizeof why)) {
+    if (!prepare(va, ns_steps, dir, why, sizeof why)) {
         printf("FAIL %s: %s\n", name, why);
         check_failures_++;
         return;
@@ -270,7 +294,11 @@ int main(void)
         printf("FAIL grad_emulated: no temporary directory\n");
         return 1;
     }
-    for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) run_variant(&variants[i], cxx, dir);
+    const char *only = getenv("MNEMO_EMU_ONLY"); /* "ns": the newton_schulz variants alone (a quicker look) */
+    bool ns_only = only && strcmp(only, "ns") == 0;
+    for (size_t i = 0; i < sizeof variants / sizeof *variants && !ns_only; i++) run_variant(&variants[i], 0, cxx, dir);
+    for (size_t i = 0; i < sizeof ns_variants / sizeof *ns_variants; i++)
+        run_variant(&ns_variants[i].va, ns_variants[i].ns_steps, cxx, dir);
     /* a failure's files stay for a look (the source, the case, the compiler's log) */
     if (check_failures_) {
         printf("# kept %s\n", dir);
