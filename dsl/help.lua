@@ -223,8 +223,8 @@ res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block 
   its gradients stay there (cuda tensors; one summed to a smaller given
   shape lands on that tensor's device), unless the rule has glu,
   out_norm or qk_norm, whose backward runs on the cpu (rule:plan's
-  backward line says which; newton_schulz's runs on the general kernel);
-  a cpu run's on the cpu.
+  backward line says which; newton_schulz runs on either kernel); a cpu
+  run's on the cpu.
   Either way it recomputes the
   forward from checkpoints every block steps (default about sqrt(steps);
   a cpu run with grad = true keeps them as it goes); g.memory reports
@@ -304,8 +304,8 @@ rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =
   smem_bytes, kernel, memories, precision, arch, device; backward and
   backward_why: where a cuda run's res:backward runs and why ("fused
   (cuda)" where the forward is fused and refresh = step, with
-  backward_rows, backward_smem_bytes, backward_kernel; "general (cuda)",
-  newton_schulz's among them; or "cpu": glu, out_norm, qk_norm).
+  backward_rows, backward_smem_bytes, backward_kernel; "general (cuda)";
+  or "cpu": glu, out_norm, qk_norm).
   MNEMO_CUDA_BACKWARD=cpu keeps every backward on the cpu; =general or
   =fused forces a GPU backward kernel.
   MNEMO_CUDA_PATH=general, fused or large forces a path (for tests and

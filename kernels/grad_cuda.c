@@ -11,7 +11,7 @@
  * backend's gradients stay on its device). The workspace (checkpoints
  * and the block's states, per memory) is sized here by
  * mn_grad_layout_init, the kernel's own layout (newton_schulz's scratch
- * after it, mn_grad_layout_add_ns). Every device allocation is
+ * after it, mn_grad_layout_add_ns, or the fused one's, mn_fgrad_layout_add_ns). Every device allocation is
  * a tensor or the workspace, given back on every path out. */
 #include "cuda_check.h"
 #include "codegen.h"
@@ -100,6 +100,8 @@ static mn_status kernel_for(const mn_rule *r, const mn_dims *d, mn_precision pre
     if (pl->path == MN_PATH_FUSED) {
         mn_fgrad_layout lo;
         mn_fgrad_layout_init(&lo, P, mn_fused_padded_floats(r, d), K, nblocks);
+        mn_fgrad_layout_add_ns(&lo, r->layers, d->dk, d->dv, r->layers > 1 ? d->dh : 0,
+                               r->precondition == MN_PRECOND_NEWTON_SCHULZ ? r->ns_steps : 0);
         gk->work_floats = lo.total;
         gk->threads = pl->threads;
         gk->smem = pl->smem_bytes;

@@ -158,15 +158,16 @@ MN_SHARED_FN long long mn_grad_ns_doubles(int layers, long long dk, long long dv
 }
 
 /* Appends newton_schulz's scratch to a layout of mn_grad_layout_init
- * (steps 0: none, the layout unchanged): at an even offset, the total
- * kept even, so that with an 8-byte aligned workspace every memory's
- * doubles are aligned. The host and the kernel call it alike. */
+ * (steps 0: none, the layout unchanged): at an offset and with a total
+ * that are multiples of 4 floats, so that in a 16-byte aligned workspace
+ * every memory's slice stays so aligned and its doubles 8-byte aligned.
+ * The host and the kernel call it alike. */
 MN_SHARED_FN void mn_grad_layout_add_ns(mn_grad_layout *lo, int layers, long long dk, long long dv, long long dh,
                                         int steps)
 {
     if (steps <= 0) return;
-    lo->ns = (lo->total + 1) & ~1LL;
-    lo->total = lo->ns + 2 * mn_grad_ns_doubles(layers, dk, dv, dh, steps);
+    lo->ns = mn_grad_up4(lo->total);
+    lo->total = (lo->ns + 2 * mn_grad_ns_doubles(layers, dk, dv, dh, steps) + 3) & ~3LL;
 }
 
 #endif /* MN_GRAD_KERNEL_ARGS */

@@ -280,10 +280,7 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
     if (s != MN_OK) return s;
     int rows = 0;
     long smem = 0;
-    if (r->precondition == MN_PRECOND_NEWTON_SCHULZ) {
-        /* the general backward runs its adjoint (grad_kernel.cuh mn_ns_adjoint) */
-        snprintf(why, sizeof why, "newton_schulz: the fused backward does not run it yet");
-    } else if (fwd.path != MN_PATH_FUSED) {
+    if (fwd.path != MN_PATH_FUSED) {
         snprintf(why, sizeof why, "the forward takes the %s path (%.300s)", mn_cuda_path_name(fwd.path), fwd.why);
     } else if (mn_rule_refresh(r) != r->step) {
         snprintf(why, sizeof why, "refresh %d is not the step (%d): the fused backward takes the gradient at W^(s)",

@@ -61,8 +61,7 @@ const char *mn_cuda_plan_step_kernel(const mn_cuda_plan *pl);
  * 7), for a rule that mn_cuda_backward_covers: the fused backward
  * (kernels/fused_grad.cuh; plan.path MN_PATH_FUSED with its rows, threads
  * and shared memory) where the fused forward runs the rule, its refresh is
- * the step, it has no newton_schulz (the fused backward does not run its
- * adjoint yet) and the backward's chunk buffers fit beside the weights; else
+ * the step and the backward's chunk buffers fit beside the weights; else
  * the general backward (kernels/grad_kernel.cuh). why says which and why in
  * one line. MNEMO_CUDA_BACKWARD=general|fused forces one (fused: an error
  * when it cannot); MNEMO_CUDA_PATH=general or large, which send the forward

@@ -19,8 +19,8 @@
 #     one where the rule has refresh = step),
 #   - the PyTorch bridge (tests/python/test_bridge.py, tests/gpu/test_bridge_gpu.py),
 #   - compute-sanitizer (memcheck; racecheck, initcheck, synccheck on fewer)
-#     on a few `mnemo run` calls, three of them with the backward (fused, general,
-#     general with newton_schulz),
+#     on a few `mnemo run` calls, four of them with the backward (fused and
+#     general, each also with newton_schulz),
 #   - one mid-size run timed on cuda and cpu, and compared.
 # Logs go to $OUT (default: a temporary folder): summary.log (every
 # PASS/FAIL/SKIP line), conformance_{fp32,tf32,bf16,long,general,large,backward_*}.log, gpu_logs.tgz
@@ -272,20 +272,25 @@ with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
 " "$WORK/san/up_r$refresh.h5" "$WORK/san/grad_r$refresh.h5" > /dev/null 2>&1
         rm -f "$WORK/san/up_r$refresh.h5"
     done
-    # and one more with /upstream: newton_schulz's adjoint on the general
-    # backward (its iterates in the workspace's double scratch), a tall W1 and a wide W2
-    "$MNEMO" -e "local m = mnemo; m.seed(10)
-      local r = m.rule { layers = 2, hidden = 12, activation = 'silu', bias = true, step = 6, refresh = 12,
-                         precondition = 'newton_schulz', ns_steps = 3, theta = 0.05, eta = 0.5 }
-      m.save('$WORK/san/grad_ns.h5', r:experiment { k = m.randn(2, 2, 24, 6) * 0.5, v = m.randn(2, 2, 24, 5) * 0.5 })
-      m.save('$WORK/san/up_ns.h5', { dy = m.randn(2, 2, 24, 5), dloss = m.randn(2, 2, 24) })" > /dev/null 2>&1
-    "$PYTHON" -c "
+    # and two more with /upstream: newton_schulz's adjoint on the fused
+    # (refresh = step) and the general backward (its iterates in the
+    # workspace's double scratch), a tall W1 and a wide W2
+    for refresh in 6 12; do
+        "$MNEMO" -e "local m = mnemo; m.seed(10)
+          local r = m.rule { layers = 2, hidden = 12, activation = 'silu', bias = true, step = 6, refresh = $refresh,
+                             precondition = 'newton_schulz', ns_steps = 3, theta = 0.05, eta = 0.5 }
+          m.save('$WORK/san/grad_ns_r$refresh.h5', r:experiment { k = m.randn(2, 2, 24, 6) * 0.5,
+                 v = m.randn(2, 2, 24, 5) * 0.5 })
+          m.save('$WORK/san/up_ns_r$refresh.h5', { dy = m.randn(2, 2, 24, 5), dloss = m.randn(2, 2, 24) })" \
+            > /dev/null 2>&1
+        "$PYTHON" -c "
 import h5py, sys
 with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
     for name in ('dy', 'dloss'):
         f['upstream/' + name] = src[name][()]
-" "$WORK/san/up_ns.h5" "$WORK/san/grad_ns.h5" > /dev/null 2>&1
-    rm -f "$WORK/san/up_ns.h5"
+" "$WORK/san/up_ns_r$refresh.h5" "$WORK/san/grad_ns_r$refresh.h5" > /dev/null 2>&1
+        rm -f "$WORK/san/up_ns_r$refresh.h5"
+    done
     san() { # tool file
         tool=$1; f=$2; name=sanitizer/$tool/$(basename "$f" .h5)
         "$SANITIZER" --tool "$tool" --error-exitcode 9 "$MNEMO" run "$f" -o "$WORK/san_$tool.h5" --device cuda \
@@ -321,7 +326,9 @@ with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
         san synccheck "$WORK/san/staged.h5"
         for tool in memcheck racecheck initcheck synccheck; do san $tool "$WORK/san/grad_r8.h5"; done
         san memcheck "$WORK/san/grad_r0.h5"
-        for tool in memcheck racecheck initcheck; do san $tool "$WORK/san/grad_ns.h5"; done
+        for tool in memcheck racecheck initcheck; do
+            for refresh in 6 12; do san $tool "$WORK/san/grad_ns_r$refresh.h5"; done
+        done
     } > "$LOGS/sanitizer.log" 2>&1
     count sanitizer "$LOGS/sanitizer.log" 0
 else

@@ -384,41 +384,45 @@ static void test_newton_schulz(void)
             check_source(label, nvrtc, mn_cuda_plan_source(&r, &small, precs[i], &pl), "#define MN_PRECOND 1",
                          "mn_newton_schulz(G[p]");
         }
-    /* the backward: the general one runs the iteration's adjoint (its source,
-     * fp32 whatever the run's precision, for 1 to 3 layers with and without
-     * bias); the plan sends a rule the fused forward holds to it with the
-     * reason, and refuses a forced fused backward by name */
-    for (int layers = 1; layers <= 3; layers++) {
+    /* the backward: both kernels run the iteration's adjoint. The general
+     * one (fp32 whatever the run's precision) for 1 and 2 layers, with and
+     * without bias; the plan takes a rule the fused forward holds with
+     * refresh = step to the fused one, whose source compiles in each
+     * precision, and a forced fused backward is taken */
+    for (int layers = 1; layers <= 2; layers++) {
         mn_dims small = {2, 3, 10, 16, 8, layers > 1 ? 12 : 0, 0};
         r.layers = layers;
-        r.bias = layers != 2;
-        char label[96], nvrtc[96];
+        r.bias = layers == 2;
+        r.refresh = 2 * r.step;
+        char label[96], nvrtc[96], why[256];
         snprintf(label, sizeof label, "codegen/newton_schulz/backward_source_%dlayer", layers);
         snprintf(nvrtc, sizeof nvrtc, "codegen/nvrtc_sm90/newton_schulz/backward_%dlayer", layers);
-        check_source(label, nvrtc, mn_cuda_grad_source(&r, &small), "#define MN_PRECOND 1", "mn_gprecond_adjoint(");
-        char why[256];
+        check_source(label, nvrtc, mn_cuda_grad_source(&r, &small), "#define MN_PRECOND 1", "mn_grad_kernel");
         snprintf(label, sizeof label, "codegen/newton_schulz/backward_covered_%dlayer", layers);
         CHECK(label, mn_cuda_backward_rule_covers(&r, why, sizeof why));
-        for (int i = 0; i < 3; i++) {
-            mn_cuda_plan bp;
-            bool ok = mn_cuda_plan_backward(&r, &small, precs[i], 90, 0, &bp) == MN_OK;
-            snprintf(label, sizeof label, "codegen/newton_schulz/backward_plan_general_%dlayer_%s", layers,
-                     mn_precision_name(precs[i]));
-            CHECK(label, ok && bp.path == MN_PATH_GENERAL &&
-                             strstr(bp.why, "newton_schulz: the fused backward does not run it yet"));
-        }
+        mn_cuda_plan bp;
+        bool ok = mn_cuda_plan_backward(&r, &small, MN_PREC_TF32, 90, 0, &bp) == MN_OK;
+        snprintf(label, sizeof label, "codegen/newton_schulz/backward_plan_refresh2c_general_%dlayer", layers);
+        CHECK(label, ok && bp.path == MN_PATH_GENERAL && strstr(bp.why, "refresh"));
     }
-    r.layers = 2;
-    r.refresh = r.step; /* every other condition of the fused backward holds */
+    r.refresh = r.step;
     mn_dims small = {2, 3, 10, 16, 8, 12, 0};
+    for (int i = 0; i < 3; i++) {
+        mn_cuda_plan bp;
+        bool ok = mn_cuda_plan_backward(&r, &small, precs[i], 90, 0, &bp) == MN_OK && bp.path == MN_PATH_FUSED;
+        char label[96], nvrtc[96];
+        snprintf(label, sizeof label, "codegen/newton_schulz/backward_plan_fused_%s", mn_precision_name(precs[i]));
+        CHECK(label, ok);
+        if (!ok) continue;
+        snprintf(label, sizeof label, "codegen/newton_schulz/fused_backward_source_%s", mn_precision_name(precs[i]));
+        snprintf(nvrtc, sizeof nvrtc, "codegen/nvrtc_sm90/newton_schulz/fused_backward_%s", mn_precision_name(precs[i]));
+        check_source(label, nvrtc, mn_cuda_fused_grad_source(&r, &small, precs[i], &bp), "#define MN_PRECOND 1",
+                     "#define MN_FUSED_GRAD 1");
+    }
     mn_cuda_plan bp;
     setenv("MNEMO_CUDA_BACKWARD", "fused", 1);
-    CHECK("codegen/newton_schulz/backward_forced_fused_refused",
-          mn_cuda_plan_backward(&r, &small, MN_PREC_TF32, 90, 0, &bp) == MN_ERR_UNSUPPORTED &&
-              strstr(mn_last_error(), "MNEMO_CUDA_BACKWARD=fused: newton_schulz"));
-    r.precondition = MN_PRECOND_NONE; /* the same rule without it: the fused backward takes it */
-    CHECK("codegen/newton_schulz/backward_forced_fused_without",
-          mn_cuda_plan_backward(&r, &small, MN_PREC_TF32, 90, 0, &bp) == MN_OK && bp.path == MN_PATH_FUSED);
+    CHECK("codegen/newton_schulz/backward_forced_fused_taken",
+          mn_cuda_plan_backward(&r, &small, MN_PREC_TF32, 90, 0, &bp) == MN_OK && bp.path == MN_PATH_FUSED && bp.forced);
     unsetenv("MNEMO_CUDA_BACKWARD");
     mn_rule_free(&r);
 }
