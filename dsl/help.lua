@@ -220,12 +220,10 @@ res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block 
   shape [B,H,...]. The backward runs where the run ran: a cuda run's on
   the GPU (the fused backward kernel, in the run's precision, where the
   forward is fused and refresh = step; else the general one, fp32, which
-  runs out_norm and glu) and its gradients stay there (cuda tensors; one
-  summed to a smaller given shape lands on that tensor's device; with
-  qk_norm the keys are normalised and their gradients taken back through
-  it on the GPU), unless the rule has a precondition, whose backward runs
-  on the cpu (rule:plan's backward line says which); a cpu run's on the
-  cpu.
+  runs out_norm and glu; newton_schulz on either) and its gradients stay
+  there (cuda tensors; one summed to a smaller given shape lands on that
+  tensor's device; with qk_norm the keys are normalised and their
+  gradients taken back through it on the GPU); a cpu run's on the cpu.
   Either way it recomputes the
   forward from checkpoints every block steps (default about sqrt(steps);
   a cpu run with grad = true keeps them as it goes); g.memory reports
@@ -306,8 +304,7 @@ rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =
   backward_why: where a cuda run's res:backward runs and why ("fused
   (cuda)" where the forward is fused and refresh = step, with
   backward_rows, backward_smem_bytes, backward_kernel; "general (cuda)",
-  out_norm's and glu's always; or "cpu": precondition; qk_norm keeps the
-  GPU's).
+  out_norm's and glu's always; "cpu" only with MNEMO_CUDA_BACKWARD=cpu).
   MNEMO_CUDA_BACKWARD=cpu keeps every backward on the cpu; =general or
   =fused forces a GPU backward kernel.
   MNEMO_CUDA_PATH=general, fused or large forces a path (for tests and

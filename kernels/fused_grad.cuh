@@ -30,10 +30,15 @@
  * activations, tangents and adjoints are in shared memory.
  *
  * Covers (kernels/plan.c, mn_fused_grad_fit): the rules the fused forward
- * runs with refresh = step and neither out_norm nor newton_schulz
- * (qk_norm is done around the kernel by kernels/grad_cuda.c, which hands
- * it the normalised keys). Non-finite inputs are handled as grad_kernel.cuh does: a
- * row with a non-finite key is zeroed and its adjoints cut.
+ * runs with refresh = step and without out_norm (qk_norm is done around
+ * the kernel by kernels/grad_cuda.c, which hands it the normalised keys).
+ * newton_schulz: the recompute orthogonalises the clipped G as the step
+ * kernel does (the same mn_newton_schulz) in a vector of its own, and the
+ * update's adjoint runs the iteration's (grad_kernel.cuh
+ * mn_gprecond_adjoint) before the clip's, its scratch after the workspace
+ * slice (mn_fgrad_layout_add_ns). Non-finite inputs are handled as
+ * grad_kernel.cuh does: a row with a non-finite key is zeroed and its
+ * adjoints cut.
  *
  * The memory model's side (the chunk buffers and slots, a chunk's pass,
  * the retrieval row's vjp) is fused_grad_model.cuh, before this file in the
@@ -58,6 +63,7 @@ typedef struct mn_fgrad_layout {
     long long dW, dS, dGt;       /* P each: adjoints */
     long long dGp, Wp;           /* Pp each: dG and W^(s) padded, whole layers copied into shared memory */
     long long skip;              /* K: what each step of the block did */
+    long long tmp, ns;           /* newton_schulz (mn_fgrad_layout_add_ns): the clipped G, P; doubles; else 0 */
     long long total;
 } mn_fgrad_layout;
 
@@ -86,7 +92,22 @@ MN_SHARED_FN void mn_fgrad_layout_init(mn_fgrad_layout *lo, long long P, long lo
     off += (Pp + 3) & ~3LL;
     lo->skip = off;
     off += (K + 3) & ~3LL;
+    lo->tmp = lo->ns = 0;
     lo->total = off;
+}
+
+/* Appends newton_schulz's pieces to a layout of mn_fgrad_layout_init
+ * (steps 0: none): a vector of P floats for the clipped G the iteration
+ * reads, then grad_kernel.cuh's scratch (mn_grad_ns_doubles). Every piece
+ * and the total stay multiples of 4 floats: each memory's slice starts
+ * 16-byte aligned (the padded copies are read by float4), its doubles 8. */
+MN_SHARED_FN void mn_fgrad_layout_add_ns(mn_fgrad_layout *lo, int layers, long long dk, long long dv, long long dh,
+                                         int steps)
+{
+    if (steps <= 0) return;
+    lo->tmp = lo->total;
+    lo->ns = lo->tmp + ((lo->P + 3) & ~3LL);
+    lo->total = (lo->ns + 2 * mn_grad_ns_doubles(layers, dk, dv, dh, steps) + 3) & ~3LL;
 }
 
 #endif /* MN_FUSED_GRAD_ARGS */
@@ -104,9 +125,11 @@ MN_SHARED_FN void mn_fgrad_layout_init(mn_fgrad_layout *lo, long long P, long lo
  * G is not finite, the clip and update: S from Sin to Sout (they may be the
  * same), W in P and, when Wout, flat into Wout. Returns MN_STEP_*; a step
  * not taken leaves P, Sin and Sout as they were. The same float operations
- * as the forward kernel, so the recomputed states are the run's. */
+ * as the forward kernel, so the recomputed states are the run's.
+ * newton_schulz: the clipped G goes into Gt (P floats), is orthogonalised
+ * there (ns: its scratch) and updates from there; G stays as it was. */
 __device__ int mn_fg_step_forward(const mn_grad_kargs &a, const mn_pset &P, const mn_gbuf &gb, long long m, long long s,
-                                  float *G, const float *Sin, float *Sout, float *Wout)
+                                  float *G, const float *Sin, float *Sout, float *Wout, float *Gt, double *ns)
 {
     const long long n = a.n, t0 = s * MN_STEP;
     const int grows = (int)mn_real_rows(a, m, s);
@@ -154,6 +177,30 @@ __device__ int mn_fg_step_forward(const mn_grad_kargs &a, const mn_pset &P, cons
     double scale[MN_NPARAMS];
     mn_clip_scales<MN_NPARAMS>(ss, ctl.gnorm, scale);
     const float e_s = a.eta[m * a.nsteps + s], keep = 1.0f - a.alpha[m * a.nsteps + s];
+#if MN_PRECOND
+    /* the step kernel's order: the clip, each matrix's Newton-Schulz, then momentum and decay */
+#pragma unroll
+    for (int p = 0; p < MN_NPARAMS; p++) {
+        const float fs = (float)scale[p];
+        const long long o = mn_goff(p);
+        for (int e = tid; e < (int)MN_NUMEL(p); e += MN_FT) Gt[o + e] = mn_clip_elem(Gp[p][e], fs);
+        (void)fs;
+    }
+    __syncthreads();
+    mn_gprecond_forward(Gt, ns);
+#pragma unroll
+    for (int p = 0; p < MN_NPARAMS; p++) {
+        const long long o = mn_goff(p);
+        for (int e = tid; e < (int)MN_NUMEL(p); e += MN_FT) {
+            float *wp = mn_pset_el(P, p, e);
+            float sv = Sin[o + e];
+            const float w = mn_momentum_elem(Gt[o + e], e_s, keep, &sv, *wp);
+            Sout[o + e] = sv;
+            *wp = w;
+            if (Wout) Wout[o + e] = w;
+        }
+    }
+#else
     /* MN_FG_U elements per thread at a time, every load issued before any
      * store (as the step kernel's update, fused_step.cuh): the loop waits on
      * memory latency, not bandwidth. Each element is read and written by one
@@ -184,6 +231,9 @@ __device__ int mn_fg_step_forward(const mn_grad_kargs &a, const mn_pset &P, cons
         }
         (void)fs;
     }
+#endif
+    (void)Gt;
+    (void)ns;
     __syncthreads();
     return MN_STEP_TAKEN;
 }
@@ -193,6 +243,8 @@ struct mn_fg_state {
     long long P, stride; /* floats of one memory's parameters; of a slot (P rounded up to 4) */
     float *Wb, *Sb, *Gb, *dW, *dS, *dGt, *skip;
     mn_pset dGp, Wg; /* dG and W^(s) padded (global): what a shared slot copies */
+    float *tmp;      /* newton_schulz: the clipped G (mn_fgrad_layout_add_ns), else NULL */
+    double *ns;      /* and its scratch */
 };
 
 /* ---- the update's and the clip's adjoints ---- */
@@ -202,7 +254,11 @@ struct mn_fg_state {
  * -(dS + dW), the new dW = (1 - alpha) dW and dS = eta (dS + dW), and the
  * sums deta, dalpha and per parameter <dGt, G>, <G, G>; the second writes
  * dG (sc dGt + sc'(n) <dGt, G> / n G for a scale clip, clip'(G) dGt for an
- * elementwise one) straight into the padded dGp, whose padding stays 0. */
+ * elementwise one) straight into the padded dGp, whose padding stays 0.
+ * newton_schulz: between the two, dGt goes back through the iteration
+ * (mn_gprecond_adjoint on the clipped G, recomputed into g.tmp with the
+ * clip's scales from G's norms as the step's forward takes them), and
+ * <dGt, G> is taken after it. */
 __device__ void mn_fg_update_adjoint(const mn_grad_kargs &a, const mn_fg_state &g, long long m, long long s,
                                      const float *G, const float *Snow, const float *Wnow)
 {
@@ -237,7 +293,7 @@ __device__ void mn_fg_update_adjoint(const mn_grad_kargs &a, const mn_fg_state &
                 g.dGt[e] = -dSt;
                 g.dW[e] = __fmul_rn(dW, keep);
                 g.dS[e] = __fmul_rn(e_s, dSt);
-                dp += -(double)dSt * (double)Gv[u];
+                dp += -(double)dSt * (double)Gv[u]; /* newton_schulz: taken again below */
                 gp += (double)Gv[u] * (double)Gv[u];
             }
         }
@@ -251,9 +307,35 @@ __device__ void mn_fg_update_adjoint(const mn_grad_kargs &a, const mn_fg_state &
         a.galpha[m * a.nsteps + s] = (float)dalpha;
     }
     MN_FG_MARK(4);
+#if MN_CLIP_MODE == 1 || MN_PRECOND
+    mn_block_sums<MN_NPARAMS>(gg);
+#endif
+#if MN_PRECOND
+    {
+        double scale[MN_NPARAMS], total = 0.0;
+#pragma unroll
+        for (int p = 0; p < MN_NPARAMS; p++) total += gg[p];
+        mn_clip_scales<MN_NPARAMS>(gg, sqrt(total), scale);
+#pragma unroll
+        for (int p = 0; p < MN_NPARAMS; p++) {
+            const float fs = (float)scale[p];
+            const long long o = mn_goff(p);
+            for (int e = tid; e < (int)MN_NUMEL(p); e += MN_FT) g.tmp[o + e] = mn_clip_elem(G[o + e], fs);
+            (void)fs;
+        }
+        __syncthreads();
+        mn_gprecond_adjoint(g.tmp, g.dGt, g.ns);
+#pragma unroll
+        for (int p = 0; p < MN_NPARAMS; p++) {
+            const long long o = mn_goff(p), ne = MN_NUMEL(p);
+            double dp = 0.0;
+            for (long long e = o + tid; e < o + ne; e += MN_FT) dp += (double)g.dGt[e] * (double)G[e];
+            dot[p] = dp;
+        }
+    }
+#endif
 #if MN_CLIP_MODE == 1
     mn_block_sums<MN_NPARAMS>(dot);
-    mn_block_sums<MN_NPARAMS>(gg);
     double tdot = 0.0, tgg = 0.0;
 #pragma unroll
     for (int p = 0; p < MN_NPARAMS; p++) tdot += dot[p], tgg += gg[p];
@@ -424,6 +506,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_grad_kernel(cons
     const long long Pn = mn_goff(MN_NPARAMS);
     mn_fgrad_layout lo;
     mn_fgrad_layout_init(&lo, Pn, mn_pset_floats(), K, a.nblocks);
+    mn_fgrad_layout_add_ns(&lo, MN_LAYERS, MN_DK, MN_DV, MN_DH, MN_PRECOND ? MN_NS_STEPS : 0);
     float *base = a.work + m * a.work_floats;
     mn_fg_state g;
     g.P = Pn;
@@ -435,6 +518,8 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_grad_kernel(cons
     g.dS = base + lo.dS;
     g.dGt = base + lo.dGt;
     g.skip = base + lo.skip;
+    g.tmp = lo.tmp ? base + lo.tmp : 0;
+    g.ns = lo.ns ? (double *)(base + lo.ns) : 0;
     mn_pset_init(&g.dGp, base + lo.dGp);
     mn_pset_init(&g.Wg, base + lo.Wp);
     mn_vzero(base + lo.dGp, lo.Pp); /* the padding of dG is never written after */
@@ -465,7 +550,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_grad_kernel(cons
             mn_vcopy(cs, g.Sb, Pn);
         }
         if (s == last) break;
-        mn_fg_step_forward(a, P, gb, m, s, g.Gb, g.Sb, g.Sb, 0);
+        mn_fg_step_forward(a, P, gb, m, s, g.Gb, g.Sb, g.Sb, 0, g.tmp, g.ns);
     }
     MN_FG_MARK(17);
     /* adjoints of the final tensors */
@@ -492,7 +577,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_grad_kernel(cons
         const long long s0 = b * K, len = s0 + K <= a.nsteps ? K : a.nsteps - s0;
         for (long long i = 0; i < len; i++) {
             float *Sn = g.Sb + (i + 1) * P4, *Wn = g.Wb + (i + 1) * P4;
-            const int code = mn_fg_step_forward(a, P, gb, m, s0 + i, g.Gb + i * P4, g.Sb + i * P4, Sn, Wn);
+            const int code = mn_fg_step_forward(a, P, gb, m, s0 + i, g.Gb + i * P4, g.Sb + i * P4, Sn, Wn, g.tmp, g.ns);
             if (code != MN_STEP_TAKEN) {
                 for (long long e = tid; e < Pn; e += MN_FT) {
                     Sn[e] = g.Sb[i * P4 + e];

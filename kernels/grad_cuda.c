@@ -10,7 +10,9 @@
  * gradient into zeroed device tensors, which the caller gets (grad.h: a
  * backend's gradients stay on its device). The workspace (checkpoints
  * and the block's states, per memory) is sized here by
- * mn_grad_layout_init, the kernel's own layout. Every device allocation is
+ * mn_grad_layout_init, the kernel's own layout (newton_schulz's scratch
+ * after it, mn_grad_layout_add_ns, then out_norm's rows; the fused one's
+ * scratch by mn_fgrad_layout_add_ns). Every device allocation is
  * a tensor or the workspace, given back on every path out.
  * qk_norm: the kernels (general or fused) run on the normalised keys and
  * queries and never normalise (codegen gives them no qk_norm), as the CPU's
@@ -110,6 +112,8 @@ static mn_status kernel_for(const mn_rule *r, const mn_dims *d, mn_precision pre
     if (pl->path == MN_PATH_FUSED) {
         mn_fgrad_layout lo;
         mn_fgrad_layout_init(&lo, P, mn_fused_padded_floats(r, d), K, nblocks);
+        mn_fgrad_layout_add_ns(&lo, r->layers, d->dk, d->dv, r->layers > 1 ? d->dh : 0,
+                               r->precondition == MN_PRECOND_NEWTON_SCHULZ ? r->ns_steps : 0);
         gk->work_floats = lo.total;
         gk->threads = pl->threads;
         gk->smem = pl->smem_bytes;
@@ -119,6 +123,9 @@ static mn_status kernel_for(const mn_rule *r, const mn_dims *d, mn_precision pre
         mn_grad_layout lo;
         mn_grad_layout_init(&lo, r->layers, r->bias, r->glu && r->layers > 1, d->dk, d->dv,
                             r->layers > 1 ? d->dh : 0, mn_rule_chunk_rows(r->step), K, nblocks);
+        /* the kernel's order: newton_schulz's scratch, then out_norm's rows */
+        mn_grad_layout_add_ns(&lo, r->layers, d->dk, d->dv, r->layers > 1 ? d->dh : 0,
+                              r->precondition == MN_PRECOND_NEWTON_SCHULZ ? r->ns_steps : 0);
         if (r->out_norm != MN_NORM_NONE) mn_grad_layout_out_norm(&lo, d->dv, mn_rule_chunk_rows(r->step));
         gk->work_floats = lo.total;
         gk->threads = MN_RULE_THREADS;

@@ -35,10 +35,18 @@
  * adjoints gbar, gdotbar the slice; the fused backward (fused_grad.cuh)
  * does not run glu.
  *
- * Not covered (the CPU runs their backward: mn_cuda_backward_covers in
- * kernels/plan.c): precondition. qk_norm is covered around the kernel,
- * which never sees it: kernels/grad_cuda.c hands it the normalised keys
- * and queries and takes their gradients back through the normalisation.
+ * precondition = newton_schulz: the recompute orthogonalises the clipped G
+ * with the forward's own mn_newton_schulz, and the reverse walk runs its
+ * adjoint (mn_ns_adjoint, in double as model/precond.c) between the
+ * update's adjoint and the clip's; its scratch (every iterate of the
+ * largest matrix) follows the workspace slice (mn_grad_layout_add_ns),
+ * out_norm's rows after it (mn_grad_layout_out_norm).
+ *
+ * qk_norm is covered around the kernel, which never sees it:
+ * kernels/grad_cuda.c hands it the normalised keys and queries and takes
+ * their gradients back through the normalisation. Every option of SPEC v2
+ * runs here: mn_cuda_backward_covers (kernels/plan.c) leaves to the CPU
+ * only a rule with more parameters than the kernel takes.
  *
  * Checked on a GPU against the CPU by tests/lua/test_grad_cuda.lua, and
  * without one by tests/unit/test_grad_emulated.c, which compiles this
@@ -93,6 +101,7 @@ typedef struct mn_grad_layout {
     long long zbar, zdotbar, hbar, hdotbar;        /* rows x widest */
     long long nhat, ns, od, nd;                    /* out_norm (mn_grad_layout_out_norm), else 0 */
     long long gbar, gdotbar;                       /* glu: the gates' adjoints, rows x widest (0 without) */
+    long long ns_scratch;                          /* newton_schulz's doubles (mn_grad_layout_add_ns), or 0 */
     long long total;
 } mn_grad_layout;
 
@@ -163,6 +172,7 @@ MN_SHARED_FN void mn_grad_layout_init(mn_grad_layout *lo, int layers, int bias, 
         off += mn_grad_up4(rows * wide);
     }
     lo->nhat = lo->ns = lo->od = lo->nd = 0;
+    lo->ns_scratch = 0;
     lo->total = off;
 }
 
@@ -182,6 +192,35 @@ MN_SHARED_FN void mn_grad_layout_out_norm(mn_grad_layout *lo, long long dv, long
     lo->nd = off;
     off += mn_grad_up4(rows * dv);
     lo->total = off;
+}
+
+/* newton_schulz's scratch (doubles) for one memory: the adjoint of the
+ * largest matrix [m x n, m <= n] keeps every iterate X_0 .. X_steps, four
+ * m x m products and three more m x n (model/precond.c's work with
+ * adjoint); the forward's 2 m n + 2 m^2 fit in it. glu's U_i have W_i's
+ * shapes, so the layers' weights bound them too. */
+MN_SHARED_FN long long mn_grad_ns_doubles(int layers, long long dk, long long dv, long long dh, int steps)
+{
+    long long most = 0;
+    for (int i = 0; i < layers; i++) {
+        long long rows = mn_layer_out(i, layers, dv, dh), cols = mn_layer_in(i, dk, dh);
+        long long small = rows < cols ? rows : cols, need = (steps + 4) * rows * cols + 4 * small * small;
+        if (need > most) most = need;
+    }
+    return most;
+}
+
+/* Appends newton_schulz's scratch to a layout of mn_grad_layout_init
+ * (steps 0: none, the layout unchanged): at an offset and with a total
+ * that are multiples of 4 floats, so that in a 16-byte aligned workspace
+ * every memory's slice stays so aligned and its doubles 8-byte aligned.
+ * The host and the kernel call it alike. */
+MN_SHARED_FN void mn_grad_layout_add_ns(mn_grad_layout *lo, int layers, long long dk, long long dv, long long dh,
+                                        int steps)
+{
+    if (steps <= 0) return;
+    lo->ns_scratch = mn_grad_up4(lo->total);
+    lo->total = (lo->ns_scratch + 2 * mn_grad_ns_doubles(layers, dk, dv, dh, steps) + 3) & ~3LL;
 }
 
 #endif /* MN_GRAD_KERNEL_ARGS */
@@ -217,6 +256,7 @@ struct mn_gstate {
     float *xc, *xbad, *zdot[MN_LAYERS], *hdot[MN_LAYERS], *u, *ybar, *ubar, *zbar, *zdotbar, *hbar, *hdotbar;
     float *od, *nd, *gln_g, *gln_b; /* out_norm: tangents of o and nhat; this memory's ln_g, ln_b gradients */
     float *gdot[MN_LAYERS], *gbar, *gdotbar; /* glu, else unset */
+    double *ns; /* newton_schulz's scratch (mn_grad_layout_add_ns), else NULL */
 };
 
 /* ---- flat vectors of P floats (each ends with a barrier) ---- */
@@ -327,6 +367,177 @@ __device__ void mn_gclip_adjoint(const float *G, const float *dGt, float *dG, lo
     __syncthreads();
 }
 
+#if MN_PRECOND
+/* ---- newton_schulz and its adjoint (model/precond.c) ---- */
+
+/* Gt <- newton_schulz(Gt) for each matrix (W_i; biases are left alone), by
+ * the run's own device function (update_math.cuh), so that the recomputed
+ * update is the forward's. ns: the memory's scratch. */
+__device__ void mn_gprecond_forward(float *Gt, double *ns)
+{
+#pragma unroll
+    for (int p = 0; p < MN_GNP; p++)
+        if (!mn_param_is_bias_glu(MN_LAYERS, MN_BIAS, p))
+            mn_newton_schulz(Gt + mn_goff(p), MN_OUT(mn_param_layer_glu(MN_LAYERS, MN_BIAS, p)),
+                             MN_IN(mn_param_layer_glu(MN_LAYERS, MN_BIAS, p)), ns);
+    __syncthreads(); /* a zero matrix returns without one */
+}
+
+/* A = X X^T and Bm = b A + c A^2 for X [m x n], as mn_newton_schulz forms
+ * them; ends with a barrier. */
+__device__ void mn_ns_products(const double *X, int m, int n, double *A, double *Bm)
+{
+    const int tid = threadIdx.x, nt = blockDim.x;
+    for (int e = tid; e < m * m; e += nt) {
+        const double *xi = X + (long long)(e / m) * n, *xj = X + (long long)(e % m) * n;
+        double s = 0.0;
+        for (int l = 0; l < n; l++) s += xi[l] * xj[l];
+        A[e] = s;
+    }
+    __syncthreads();
+    for (int e = tid; e < m * m; e += nt) {
+        const int i = e / m, j = e % m;
+        double s = 0.0;
+        for (int l = 0; l < m; l++) s += A[i * m + l] * A[l * m + j];
+        Bm[e] = -4.7750 * A[e] + 2.0315 * s;
+    }
+    __syncthreads();
+}
+
+/* The adjoint of newton_schulz on one matrix (model/precond.c ns_adjoint,
+ * the same steps in double): g [rows x cols] is the clipped gradient the
+ * forward saw, dg holds the adjoint of the output on entry and of the input
+ * on exit. The iterates X_0 .. X_k are recomputed from g and kept; in the
+ * worked-on orientation (m <= n, transposed when rows > cols), with dX'
+ * the adjoint of X_{i+1}:
+ *   dX_k = (nu/rho) dout - (nu/rho^3) <dout, X_k> X_k,  dnu = <dout, X_k> / rho
+ *   dX_i = a dX' + B_i dX' + (dA + dA^T) X_i,  dA = b dB + c (dB A_i + A_i dB),  dB = dX' X_i^T
+ *   dg   = dX_0 / (nu + eps) + (dnu - <dX_0, G> / (nu + eps)^2) G / nu
+ * A zero g (or X_k) passes no gradient. ns: mn_grad_ns_doubles of scratch.
+ * The block's threads (1-d, any count) share the products; ends with a barrier. */
+__device__ void mn_ns_adjoint(const float *g, float *dg, int rows, int cols, double *ns)
+{
+    const bool wide = rows <= cols;
+    const int m = wide ? rows : cols, n = wide ? cols : rows, tid = threadIdx.x, nt = blockDim.x;
+    const long long mn = (long long)m * n, mm = (long long)m * m;
+    double *Xs = ns, *A = Xs + (MN_NS_STEPS + 1) * mn, *Bm = A + mm, *dB = Bm + mm, *dA = dB + mm;
+    double *dX = dA + mm, *dXn = dX + mn, *G = dXn + mn;
+    double acc = 0.0;
+    for (int e = tid; e < mn; e += nt) {
+        const int a = e / n, b = e % n;
+        const double x = wide ? g[e] : g[(long long)b * cols + a];
+        G[e] = x;
+        acc += x * x;
+    }
+    const double nu = sqrt(mn_ns_block_sum(acc));
+    if (!(nu > 0.0)) { /* every thread sees the same nu */
+        for (int e = tid; e < mn; e += nt) dg[e] = 0.0f;
+        __syncthreads();
+        return;
+    }
+    for (int e = tid; e < mn; e += nt) Xs[e] = G[e] / (nu + 1e-7);
+    __syncthreads();
+    for (int it = 0; it < MN_NS_STEPS; it++) {
+        const double *X = Xs + it * mn;
+        double *Xn = Xs + (it + 1) * mn;
+        mn_ns_products(X, m, n, A, Bm);
+        for (int e = tid; e < mn; e += nt) {
+            const int i = e / n, j = e % n;
+            double s = 0.0;
+            for (int l = 0; l < m; l++) s += Bm[i * m + l] * X[(long long)l * n + j];
+            Xn[e] = 3.4445 * X[e] + s;
+        }
+        __syncthreads();
+    }
+    const double *Y = Xs + MN_NS_STEPS * mn;
+    acc = 0.0;
+    for (int e = tid; e < mn; e += nt) acc += Y[e] * Y[e];
+    const double rho = sqrt(mn_ns_block_sum(acc));
+    if (!(rho > 0.0)) {
+        for (int e = tid; e < mn; e += nt) dg[e] = 0.0f;
+        __syncthreads();
+        return;
+    }
+    /* dout into dXn, then the adjoint of X_k */
+    acc = 0.0;
+    for (int e = tid; e < mn; e += nt) {
+        const int a = e / n, b = e % n;
+        const double d = wide ? dg[e] : dg[(long long)b * cols + a];
+        dXn[e] = d;
+        acc += d * Y[e];
+    }
+    const double dY = mn_ns_block_sum(acc);
+    double dnu = dY / rho;
+    for (int e = tid; e < mn; e += nt) dXn[e] = (nu / rho) * dXn[e] - (nu * dY / (rho * rho * rho)) * Y[e];
+    __syncthreads();
+    for (int it = MN_NS_STEPS - 1; it >= 0; it--) {
+        const double *X = Xs + it * mn;
+        mn_ns_products(X, m, n, A, Bm);
+        /* dX = a dX' + B dX'; dB = dX' X^T */
+        for (int e = tid; e < mn; e += nt) {
+            const int i = e / n, j = e % n;
+            double s = 0.0;
+            for (int l = 0; l < m; l++) s += Bm[i * m + l] * dXn[(long long)l * n + j];
+            dX[e] = 3.4445 * dXn[e] + s;
+        }
+        for (int e = tid; e < m * m; e += nt) {
+            const double *di = dXn + (long long)(e / m) * n, *xj = X + (long long)(e % m) * n;
+            double s = 0.0;
+            for (int l = 0; l < n; l++) s += di[l] * xj[l];
+            dB[e] = s;
+        }
+        __syncthreads();
+        /* dA = b dB + c dB A + c A dB */
+        for (int e = tid; e < m * m; e += nt) {
+            const int i = e / m, j = e % m;
+            double s1 = 0.0, s2 = 0.0;
+            for (int l = 0; l < m; l++) s1 += dB[i * m + l] * A[l * m + j];
+            for (int l = 0; l < m; l++) s2 += A[i * m + l] * dB[l * m + j];
+            dA[e] = (-4.7750 * dB[e] + 2.0315 * s1) + 2.0315 * s2;
+        }
+        __syncthreads();
+        /* B is free now: it holds dA + dA^T */
+        for (int e = tid; e < m * m; e += nt) {
+            const int i = e / m, j = e % m;
+            Bm[e] = dA[i * m + j] + dA[j * m + i];
+        }
+        __syncthreads();
+        /* dX += (dA + dA^T) X */
+        for (int e = tid; e < mn; e += nt) {
+            const int i = e / n, j = e % n;
+            double s = 0.0;
+            for (int l = 0; l < m; l++) s += Bm[i * m + l] * X[(long long)l * n + j];
+            dX[e] += s;
+        }
+        __syncthreads();
+        double *swap = dXn;
+        dXn = dX;
+        dX = swap;
+    }
+    /* dXn: the adjoint of X_0 = G / (nu + eps) */
+    const double den = nu + 1e-7;
+    acc = 0.0;
+    for (int e = tid; e < mn; e += nt) acc += dXn[e] * G[e];
+    dnu -= mn_ns_block_sum(acc) / (den * den);
+    for (int e = tid; e < mn; e += nt) {
+        const int a = e / n, b = e % n;
+        dg[wide ? e : (long long)b * cols + a] = (float)(dXn[e] / den + dnu * G[e] / nu);
+    }
+    __syncthreads();
+}
+
+/* dGt <- the adjoint of Gt's input through newton_schulz, matrix by
+ * matrix (model/precond.c mn_precond_adjoint); Gt: the clipped G. */
+__device__ void mn_gprecond_adjoint(const float *Gt, float *dGt, double *ns)
+{
+#pragma unroll
+    for (int p = 0; p < MN_GNP; p++)
+        if (!mn_param_is_bias_glu(MN_LAYERS, MN_BIAS, p))
+            mn_ns_adjoint(Gt + mn_goff(p), dGt + mn_goff(p), MN_OUT(mn_param_layer_glu(MN_LAYERS, MN_BIAS, p)),
+                          MN_IN(mn_param_layer_glu(MN_LAYERS, MN_BIAS, p)), ns);
+}
+#endif
+
 #ifndef MN_FUSED_GRAD
 /* The general path's kernel from here on; the fused backward
  * (fused_grad.cuh) takes the helpers above and has its own kernel. */
@@ -362,6 +573,9 @@ __device__ int mn_gstep_forward(const mn_grad_kargs &a, mn_gstate *g, mn_ws *ws,
     }
     if (!(mn_vdot(G, G, P) <= 1.7976931348623157e308)) return MN_STEP_SKIPPED;
     mn_gclip_forward(G, g->tmp, P);
+#if MN_PRECOND
+    mn_gprecond_forward(g->tmp, g->ns);
+#endif
     const float e_s = a.eta[m * a.nsteps + s], keep = 1.0f - a.alpha[m * a.nsteps + s];
     for (long long e = threadIdx.x; e < P; e += MN_GT) {
         const float sn = __fsub_rn(__fmul_rn(e_s, g->S[e]), g->tmp[e]);
@@ -810,6 +1024,11 @@ __device__ void mn_gstep_reverse(const mn_grad_kargs &a, mn_gstate *g, mn_ws *ws
             a.galpha[m * a.nsteps + s] = (float)dalpha;
         }
         __syncthreads();
+#if MN_PRECOND
+        /* the preconditioner's adjoint before the clip's; its input is the clipped G */
+        mn_gclip_forward(G, g->tmp, P);
+        mn_gprecond_adjoint(g->tmp, g->dGt, g->ns);
+#endif
         mn_gclip_adjoint(G, g->dGt, g->dG, P);
     }
     /* retrieval of the rows that see W^(s): with q = k and the gradient
@@ -872,6 +1091,7 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_grad_kernel(con
     float *base = a.work + m * a.work_floats;
     mn_grad_layout lo;
     mn_grad_layout_init(&lo, MN_LAYERS, MN_BIAS, MN_GLU, MN_DK, MN_DV, MN_DH, MN_ROWS, K, a.nblocks);
+    mn_grad_layout_add_ns(&lo, MN_LAYERS, MN_DK, MN_DV, MN_DH, MN_PRECOND ? MN_NS_STEPS : 0);
     const long long P = lo.P;
     mn_gstate g;
     g.P = P;
@@ -907,6 +1127,7 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_grad_kernel(con
     g.zdotbar = base + lo.zdotbar;
     g.hbar = base + lo.hbar;
     g.hdotbar = base + lo.hdotbar;
+    g.ns = lo.ns_scratch ? (double *)(base + lo.ns_scratch) : 0;
     mn_ws ws;
     mn_ws_init(&ws, base + lo.fwd, a.ln_g, a.ln_b, m);
     mn_gout_norm_init(a, base, &lo, m, &ws, &g);

@@ -359,10 +359,6 @@ bool mn_cuda_backward_rule_covers(const mn_rule *r, char *why, size_t len)
         snprintf(one, sizeof one, "%.100s", mn_last_error());
         add_cpu_backward(why, len, one);
     }
-    if (r->precondition != MN_PRECOND_NONE) {
-        snprintf(one, sizeof one, "precondition %s", mn_part_name(&mn_precond_set, r->precondition));
-        add_cpu_backward(why, len, one);
-    }
     if (mn_param_count_glu(r->layers, r->bias, r->glu && r->layers > 1) > MN_RULE_MAX_PARAMS)
         add_cpu_backward(why, len, "more parameters than the kernel takes");
     return why[0] == '\0';

@@ -27,7 +27,7 @@ struct mn_dim3 {
     unsigned x, y, z;
 };
 extern thread_local mn_dim3 threadIdx;
-extern mn_dim3 blockIdx;
+extern mn_dim3 blockIdx, blockDim;
 extern pthread_barrier_t mn_shim_block_barrier;
 extern pthread_barrier_t mn_shim_warp_barrier[32];
 extern double mn_shim_warp_buffer[32][32];

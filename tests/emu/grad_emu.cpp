@@ -19,7 +19,7 @@
 #include <vector>
 
 thread_local mn_dim3 threadIdx;
-mn_dim3 blockIdx;
+mn_dim3 blockIdx, blockDim = {MN_RULE_THREADS, 1, 1};
 pthread_barrier_t mn_shim_block_barrier;
 pthread_barrier_t mn_shim_warp_barrier[32];
 double mn_shim_warp_buffer[32][32];
@@ -128,9 +128,11 @@ int main(int argc, char **argv)
 #ifdef MN_FUSED_GRAD
     mn_fgrad_layout lo;
     mn_fgrad_layout_init(&lo, mn_goff(MN_NPARAMS), mn_pset_floats(), K, nblocks);
+    mn_fgrad_layout_add_ns(&lo, MN_LAYERS, MN_DK, MN_DV, MN_DH, MN_PRECOND ? MN_NS_STEPS : 0);
 #else
     mn_grad_layout lo;
     mn_grad_layout_init(&lo, MN_LAYERS, MN_BIAS, MN_GLU, MN_DK, MN_DV, MN_DH, MN_ROWS, K, nblocks);
+    mn_grad_layout_add_ns(&lo, MN_LAYERS, MN_DK, MN_DV, MN_DH, MN_PRECOND ? MN_NS_STEPS : 0);
     if (MN_OUT_NORM) mn_grad_layout_out_norm(&lo, MN_DV, MN_ROWS);
 #endif
     if ((MN_OUT_NORM != 0) != (nouter != 0)) return 3; /* the case and the source disagree */

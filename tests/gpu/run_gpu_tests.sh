@@ -19,8 +19,9 @@
 #     one where the rule has refresh = step),
 #   - the PyTorch bridge (tests/python/test_bridge.py, tests/gpu/test_bridge_gpu.py),
 #   - compute-sanitizer (memcheck; racecheck, initcheck, synccheck on fewer)
-#     on a few `mnemo run` calls, three of them with the backward (fused,
-#     general, general through glu's gated layers),
+#     on a few `mnemo run` calls, six of them with the backward (fused and
+#     general, each also with newton_schulz; general through glu's gated
+#     layers; fused with qk_norm),
 #   - one mid-size run timed on cuda and cpu, and compared.
 # Logs go to $OUT (default: a temporary folder): summary.log (every
 # PASS/FAIL/SKIP line), conformance_{fp32,tf32,bf16,long,general,large,backward_*}.log, gpu_logs.tgz
@@ -294,6 +295,25 @@ with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
         f['upstream/' + name] = src[name][()]
 " "$WORK/san/up_glu.h5" "$WORK/san/grad_glu.h5" > /dev/null 2>&1
     rm -f "$WORK/san/up_glu.h5"
+    # and two more with /upstream: newton_schulz's adjoint on the fused
+    # (refresh = step) and the general backward (its iterates in the
+    # workspace's double scratch), a tall W1 and a wide W2
+    for refresh in 6 12; do
+        "$MNEMO" -e "local m = mnemo; m.seed(10)
+          local r = m.rule { layers = 2, hidden = 12, activation = 'silu', bias = true, step = 6, refresh = $refresh,
+                             precondition = 'newton_schulz', ns_steps = 3, theta = 0.05, eta = 0.5 }
+          m.save('$WORK/san/grad_ns_r$refresh.h5', r:experiment { k = m.randn(2, 2, 24, 6) * 0.5,
+                 v = m.randn(2, 2, 24, 5) * 0.5 })
+          m.save('$WORK/san/up_ns_r$refresh.h5', { dy = m.randn(2, 2, 24, 5), dloss = m.randn(2, 2, 24) })" \
+            > /dev/null 2>&1
+        "$PYTHON" -c "
+import h5py, sys
+with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
+    for name in ('dy', 'dloss'):
+        f['upstream/' + name] = src[name][()]
+" "$WORK/san/up_ns_r$refresh.h5" "$WORK/san/grad_ns_r$refresh.h5" > /dev/null 2>&1
+        rm -f "$WORK/san/up_ns_r$refresh.h5"
+    done
     san() { # tool file
         tool=$1; f=$2; name=sanitizer/$tool/$(basename "$f" .h5)
         "$SANITIZER" --tool "$tool" --error-exitcode 9 "$MNEMO" run "$f" -o "$WORK/san_$tool.h5" --device cuda \
@@ -331,6 +351,9 @@ with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
         san memcheck "$WORK/san/grad_r0.h5"
         for tool in memcheck racecheck initcheck; do san $tool "$WORK/san/grad_glu.h5"; done
         for tool in memcheck initcheck; do san $tool "$WORK/san/grad_qk.h5"; done
+        for tool in memcheck racecheck initcheck; do
+            for refresh in 6 12; do san $tool "$WORK/san/grad_ns_r$refresh.h5"; done
+        done
     } > "$LOGS/sanitizer.log" 2>&1
     count sanitizer "$LOGS/sanitizer.log" 0
 else

@@ -186,6 +186,12 @@ static void test_backward_plan(void)
     setenv("MNEMO_CUDA_BACKWARD", "general", 1);
     ok = mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 90, 0, &bp) == MN_OK;
     CHECK("codegen/backward_plan/forced_general", ok && bp.path == MN_PATH_GENERAL && bp.forced);
+    /* the one way left to a cpu backward for a rule the GPU covers */
+    char why_cpu[128];
+    CHECK("codegen/backward_plan/covered", mn_cuda_backward_covers(&r, why_cpu, sizeof why_cpu) && !why_cpu[0]);
+    setenv("MNEMO_CUDA_BACKWARD", "cpu", 1);
+    CHECK("codegen/backward_plan/forced_cpu", !mn_cuda_backward_covers(&r, why_cpu, sizeof why_cpu) &&
+                                                 strcmp(why_cpu, "MNEMO_CUDA_BACKWARD=cpu") == 0);
     setenv("MNEMO_CUDA_BACKWARD", "bogus", 1);
     CHECK("codegen/backward_plan/bad_name", mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 90, 0, &bp) == MN_ERR_ARG &&
                                                strstr(mn_last_error(), "MNEMO_CUDA_BACKWARD=bogus"));
@@ -444,6 +450,46 @@ static void test_newton_schulz(void)
             check_source(label, nvrtc, mn_cuda_plan_source(&r, &small, precs[i], &pl), "#define MN_PRECOND 1",
                          "mn_newton_schulz(G[p]");
         }
+    /* the backward: both kernels run the iteration's adjoint. The general
+     * one (fp32 whatever the run's precision) for 1 and 2 layers, with and
+     * without bias; the plan takes a rule the fused forward holds with
+     * refresh = step to the fused one, whose source compiles in each
+     * precision, and a forced fused backward is taken */
+    for (int layers = 1; layers <= 2; layers++) {
+        mn_dims small = {2, 3, 10, 16, 8, layers > 1 ? 12 : 0, 0};
+        r.layers = layers;
+        r.bias = layers == 2;
+        r.refresh = 2 * r.step;
+        char label[96], nvrtc[96], why[256];
+        snprintf(label, sizeof label, "codegen/newton_schulz/backward_source_%dlayer", layers);
+        snprintf(nvrtc, sizeof nvrtc, "codegen/nvrtc_sm90/newton_schulz/backward_%dlayer", layers);
+        check_source(label, nvrtc, mn_cuda_grad_source(&r, &small), "#define MN_PRECOND 1", "mn_grad_kernel");
+        snprintf(label, sizeof label, "codegen/newton_schulz/backward_covered_%dlayer", layers);
+        CHECK(label, mn_cuda_backward_rule_covers(&r, why, sizeof why));
+        mn_cuda_plan bp;
+        bool ok = mn_cuda_plan_backward(&r, &small, MN_PREC_TF32, 90, 0, &bp) == MN_OK;
+        snprintf(label, sizeof label, "codegen/newton_schulz/backward_plan_refresh2c_general_%dlayer", layers);
+        CHECK(label, ok && bp.path == MN_PATH_GENERAL && strstr(bp.why, "refresh"));
+    }
+    r.refresh = r.step;
+    mn_dims small = {2, 3, 10, 16, 8, 12, 0};
+    for (int i = 0; i < 3; i++) {
+        mn_cuda_plan bp;
+        bool ok = mn_cuda_plan_backward(&r, &small, precs[i], 90, 0, &bp) == MN_OK && bp.path == MN_PATH_FUSED;
+        char label[96], nvrtc[96];
+        snprintf(label, sizeof label, "codegen/newton_schulz/backward_plan_fused_%s", mn_precision_name(precs[i]));
+        CHECK(label, ok);
+        if (!ok) continue;
+        snprintf(label, sizeof label, "codegen/newton_schulz/fused_backward_source_%s", mn_precision_name(precs[i]));
+        snprintf(nvrtc, sizeof nvrtc, "codegen/nvrtc_sm90/newton_schulz/fused_backward_%s", mn_precision_name(precs[i]));
+        check_source(label, nvrtc, mn_cuda_fused_grad_source(&r, &small, precs[i], &bp), "#define MN_PRECOND 1",
+                     "#define MN_FUSED_GRAD 1");
+    }
+    mn_cuda_plan bp;
+    setenv("MNEMO_CUDA_BACKWARD", "fused", 1);
+    CHECK("codegen/newton_schulz/backward_forced_fused_taken",
+          mn_cuda_plan_backward(&r, &small, MN_PREC_TF32, 90, 0, &bp) == MN_OK && bp.path == MN_PATH_FUSED && bp.forced);
+    unsetenv("MNEMO_CUDA_BACKWARD");
     mn_rule_free(&r);
 }
 

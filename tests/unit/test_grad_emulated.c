@@ -50,6 +50,7 @@ typedef struct {
     mn_norm out_norm; /* with ln_g, ln_b random [B,H,dv] */
     bool glu;         /* gated hidden layers */
     mn_qknorm qk_norm;
+    int ns_steps;     /* > 0: precondition = newton_schulz with these steps */
 } emu_options;
 
 static const rule_case rules[] = {
@@ -150,6 +151,29 @@ static const struct {
     {{14, true, 0, true, 0, true}, MN_QKNORM_L2},
 };
 
+/* precondition = newton_schulz with ns_steps on a variant of the general
+ * backward (with and without bias, depth 1-3, matrices wide, square and
+ * tall (transposed), refresh = step, 0 and k c, every clip kind, q,
+ * lengths, a NaN key and a skipped step, blocks, steps of several chunks)
+ * and of the fused one (refresh = step) */
+typedef struct {
+    variant va;
+    int ns_steps;
+} ns_variant;
+
+static const ns_variant ns_variants[] = {
+    {{0, false, 0, false, 0, false}, 5}, {{1, true, 0, false, 0, false}, 3}, {{2, true, 0, true, 0, false}, 5},
+    {{3, false, 1, false, 0, false}, 2}, {{4, true, 0, false, 5, false}, 1}, {{5, false, 0, false, 2, false}, 4},
+    {{6, false, 0, true, 0, false}, 3}, {{7, true, 0, false, 0, false}, 5}, {{8, false, 0, true, 0, false}, 2},
+    {{9, false, 2, false, 1, false}, 4},
+    /* the fused backward's (refresh = step). One row a step (linear_mse)
+     * gives G of rank one: the iteration multiplies the rounding in its
+     * other directions by up to 3.4445 per step, and the fused products
+     * round differently from the CPU's (ns 5: 2e-5 here, ns 3: 1e-6) */
+    {{0, false, 0, false, 0, true}, 3},  {{10, true, 0, false, 0, true}, 3}, {{11, false, 0, true, 0, true}, 5},
+    {{12, true, 1, false, 0, true}, 2},  {{13, false, 2, false, 3, true}, 4}, {{14, false, 0, true, 0, true}, 2},
+};
+
 static uint64_t rng_state = 88172645463325252ULL;
 static double uniform(void)
 {
@@ -186,9 +210,13 @@ static bool prepare(const variant *va, const emu_options *o, const char *dir, ch
     const rule_case *c = &rules[va->rule];
     mn_rule r;
     mn_status made = make_rule(c, &r);
-    if (made == MN_OK && (o->out_norm != MN_NORM_NONE || o->glu)) {
+    if (made == MN_OK && (o->out_norm != MN_NORM_NONE || o->glu || o->ns_steps > 0)) {
         r.out_norm = o->out_norm;
         r.glu = o->glu;
+        if (o->ns_steps > 0) {
+            r.precondition = MN_PRECOND_NEWTON_SCHULZ;
+            r.ns_steps = o->ns_steps;
+        }
         made = mn_rule_validate(&r);
     }
     if (made != MN_OK) {
@@ -301,13 +329,17 @@ static bool prepare(const variant *va, const emu_options *o, const char *dir, ch
 static void run_variant(const variant *va, const emu_options *o, const char *cxx, const char *dir)
 {
     const rule_case *c = &rules[va->rule];
-    char name[192], why[512] = "", cmd[2048];
-    snprintf(name, sizeof name, "grad_emulated/%s%s%s%s%s%s%s%s%s%s", va->fused ? "fused/" : "", c->name,
+    char name[192], why[512] = "", cmd[2048], ns[16] = "";
+    if (o->ns_steps > 0) snprintf(ns, sizeof ns, "ns%d/", o->ns_steps);
+    snprintf(name, sizeof name, "grad_emulated/%s%s%s%s%s%s%s%s%s%s%s", va->fused ? "fused/" : "", ns, c->name,
              o->out_norm == MN_NORM_LAYERNORM ? "/layernorm" : o->out_norm == MN_NORM_RMSNORM ? "/rmsnorm" : "",
              o->glu ? "/glu" : "", va->q ? "/q" : "",
              va->bad == 1 ? "/nan_k" : va->bad == 2 ? "/nan_theta" : va->bad == 3 ? "/inf_v" : "",
              va->lengths ? "/lengths" : "", va->block ? "/block" : "", o->qk_norm ? "/qk_norm_" : "",
              o->qk_norm ? mn_part_name(&mn_qknorm_set, o->qk_norm) : "");
+    /* MNEMO_EMU_ONLY=TEXT: only the variants whose name holds TEXT (a quicker look: "ns3/", "/glu") */
+    const char *only = getenv("MNEMO_EMU_ONLY");
+    if (only && *only && !strstr(name, only)) return;
     if (!prepare(va, o, dir, why, sizeof why)) {
         printf("FAIL %s: %s\n", name, why);
         check_failures_++;
@@ -362,25 +394,35 @@ int main(void)
         printf("FAIL grad_emulated: no temporary directory\n");
         return 1;
     }
-    const emu_options none = {MN_NORM_NONE, false, MN_QKNORM_NONE};
+    const emu_options none = {MN_NORM_NONE, false, MN_QKNORM_NONE, 0};
     for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) run_variant(&variants[i], &none, cxx, dir);
     for (size_t i = 0; i < sizeof norm_variants / sizeof *norm_variants; i++) {
-        const emu_options o = {norm_variants[i].out_norm, false, MN_QKNORM_NONE};
+        const emu_options o = {norm_variants[i].out_norm, false, MN_QKNORM_NONE, 0};
         run_variant(&norm_variants[i].v, &o, cxx, dir);
     }
     for (size_t i = 0; i < sizeof glu_variants / sizeof *glu_variants; i++) {
-        const emu_options o = {MN_NORM_NONE, true, MN_QKNORM_NONE};
+        const emu_options o = {MN_NORM_NONE, true, MN_QKNORM_NONE, 0};
         run_variant(&glu_variants[i], &o, cxx, dir);
     }
     /* out_norm and glu together: the norm after the gated layers */
     for (size_t i = 0; i < 4; i++) {
-        const emu_options o = {i % 2 ? MN_NORM_RMSNORM : MN_NORM_LAYERNORM, true, MN_QKNORM_NONE};
+        const emu_options o = {i % 2 ? MN_NORM_RMSNORM : MN_NORM_LAYERNORM, true, MN_QKNORM_NONE, 0};
         run_variant(&glu_variants[3 * i], &o, cxx, dir);
     }
     for (size_t i = 0; i < sizeof qk_variants / sizeof *qk_variants; i++) {
-        const emu_options o = {MN_NORM_NONE, false, qk_variants[i].qk};
+        const emu_options o = {MN_NORM_NONE, false, qk_variants[i].qk, 0};
         run_variant(&qk_variants[i].v, &o, cxx, dir);
     }
+    for (size_t i = 0; i < sizeof ns_variants / sizeof *ns_variants; i++) {
+        const emu_options o = {MN_NORM_NONE, false, MN_QKNORM_NONE, ns_variants[i].ns_steps};
+        run_variant(&ns_variants[i].va, &o, cxx, dir);
+    }
+    /* newton_schulz with glu (the gates are matrices too) and with out_norm */
+    const emu_options ns_glu = {MN_NORM_NONE, true, MN_QKNORM_NONE, 3};
+    const emu_options ns_norm = {MN_NORM_LAYERNORM, false, MN_QKNORM_NONE, 2};
+    run_variant(&glu_variants[0], &ns_glu, cxx, dir);
+    run_variant(&glu_variants[4], &ns_glu, cxx, dir);
+    run_variant(&norm_variants[2].v, &ns_norm, cxx, dir);
     /* a failure's files stay for a look (the source, the case, the compiler's log) */
     if (check_failures_) {
         printf("# kept %s\n", dir);
