@@ -98,7 +98,7 @@ static mn_status kernel_for(const mn_rule *r, const mn_dims *d, mn_precision pre
     const char *name;
     if (pl->path == MN_PATH_FUSED) {
         mn_fgrad_layout lo;
-        mn_fgrad_layout_init(&lo, P, mn_fused_padded_floats(r, d), K, nblocks);
+        mn_fgrad_layout_init(&lo, P, mn_fused_padded_floats(r, d), K, nblocks, mn_rule_refresh(r) != r->step);
         gk->work_floats = lo.total;
         gk->threads = pl->threads;
         gk->smem = pl->smem_bytes;

@@ -3,10 +3,11 @@
  * case (rules across losses, activations, clip kinds and scopes, custom
  * expressions, depth 1-3, bias, residual, q, steps longer than a chunk,
  * refresh 0 / c / k c, both retrieve modes, lengths, non-finite k, v and
- * theta, block sizes) it generates the rule's backward source as the CUDA
- * backend does (mn_cuda_grad_source), compiles it as C++ with
- * tests/emu/cuda_shim.h (threads as pthreads, barriers as barriers, warp
- * shuffles through a buffer) and runs tests/emu/grad_emu.cpp on the inputs
+ * theta, block sizes; the fused backward's too, refresh = step and not) it
+ * generates the rule's backward source as the CUDA backend does
+ * (mn_cuda_grad_source), compiles it as C++ with tests/emu/cuda_shim.h
+ * (threads as pthreads, barriers as barriers, warp shuffles through a
+ * buffer) and runs tests/emu/grad_emu.cpp on the inputs
  * of a CPU backward it ran here, which compares every gradient. The same
  * algorithm in the same fp32 order (bar the sums of small products) agrees
  * to about 1e-7; the bound is 1e-5. Needs a C++ compiler (g++ or $CXX):
@@ -67,6 +68,19 @@ static const rule_case rules[] = {
      true, false},
     {"fused_mlp2_long_step_elementwise", 2, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_ELEMENTWISE,
      MN_SCOPE_GLOBAL, "m*tanh(g/m)", 70, 70, MN_RETRIEVE_AFTER, MN_PREC_FP32, 8, 8, 20, false, false},
+    /* refresh != step: the fused backward takes the gradient at the refresh
+     * block's anchor (refresh 2c, 4c, 0) */
+    {"fused_mlp2_gelu_norm_refresh2c", 2, 1, 0, MN_ACT_GELU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NORM, MN_SCOPE_GLOBAL,
+     NULL, 3, 6, MN_RETRIEVE_AFTER, MN_PREC_FP32, 5, 7, 9, false, false},
+    {"fused_mlp2_relu_huber_value_residual_before_refresh4c", 2, 0, 1, MN_ACT_RELU, NULL, MN_LOSS_HUBER, NULL,
+     MN_CLIP_VALUE, MN_SCOPE_GLOBAL, NULL, 2, 8, MN_RETRIEVE_BEFORE, MN_PREC_FP32, 6, 6, 12, false, false},
+    {"fused_linear_softnorm_tensor_mean_refresh0", 1, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_SOFTNORM,
+     MN_SCOPE_TENSOR, NULL, 2, 0, MN_RETRIEVE_AFTER, MN_PREC_FP32, 5, 6, 0, false, true},
+    {"fused_mlp2_long_step_elementwise_refresh2c", 2, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_ELEMENTWISE,
+     MN_SCOPE_GLOBAL, "m*tanh(g/m)", 70, 140, MN_RETRIEVE_AFTER, MN_PREC_FP32, 8, 8, 20, false, false},
+    {"fused_mlp2_custom_act_loss_scale_before_refresh0", 2, 1, 0, MN_ACT_CUSTOM, "z*tanh(softplus(z))",
+     MN_LOSS_CUSTOM, "log(1 + r^2)", MN_CLIP_SCALE, MN_SCOPE_GLOBAL, "exp(-n/(n + m))", 4, 0, MN_RETRIEVE_BEFORE,
+     MN_PREC_FP32, 4, 5, 6, false, false},
 };
 
 static const variant variants[] = {
@@ -80,6 +94,15 @@ static const variant variants[] = {
     {10, false, 1, false, 3, true}, {11, false, 0, true, 0, true}, {11, true, 3, false, 0, true},
     {12, true, 0, false, 0, true},  {12, false, 2, true, 0, true}, {13, false, 0, false, 1, true},
     {13, true, 0, true, 0, true},   {14, false, 0, true, 0, true}, {14, true, 1, false, 0, true},
+    /* refresh != step on the fused backward: retrieve before and after, q,
+     * lengths (refresh blocks opening in the padding), non-finite inputs,
+     * steps of several chunks, blocks of K steps that divide the refresh
+     * block (2 of 2, 2 of 4) and that do not (3 of 4, 3 of 2) */
+    {15, false, 0, false, 0, true}, {15, true, 1, false, 0, true}, {15, false, 0, true, 2, true},
+    {15, false, 0, false, 3, true}, {16, false, 0, false, 3, true}, {16, true, 2, true, 0, true},
+    {16, false, 0, false, 2, true}, {17, false, 0, false, 0, true}, {17, true, 3, true, 0, true},
+    {17, false, 0, false, 3, true}, {18, false, 0, true, 0, true},  {18, true, 1, false, 0, true},
+    {19, false, 0, false, 0, true}, {19, true, 0, true, 2, true},
 };
 
 static uint64_t rng_state = 88172645463325252ULL;
@@ -213,9 +236,11 @@ static void run_variant(const variant *va, const char *cxx, const char *dir)
 {
     const rule_case *c = &rules[va->rule];
     char name[192], why[512] = "", cmd[2048];
+    char block[24] = "";
+    if (va->block) snprintf(block, sizeof block, "/block%d", va->block);
     snprintf(name, sizeof name, "grad_emulated/%s%s%s%s%s%s", va->fused ? "fused/" : "", c->name, va->q ? "/q" : "",
              va->bad == 1 ? "/nan_k" : va->bad == 2 ? "/nan_theta" : va->bad == 3 ? "/inf_v" : "",
-             va->lengths ? "/lengths" : "", va->block ? "/block" : "");
+             va->lengths ? "/lengths" : "", block);
     if (!prepare(va, dir, why, sizeof why)) {
         printf("FAIL %s: %s\n", name, why);
         check_failures_++;
