@@ -219,7 +219,7 @@ res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block 
   as [dh,dk] gets [dh,dk]; what the call did not give comes at full
   shape [B,H,...]. The backward runs where the run ran: a cuda run's on
   the GPU (the fused backward kernel, in the run's precision, where the
-  forward is fused and refresh = step; else the general one, fp32) and
+  forward is fused, whatever the refresh; else the general one, fp32) and
   its gradients stay there (cuda tensors; one summed to a smaller given
   shape lands on that tensor's device), unless the rule has glu,
   out_norm, qk_norm or a precondition, whose backward runs on the cpu
@@ -302,7 +302,7 @@ rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =
   Fields: path, why, forced, rows (token rows per chunk), threads,
   smem_bytes, kernel, memories, precision, arch, device; backward and
   backward_why: where a cuda run's res:backward runs and why ("fused
-  (cuda)" where the forward is fused and refresh = step, with
+  (cuda)" where the forward is fused, with
   backward_rows, backward_smem_bytes, backward_kernel; "general (cuda)";
   or "cpu": glu, out_norm, qk_norm, precondition).
   MNEMO_CUDA_BACKWARD=cpu keeps every backward on the cpu; =general or
