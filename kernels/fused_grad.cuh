@@ -345,14 +345,16 @@ __device__ void mn_fg_join_anchor(const mn_fg_state &g, long long s)
     __syncthreads();
 }
 
-__device__ void mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g, const mn_pset &P, const mn_gbuf &gb,
-                                   long long m, long long s, long long i, int code)
+/* at_next: the slots hold W^(s+1) on entry (always, refresh = step).
+ * Returns whether they hold W^(s) on return: step s - 1's at_next. */
+__device__ bool mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g, const mn_pset &P, const mn_gbuf &gb,
+                                   long long m, long long s, long long i, int code, bool at_next)
 {
     const long long n = a.n, t0 = s * MN_STEP;
     const int rows = (int)mn_steps_rows(n, s), grows = (int)mn_real_rows(a, m, s);
-    if (code == MN_STEP_PADDING) { /* the identity; y = 0 and loss = 0 are constants */
+    if (code == MN_STEP_PADDING) { /* the identity (W^(s) = W^(s+1)); y = 0 and loss = 0 are constants */
         mn_fg_join_anchor(g, s);
-        return;
+        return at_next;
     }
     const float *k = a.k + m * n * MN_DK, *v = a.v + m * n * MN_DV;
     const float *xq = a.q ? a.q + m * n * MN_DK : k;
@@ -369,10 +371,10 @@ __device__ void mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g,
     MN_FG_MARK(0);
     /* the retrieval of the step's last token at W^(s+1) (retrieve = after):
      * refresh = step, the slots hold it (step s + 1's point, or the block's
-     * recompute's last W); else the slots hold an anchor and it comes in */
+     * recompute's last W); else unless step s + 1 left it there, it comes in */
     if (dy && !MN_RETRIEVE_BEFORE && grows == rows) {
         const long long t = t0 + rows - 1;
-        if (!MN_P_AT_W) {
+        if (!MN_P_AT_W && !at_next) {
             mn_fg_load_w(P, g.Wg, g.Wb + (i + 1) * st);
             __syncthreads();
         }
@@ -449,6 +451,7 @@ __device__ void mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g,
     }
     mn_fg_join_anchor(g, s);
     MN_FG_MARK(16);
+    return at_w || (dy && before > 0 && !merged);
 }
 
 /* One memory's backward (grad_kernel.cuh's mn_grad_kernel). */
@@ -596,7 +599,10 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_grad_kernel(cons
         }
         MN_FG_MARK(18);
         MN_FG_MARK(0);
-        for (long long i = len - 1; i >= 0; i--) mn_fg_step_reverse(a, g, P, gb, m, s0 + i, i, (int)g.skip[i]);
+        /* the recompute leaves W^(s0 + len) in the slots, or (refresh != step) an anchor */
+        bool at_next = MN_P_AT_W;
+        for (long long i = len - 1; i >= 0; i--)
+            at_next = mn_fg_step_reverse(a, g, P, gb, m, s0 + i, i, (int)g.skip[i], at_next);
         MN_FG_MARK(0);
     }
 #ifdef MN_FG_PROFILE
