@@ -219,10 +219,10 @@ res:backward{[dy =] [, dloss =] [, dW1 =, db1 =, ...] [, dS_W1 =, ...] [, block 
   as [dh,dk] gets [dh,dk]; what the call did not give comes at full
   shape [B,H,...]. The backward runs where the run ran: a cuda run's on
   the GPU (the fused backward kernel, in the run's precision, where the
-  forward is fused and refresh = step; else the general one, fp32, which
-  runs out_norm and glu; newton_schulz on either) and its gradients stay
-  there (cuda tensors; one summed to a smaller given shape lands on that
-  tensor's device; with qk_norm the keys are normalised and their
+  forward is fused, whatever the refresh; else the general one, fp32,
+  which runs out_norm and glu; newton_schulz on either) and its gradients
+  stay there (cuda tensors; one summed to a smaller given shape lands on
+  that tensor's device; with qk_norm the keys are normalised and their
   gradients taken back through it on the GPU); a cpu run's on the cpu.
   Either way it recomputes the
   forward from checkpoints every block steps (default about sqrt(steps);
@@ -302,7 +302,7 @@ rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =
   Fields: path, why, forced, rows (token rows per chunk), threads,
   smem_bytes, kernel, memories, precision, arch, device; backward and
   backward_why: where a cuda run's res:backward runs and why ("fused
-  (cuda)" where the forward is fused and refresh = step, with
+  (cuda)" where the forward is fused, with
   backward_rows, backward_smem_bytes, backward_kernel; "general (cuda)",
   out_norm's and glu's always; "cpu" only with MNEMO_CUDA_BACKWARD=cpu).
   MNEMO_CUDA_BACKWARD=cpu keeps every backward on the cpu; =general or

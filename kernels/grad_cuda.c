@@ -111,7 +111,7 @@ static mn_status kernel_for(const mn_rule *r, const mn_dims *d, mn_precision pre
     const char *name;
     if (pl->path == MN_PATH_FUSED) {
         mn_fgrad_layout lo;
-        mn_fgrad_layout_init(&lo, P, mn_fused_padded_floats(r, d), K, nblocks);
+        mn_fgrad_layout_init(&lo, P, mn_fused_padded_floats(r, d), K, nblocks, mn_rule_refresh(r) != r->step);
         mn_fgrad_layout_add_ns(&lo, r->layers, d->dk, d->dv, r->layers > 1 ? d->dh : 0,
                                r->precondition == MN_PRECOND_NEWTON_SCHULZ ? r->ns_steps : 0);
         gk->work_floats = lo.total;

@@ -288,9 +288,6 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
         snprintf(why, sizeof why, "glu: the general backward runs it");
     } else if (fwd.path != MN_PATH_FUSED) {
         snprintf(why, sizeof why, "the forward takes the %s path (%.300s)", mn_cuda_path_name(fwd.path), fwd.why);
-    } else if (mn_rule_refresh(r) != r->step) {
-        snprintf(why, sizeof why, "refresh %d is not the step (%d): the fused backward takes the gradient at W^(s)",
-                 mn_rule_refresh(r), r->step);
     } else {
         long first = up16(r->step < 64 ? r->step : 64);
         long fixed = 64 + 8L * mn_param_count(r->layers, r->bias) * (fwd.threads / 32) + 8L * (fwd.threads / 32);
@@ -314,9 +311,10 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
     out->rows = rows;
     out->smem_bytes = smem;
     snprintf(out->why, sizeof out->why,
-             "%sthe forward's fused path, refresh = step: the weights W^(s) stay in shared memory (%ld KB with %d-row "
+             "%sthe forward's fused path: the gradient point (%s) stays in shared memory (%ld KB with %d-row "
              "chunks), the adjoints in the workspace",
-             force_fused ? "MNEMO_CUDA_BACKWARD=fused; " : "", smem / 1024, rows);
+             force_fused ? "MNEMO_CUDA_BACKWARD=fused; " : "",
+             mn_rule_refresh(r) == r->step ? "W^(s), refresh = step" : "the refresh block's anchor", smem / 1024, rows);
     return MN_OK;
 }
 

@@ -60,10 +60,11 @@ const char *mn_cuda_plan_step_kernel(const mn_cuda_plan *pl);
 /* Which CUDA path runs the backward of a run of the rule (SPEC.md section
  * 7), for a rule that mn_cuda_backward_covers: the fused backward
  * (kernels/fused_grad.cuh; plan.path MN_PATH_FUSED with its rows, threads
- * and shared memory) where the fused forward runs the rule, its refresh is
- * the step and the backward's chunk buffers fit beside the weights; else
- * the general backward (kernels/grad_kernel.cuh), which alone runs the
- * backward of out_norm and glu (the reason names them). why says which and why in
+ * and shared memory) where the fused forward runs the rule (any refresh:
+ * the slots hold the gradient point, W^(s) or the anchor) and the
+ * backward's chunk buffers fit beside the weights; else the general
+ * backward (kernels/grad_kernel.cuh), which alone runs the backward of
+ * out_norm and glu (the reason names them). why says which and why in
  * one line. MNEMO_CUDA_BACKWARD=general|fused forces one (fused: an error
  * when it cannot); MNEMO_CUDA_PATH=general or large, which send the forward
  * off the fused path, send the backward to the general one. */

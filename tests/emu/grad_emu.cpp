@@ -127,7 +127,7 @@ int main(int argc, char **argv)
     const long long memories = B * H, nblocks = (S + K - 1) / K;
 #ifdef MN_FUSED_GRAD
     mn_fgrad_layout lo;
-    mn_fgrad_layout_init(&lo, mn_goff(MN_NPARAMS), mn_pset_floats(), K, nblocks);
+    mn_fgrad_layout_init(&lo, mn_goff(MN_NPARAMS), mn_pset_floats(), K, nblocks, !MN_P_AT_W);
     mn_fgrad_layout_add_ns(&lo, MN_LAYERS, MN_DK, MN_DV, MN_DH, MN_PRECOND ? MN_NS_STEPS : 0);
 #else
     mn_grad_layout lo;

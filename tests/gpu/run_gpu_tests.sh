@@ -16,7 +16,7 @@
 #     general run's /grads come from the GPU backward, the others' from the
 #     CPU's (MNEMO_CUDA_BACKWARD=cpu); and fewer configurations in each
 #     precision whose /grads come from the planned GPU backward (the fused
-#     one where the rule has refresh = step),
+#     one where the forward is fused, whatever the refresh),
 #   - the PyTorch bridge (tests/python/test_bridge.py, tests/gpu/test_bridge_gpu.py),
 #   - compute-sanitizer (memcheck; racecheck, initcheck, synccheck on fewer)
 #     on a few `mnemo run` calls, six of them with the backward (fused and
@@ -255,10 +255,11 @@ EOF
       local r = m.rule { layers = 2, hidden = 32, step = 64, refresh = 64, theta = 0.01 }
       m.save('$WORK/san/staged.h5', r:experiment { k = m.randn(1, 2, 4096, 64) * 0.2, v = m.randn(1, 2, 4096, 64) })" \
         > /dev/null 2>&1
-    # and three with /upstream: the backward on the GPU, fused (refresh = step)
-    # and general (refresh 0), widths past one tile, q, several chunks a step;
-    # and fused with qk_norm (the keys normalised and their gradients taken
-    # back through it by ops.cu's row kernels around the backward kernel)
+    # and three with /upstream: the backward on the GPU, fused with refresh =
+    # step and with refresh 0 (the anchor in the slots), the latter on the
+    # general backward forced too; widths past one tile, q, several chunks a
+    # step; and fused with qk_norm (the keys normalised and their gradients
+    # taken back through it by ops.cu's row kernels around the backward kernel)
     for tag in r8 r0 qk; do
         case $tag in
         r8) opts="refresh = 8" ;;
@@ -314,6 +315,7 @@ with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
 " "$WORK/san/up_ns_r$refresh.h5" "$WORK/san/grad_ns_r$refresh.h5" > /dev/null 2>&1
         rm -f "$WORK/san/up_ns_r$refresh.h5"
     done
+    cp "$WORK/san/grad_r0.h5" "$WORK/san/grad_r0_general.h5"
     san() { # tool file
         tool=$1; f=$2; name=sanitizer/$tool/$(basename "$f" .h5)
         "$SANITIZER" --tool "$tool" --error-exitcode 9 "$MNEMO" run "$f" -o "$WORK/san_$tool.h5" --device cuda \
@@ -348,7 +350,8 @@ with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
         san initcheck "$WORK/san/staged.h5"
         san synccheck "$WORK/san/staged.h5"
         for tool in memcheck racecheck initcheck synccheck; do san $tool "$WORK/san/grad_r8.h5"; done
-        san memcheck "$WORK/san/grad_r0.h5"
+        for tool in memcheck racecheck initcheck synccheck; do san $tool "$WORK/san/grad_r0.h5"; done
+        ( MNEMO_CUDA_BACKWARD=general && export MNEMO_CUDA_BACKWARD && san memcheck "$WORK/san/grad_r0_general.h5" )
         for tool in memcheck racecheck initcheck; do san $tool "$WORK/san/grad_glu.h5"; done
         for tool in memcheck initcheck; do san $tool "$WORK/san/grad_qk.h5"; done
         for tool in memcheck racecheck initcheck; do

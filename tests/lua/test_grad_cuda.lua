@@ -36,11 +36,12 @@ elseif backward_env == "cpu" then
   T.eq("grad_cuda/plan/MNEMO_CUDA_BACKWARD=cpu", m.rule {}:plan { dk = 8 }.backward_why, "MNEMO_CUDA_BACKWARD=cpu")
 else
   -- which CUDA backward the plan names (kernels/plan.h mn_cuda_plan_backward):
-  -- the fused one where the forward is fused and refresh = step, else the general one
+  -- the fused one where the forward is fused (any refresh), else the general one
   local covered = {
     linear = { m.rule {}, "fused" },
     mlp2 = { m.rule { layers = 2, hidden = 8, activation = "gelu", clip = "norm", clip_max = 1 }, "fused" },
-    mlp2_refresh0 = { m.rule { layers = 2, hidden = 8, step = 2, refresh = 0 }, "general", "refresh 0 is not the step" },
+    mlp2_refresh0 = { m.rule { layers = 2, hidden = 8, step = 2, refresh = 0 }, "fused" },
+    mlp2_refresh4c = { m.rule { layers = 2, hidden = 8, step = 2, refresh = 8 }, "fused" },
     custom = { m.rule { layers = 3, hidden = 8, activation = "z*tanh(softplus(z))", loss = "log(1 + r^2)",
                         clip = "elementwise", clip_expr = "m*tanh(g/m)", constants = { m = 0.01 } }, "general",
                "the forward takes the general path" },
@@ -57,12 +58,13 @@ else
     -- qk_norm: the keys normalised on the device around either kernel
     qk_norm_l2 = { m.rule { qk_norm = "l2" }, "fused" },
     qk_norm_rms_mlp2 = { m.rule { qk_norm = "rms", layers = 2, hidden = 8, activation = "gelu" }, "fused" },
-    qk_norm_rms_refresh0 = { m.rule { qk_norm = "rms", layers = 2, hidden = 8, step = 2, refresh = 0 }, "general",
-                             "refresh 0 is not the step" },
-    -- both backward kernels run newton_schulz's adjoint
+    qk_norm_rms_refresh0 = { m.rule { qk_norm = "rms", layers = 2, hidden = 8, step = 2, refresh = 0 }, "fused" },
+    -- both backward kernels run newton_schulz's adjoint (the fused one at the
+    -- refresh block's anchor too)
     newton_schulz = { m.rule { precondition = "newton_schulz" }, "fused" },
-    newton_schulz_refresh2c = { m.rule { precondition = "newton_schulz", step = 2, refresh = 4 }, "general",
-                                "refresh 4 is not the step" },
+    newton_schulz_refresh2c = { m.rule { precondition = "newton_schulz", step = 2, refresh = 4 }, "fused" },
+    newton_schulz_3layers = { m.rule { precondition = "newton_schulz", layers = 3, hidden = 8 }, "general",
+                              "the forward takes the general path" },
   }
   for name, c in pairs(covered) do
     local want = backward_env == "general" and "general" or c[2]
@@ -253,6 +255,22 @@ local cases = {
     step = 6, refresh = 12 }, Tn = 24, bad = { "theta", 1, 2, 5 }, skips = true, tol = SMOOTH },
   { name = "ns_linear_rank_deficient_step2", rule = { precondition = "newton_schulz", ns_steps = 5, step = 2,
     refresh = 4 }, tol = NS_RANK },
+  -- refresh != step on the fused backward: the anchor in the slots, its
+  -- adjoint joined at a refresh block's first step; retrievals at W^(s)
+  -- and W^(s+1) apart from it
+  { name = "fused_mlp2_refresh4c_long_steps_after", rule = { layers = 2, activation = "gelu", bias = true, step = 40,
+    refresh = 160, clip = "norm", clip_max = 0.5, theta = 0.02 }, Tn = 150, dk = 20, dv = 18, dh = 40, block = 3,
+    tol = SMOOTH },
+  { name = "fused_mlp2_refresh2c_before_q_lengths", rule = { layers = 2, activation = "silu", step = 4, refresh = 8,
+    retrieve = "before", clip = "softnorm", clip_max = 0.3, clip_scope = "tensor", theta = 0.02 }, B = 3, Tn = 37,
+    dk = 33, dv = 17, dh = 70, q = true, lengths = { 37, 9, 0 }, block = 2, tol = SMOOTH },
+  { name = "fused_linear_refresh0_mean", rule = { bias = true, step = 5, refresh = 0, token_reduce = "mean" }, Tn = 33,
+    dk = 24, dv = 20, tol = SMOOTH },
+  { name = "fused_mlp2_refresh0_nan_theta_momenta", rule = { layers = 2, activation = "tanh", residual = true,
+    step = 3, refresh = 0, eta = 0.9 }, Tn = 30, dk = 16, dv = 16, dh = 32, momenta = true,
+    bad = { "theta", 1, 2, 5 }, skips = true, tol = SMOOTH },
+  { name = "fused_mlp2_p1c16_shape", rule = { layers = 2, activation = "gelu", bias = true, step = 16, refresh = 64,
+    theta = 0.02 }, B = 1, H = 2, Tn = 200, dk = 64, dv = 64, dh = 256, tol = SMOOTH },
 }
 
 local function put_bad(t, b, h, tok, value) t[{ b, h, tok }] = value end

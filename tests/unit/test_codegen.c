@@ -158,7 +158,7 @@ static void test_compile_cases(void)
 }
 
 /* The backward's plan (kernels/plan.h mn_cuda_plan_backward): fused where
- * the forward is fused and refresh = step; MNEMO_CUDA_BACKWARD forces. */
+ * the forward is fused, whatever the refresh; MNEMO_CUDA_BACKWARD forces. */
 static void test_backward_plan(void)
 {
     mn_rule r;
@@ -173,14 +173,35 @@ static void test_backward_plan(void)
     CHECK("codegen/backward_plan/p1_fused", ok && bp.path == MN_PATH_FUSED && bp.rows == 16 &&
                                                 bp.smem_bytes == mn_fused_grad_smem_bytes(&r, &d, 16) &&
                                                 bp.smem_bytes <= 227 * 1024);
-    r.refresh = 0;
-    ok = mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 90, 0, &bp) == MN_OK;
-    CHECK("codegen/backward_plan/refresh0_general", ok && bp.path == MN_PATH_GENERAL && strstr(bp.why, "refresh 0"));
+    /* refresh != step (P1-c16's r = 4c, and 0): the anchor in the slots, the same shared memory */
+    const int refreshes[] = {256, 0};
+    for (int i = 0; i < 2; i++) {
+        r.refresh = refreshes[i];
+        ok = mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 90, 0, &bp) == MN_OK;
+        char label[96];
+        snprintf(label, sizeof label, "codegen/backward_plan/refresh%d_fused", refreshes[i]);
+        CHECK(label, ok && bp.path == MN_PATH_FUSED && bp.rows == 16 &&
+                         bp.smem_bytes == mn_fused_grad_smem_bytes(&r, &d, 16) && strstr(bp.why, "anchor"));
+    }
+    /* P1-c16 (issue 15: c = 16, r = 4c): its fused backward's source compiles */
+    r.step = 16;
+    r.refresh = 64;
+    ok = mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 90, 0, &bp) == MN_OK && bp.path == MN_PATH_FUSED;
+    char *csrc = ok ? mn_cuda_fused_grad_source(&r, &d, MN_PREC_TF32, &bp) : NULL;
+    CHECK("codegen/backward_plan/p1_c16_fused", csrc && strstr(csrc, "#define MN_REFRESH 64"));
+    if (csrc) compile_line("codegen/nvrtc_sm90/p1_c16/fused backward", csrc);
+    free(csrc);
+    r.step = 64;
+    r.refresh = 64;
+    /* a forward off the fused path (3 layers, hidden 256: the large one): forcing the fused
+     * backward is refused in one line naming why */
+    r.layers = 3;
     setenv("MNEMO_CUDA_BACKWARD", "fused", 1);
     CHECK("codegen/backward_plan/forced_fused_refused",
           mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 90, 0, &bp) == MN_ERR_UNSUPPORTED &&
-              strstr(mn_last_error(), "MNEMO_CUDA_BACKWARD=fused: refresh 0"));
-    r.refresh = 64;
+              strstr(mn_last_error(), "MNEMO_CUDA_BACKWARD=fused: the forward takes the large path") &&
+              strstr(mn_last_error(), "3 layers") && !strchr(mn_last_error(), '\n'));
+    r.layers = 2;
     ok = mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 90, 0, &bp) == MN_OK;
     CHECK("codegen/backward_plan/forced_fused", ok && bp.path == MN_PATH_FUSED && bp.forced);
     setenv("MNEMO_CUDA_BACKWARD", "general", 1);

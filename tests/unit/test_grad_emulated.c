@@ -3,7 +3,8 @@
  * case (rules across losses, activations, clip kinds and scopes, custom
  * expressions, depth 1-3, bias, residual, glu, q, steps longer than a chunk,
  * refresh 0 / c / k c, both retrieve modes, lengths, non-finite k, v and
- * theta, block sizes; out_norm layernorm and rmsnorm with ln_g, ln_b, whose
+ * theta, block sizes; the fused backward's too, refresh = step and not;
+ * out_norm layernorm and rmsnorm with ln_g, ln_b, whose
  * gradients are compared too; qk_norm l2 and rms) it generates the rule's backward source as the CUDA
  * backend does (mn_cuda_grad_source), compiles it as C++ with
  * tests/emu/cuda_shim.h (threads as pthreads, barriers as barriers, warp
@@ -101,6 +102,19 @@ static const rule_case rules[] = {
      5, true, true},
     {"glu2_long_step_chunked_bias_tensor", 2, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NORM,
      MN_SCOPE_TENSOR, NULL, 70, 140, MN_RETRIEVE_BEFORE, MN_PREC_FP32, 4, 4, 6, false, true},
+    /* refresh != step: the fused backward takes the gradient at the refresh
+     * block's anchor (refresh 2c, 4c, 0) */
+    {"fused_mlp2_gelu_norm_refresh2c", 2, 1, 0, MN_ACT_GELU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NORM, MN_SCOPE_GLOBAL,
+     NULL, 3, 6, MN_RETRIEVE_AFTER, MN_PREC_FP32, 5, 7, 9, false, false},
+    {"fused_mlp2_relu_huber_value_residual_before_refresh4c", 2, 0, 1, MN_ACT_RELU, NULL, MN_LOSS_HUBER, NULL,
+     MN_CLIP_VALUE, MN_SCOPE_GLOBAL, NULL, 2, 8, MN_RETRIEVE_BEFORE, MN_PREC_FP32, 6, 6, 12, false, false},
+    {"fused_linear_softnorm_tensor_mean_refresh0", 1, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_SOFTNORM,
+     MN_SCOPE_TENSOR, NULL, 2, 0, MN_RETRIEVE_AFTER, MN_PREC_FP32, 5, 6, 0, false, true},
+    {"fused_mlp2_long_step_elementwise_refresh2c", 2, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_ELEMENTWISE,
+     MN_SCOPE_GLOBAL, "m*tanh(g/m)", 70, 140, MN_RETRIEVE_AFTER, MN_PREC_FP32, 8, 8, 20, false, false},
+    {"fused_mlp2_custom_act_loss_scale_before_refresh0", 2, 1, 0, MN_ACT_CUSTOM, "z*tanh(softplus(z))",
+     MN_LOSS_CUSTOM, "log(1 + r^2)", MN_CLIP_SCALE, MN_SCOPE_GLOBAL, "exp(-n/(n + m))", 4, 0, MN_RETRIEVE_BEFORE,
+     MN_PREC_FP32, 4, 5, 6, false, false},
 };
 
 static const variant variants[] = {
@@ -114,6 +128,15 @@ static const variant variants[] = {
     {10, false, 1, false, 3, true}, {11, false, 0, true, 0, true}, {11, true, 3, false, 0, true},
     {12, true, 0, false, 0, true},  {12, false, 2, true, 0, true}, {13, false, 0, false, 1, true},
     {13, true, 0, true, 0, true},   {14, false, 0, true, 0, true}, {14, true, 1, false, 0, true},
+    /* refresh != step on the fused backward: retrieve before and after, q,
+     * lengths (refresh blocks opening in the padding), non-finite inputs,
+     * steps of several chunks, blocks of K steps that divide the refresh
+     * block (2 of 2, 2 of 4) and that do not (3 of 4, 3 of 2) */
+    {20, false, 0, false, 0, true}, {20, true, 1, false, 0, true}, {20, false, 0, true, 2, true},
+    {20, false, 0, false, 3, true}, {21, false, 0, false, 3, true}, {21, true, 2, true, 0, true},
+    {21, false, 0, false, 2, true}, {22, false, 0, false, 0, true}, {22, true, 3, true, 0, true},
+    {22, false, 0, false, 3, true}, {23, false, 0, true, 0, true},  {23, true, 1, false, 0, true},
+    {24, false, 0, false, 0, true}, {24, true, 0, true, 2, true},
 };
 
 /* out_norm on the general backward: layernorm and rmsnorm, 1 to 3 layers,
@@ -329,13 +352,14 @@ static bool prepare(const variant *va, const emu_options *o, const char *dir, ch
 static void run_variant(const variant *va, const emu_options *o, const char *cxx, const char *dir)
 {
     const rule_case *c = &rules[va->rule];
-    char name[192], why[512] = "", cmd[2048], ns[16] = "";
+    char name[192], why[512] = "", cmd[2048], ns[16] = "", block[24] = "";
     if (o->ns_steps > 0) snprintf(ns, sizeof ns, "ns%d/", o->ns_steps);
+    if (va->block) snprintf(block, sizeof block, "/block%d", va->block);
     snprintf(name, sizeof name, "grad_emulated/%s%s%s%s%s%s%s%s%s%s%s", va->fused ? "fused/" : "", ns, c->name,
              o->out_norm == MN_NORM_LAYERNORM ? "/layernorm" : o->out_norm == MN_NORM_RMSNORM ? "/rmsnorm" : "",
              o->glu ? "/glu" : "", va->q ? "/q" : "",
              va->bad == 1 ? "/nan_k" : va->bad == 2 ? "/nan_theta" : va->bad == 3 ? "/inf_v" : "",
-             va->lengths ? "/lengths" : "", va->block ? "/block" : "", o->qk_norm ? "/qk_norm_" : "",
+             va->lengths ? "/lengths" : "", block, o->qk_norm ? "/qk_norm_" : "",
              o->qk_norm ? mn_part_name(&mn_qknorm_set, o->qk_norm) : "");
     /* MNEMO_EMU_ONLY=TEXT: only the variants whose name holds TEXT (a quicker look: "ns3/", "/glu") */
     const char *only = getenv("MNEMO_EMU_ONLY");
@@ -423,6 +447,13 @@ int main(void)
     run_variant(&glu_variants[0], &ns_glu, cxx, dir);
     run_variant(&glu_variants[4], &ns_glu, cxx, dir);
     run_variant(&norm_variants[2].v, &ns_norm, cxx, dir);
+    /* newton_schulz on the fused backward with refresh != step (70-row
+     * steps: G of full rank, see ns_variants) */
+    const variant ns_anchor[] = {{23, false, 0, false, 0, true}, {23, true, 0, true, 0, true}};
+    for (size_t i = 0; i < sizeof ns_anchor / sizeof *ns_anchor; i++) {
+        const emu_options o = {MN_NORM_NONE, false, MN_QKNORM_NONE, 3 - (int)i};
+        run_variant(&ns_anchor[i], &o, cxx, dir);
+    }
     /* a failure's files stay for a look (the source, the case, the compiler's log) */
     if (check_failures_) {
         printf("# kept %s\n", dir);
