@@ -489,8 +489,15 @@ static void test_newton_schulz(void)
         CHECK(label, mn_cuda_backward_rule_covers(&r, why, sizeof why));
         mn_cuda_plan bp;
         bool ok = mn_cuda_plan_backward(&r, &small, MN_PREC_TF32, 90, 0, &bp) == MN_OK;
-        snprintf(label, sizeof label, "codegen/newton_schulz/backward_plan_refresh2c_general_%dlayer", layers);
-        CHECK(label, ok && bp.path == MN_PATH_GENERAL && strstr(bp.why, "refresh"));
+        /* the fused backward takes it at the refresh block's anchor too */
+        snprintf(label, sizeof label, "codegen/newton_schulz/backward_plan_refresh2c_fused_%dlayer", layers);
+        CHECK(label, ok && bp.path == MN_PATH_FUSED);
+        if (ok && bp.path == MN_PATH_FUSED) {
+            snprintf(label, sizeof label, "codegen/newton_schulz/fused_backward_source_refresh2c_%dlayer", layers);
+            snprintf(nvrtc, sizeof nvrtc, "codegen/nvrtc_sm90/newton_schulz/fused_backward_refresh2c_%dlayer", layers);
+            check_source(label, nvrtc, mn_cuda_fused_grad_source(&r, &small, MN_PREC_TF32, &bp), "#define MN_PRECOND 1",
+                         "mn_fused_grad_kernel");
+        }
     }
     r.refresh = r.step;
     mn_dims small = {2, 3, 10, 16, 8, 12, 0};
