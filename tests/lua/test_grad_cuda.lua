@@ -269,8 +269,11 @@ local cases = {
   { name = "fused_mlp2_refresh0_nan_theta_momenta", rule = { layers = 2, activation = "tanh", residual = true,
     step = 3, refresh = 0, eta = 0.9 }, Tn = 30, dk = 16, dv = 16, dh = 32, momenta = true,
     bad = { "theta", 1, 2, 5 }, skips = true, tol = SMOOTH },
+  -- (P1-c16's norm clip too: without it this case's weights, 0.4 randn at
+  -- widths 64 and 256, diverge, |G| reaching 1e10, and the fp32 rounding of
+  -- the two engines' forwards already differs by 1e-4 before any backward)
   { name = "fused_mlp2_p1c16_shape", rule = { layers = 2, activation = "gelu", bias = true, step = 16, refresh = 64,
-    theta = 0.02 }, B = 1, H = 2, Tn = 200, dk = 64, dv = 64, dh = 256, tol = SMOOTH },
+    theta = 0.02, clip = "norm", clip_max = 1 }, B = 1, H = 2, Tn = 200, dk = 64, dv = 64, dh = 256, tol = SMOOTH },
 }
 
 local function put_bad(t, b, h, tok, value) t[{ b, h, tok }] = value end
@@ -290,7 +293,13 @@ local function masked(g, bad)
   return g
 end
 
+-- MNEMO_TEST_SHARD=k/n: only the cases whose index is k mod n (a GPU
+-- machine runs n processes at once; each case's first backward compiles its
+-- kernels with NVRTC, seconds a case)
+local shard_k, shard_n = (os.getenv("MNEMO_TEST_SHARD") or ""):match("^(%d+)/(%d+)$")
+shard_k, shard_n = tonumber(shard_k), tonumber(shard_n)
 for ci, c in ipairs(cases) do
+  if shard_n and (ci - 1) % shard_n ~= shard_k then goto next_case end
   m.seed(100 + ci)
   local B, H, Tn = c.B or 2, c.H or 2, c.Tn or 12
   local dk, dv, dh = c.dk or 4, c.dv or (c.rule.residual and 4) or 4, c.dh or 6
@@ -388,6 +397,7 @@ for ci, c in ipairs(cases) do
     for _, name in ipairs(names) do finite = finite and T.rel(gg[name], gg[name]) == 0 end
     T.ok(label .. "/finite", finite, "a gradient of the cuda backward has a NaN")
   end
+  ::next_case::
 end
 
 T.done()
