@@ -223,8 +223,11 @@ local cases = {
     q = true, tol = SMOOTH },
   { name = "fused_qk_rms_linear_lengths", rule = { qk_norm = "rms", bias = true, step = 5, refresh = 5,
     token_reduce = "mean" }, B = 3, Tn = 23, dk = 24, dv = 20, lengths = { 23, 9, 0 }, tol = SMOOTH },
+  -- prec_scale 2: rms-normalised keys (norm sqrt(dk), twice the other
+  -- cases') through 40-row steps; tf32's 10-bit products gave 1.4e-2 on an
+  -- H200 where fp32 agrees to 1e-4 and bf16 stays inside its 5e-2
   { name = "fused_qk_rms_mlp2_long_steps_q", rule = { qk_norm = "rms", layers = 2, activation = "gelu", step = 40,
-    refresh = 40, theta = 0.02 }, Tn = 150, dk = 20, dv = 18, dh = 40, q = true, tol = SMOOTH },
+    refresh = 40, theta = 0.02 }, Tn = 150, dk = 20, dv = 18, dh = 40, q = true, tol = SMOOTH, prec_scale = 2 },
   { name = "fused_qk_l2_mlp2_nonfinite_k", rule = { qk_norm = "l2", layers = 2, activation = "gelu", step = 4,
     refresh = 4 }, bad = { "k", 2, 1, 6 }, skips = true, tol = SMOOTH },
   -- precondition = newton_schulz (its adjoint in double; the fused backward
@@ -355,7 +358,7 @@ for ci, c in ipairs(cases) do
   local gc, ec = run_on("cpu")
   local gg, eg = run_on("cuda")
   local label = "grad_cuda/" .. c.name .. (precision ~= "fp32" and "/" .. precision or "")
-  local tol = math.max(c.tol, PREC_TOL)
+  local tol = math.max(c.tol, PREC_TOL * (c.prec_scale or 1))
   -- newton_schulz in tf32 and bf16: the fused backward's products round
   -- G's weak directions, which the iteration lifts (test_conformance.py's
   -- ns_rank_deficient), so finiteness only there as for a kink
