@@ -53,11 +53,6 @@ void mn_rownorm_forward(mn_rownorm nm, const float *x, int64_t rows, int64_t n, 
     }
 }
 
-void mn_rownorm_rows_inplace(mn_rownorm nm, float *x, int64_t rows, int64_t n)
-{
-    if (nm.on) mn_rownorm_forward(nm, x, rows, n, x, NULL);
-}
-
 void mn_rownorm_jvp(mn_rownorm nm, const float *nhat, const float *s, const float *xd, int64_t rows, int64_t n,
                     float *nd)
 {

@@ -34,8 +34,6 @@ void mn_rownorm_vjp(mn_rownorm nm, const float *nhat, const float *s, const floa
 void mn_rownorm_hvp_acc(mn_rownorm nm, const float *nhat, const float *s, const float *xd, const float *a,
                         int64_t rows, int64_t n, float *xbar);
 
-/* In place on a [.., n] f32 CPU tensor's rows (qk_norm of k or q). */
-void mn_rownorm_rows_inplace(mn_rownorm nm, float *x, int64_t rows, int64_t n);
 /* out = the map on the rows of x (last dimension), a new f32 tensor on x's
  * device: on the CPU the loops above, elsewhere the device backend's rownorm
  * kernel (model/ops.h), so a CUDA run's keys and queries are normalised
