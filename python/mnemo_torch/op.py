@@ -114,9 +114,10 @@ def backward_tensors(rule, inputs, params, momenta, upstream, wanted, outer=(Non
     input, parameter, momentum and ln_g, ln_b; upstream: dy, dloss,
     dparams..., dmomenta... (None: zero). wanted: booleans in the order
     inputs, params, momenta, outer. With CUDA tensors the engine's backward
-    runs on the GPU (on torch's current stream) for the rules its GPU
-    backward covers (rule:plan's backward line), else on the CPU from
-    copies; the gradients come back on the inputs' device."""
+    runs on the GPU (on torch's current stream; every option of the rule:
+    rule:plan's backward line says which kernel; MNEMO_CUDA_BACKWARD=cpu
+    sends it to the CPU from copies); the gradients come back on the
+    inputs' device."""
     like = inputs[0]
     dev = like.device
     prep = lambda t: None if t is None else t.detach().to(dev, torch.float32).contiguous()  # noqa: E731
