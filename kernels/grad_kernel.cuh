@@ -383,27 +383,6 @@ __device__ void mn_gprecond_forward(float *Gt, double *ns)
     __syncthreads(); /* a zero matrix returns without one */
 }
 
-/* A = X X^T and Bm = b A + c A^2 for X [m x n], as mn_newton_schulz forms
- * them; ends with a barrier. */
-__device__ void mn_ns_products(const double *X, int m, int n, double *A, double *Bm)
-{
-    const int tid = threadIdx.x, nt = blockDim.x;
-    for (int e = tid; e < m * m; e += nt) {
-        const double *xi = X + (long long)(e / m) * n, *xj = X + (long long)(e % m) * n;
-        double s = 0.0;
-        for (int l = 0; l < n; l++) s += xi[l] * xj[l];
-        A[e] = s;
-    }
-    __syncthreads();
-    for (int e = tid; e < m * m; e += nt) {
-        const int i = e / m, j = e % m;
-        double s = 0.0;
-        for (int l = 0; l < m; l++) s += A[i * m + l] * A[l * m + j];
-        Bm[e] = -4.7750 * A[e] + 2.0315 * s;
-    }
-    __syncthreads();
-}
-
 /* The adjoint of newton_schulz on one matrix (model/precond.c ns_adjoint,
  * the same steps in double): g [rows x cols] is the clipped gradient the
  * forward saw, dg holds the adjoint of the output on entry and of the input

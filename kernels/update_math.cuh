@@ -118,6 +118,29 @@ __device__ double mn_ns_block_sum(double v)
     return t;
 }
 
+/* A = X X^T and Bm = b A + c A^2 for X [m x n] (model/precond.c's
+ * coefficients): one Newton-Schulz iteration's products, which the
+ * backward's adjoint (grad_kernel.cuh) recomputes the same way. The block's
+ * threads share them; ends with a barrier. */
+__device__ void mn_ns_products(const double *X, int m, int n, double *A, double *Bm)
+{
+    const int tid = threadIdx.x, nt = blockDim.x;
+    for (int e = tid; e < m * m; e += nt) {
+        const double *xi = X + (long long)(e / m) * n, *xj = X + (long long)(e % m) * n;
+        double s = 0.0;
+        for (int l = 0; l < n; l++) s += xi[l] * xj[l];
+        A[e] = s;
+    }
+    __syncthreads();
+    for (int e = tid; e < m * m; e += nt) {
+        const int i = e / m, j = e % m;
+        double s = 0.0;
+        for (int l = 0; l < m; l++) s += A[i * m + l] * A[l * m + j];
+        Bm[e] = -4.7750 * A[e] + 2.0315 * s;
+    }
+    __syncthreads();
+}
+
 /* SPEC.md section 2's newton_schulz on one matrix's clipped gradient g
  * [rows x cols], in place, as model/precond.c computes it (double): X_0 =
  * Gt / (|Gt| + 1e-7), transposed to wide; MN_NS_STEPS times X <- a X +
@@ -142,20 +165,7 @@ __device__ void mn_newton_schulz(float *g, int rows, int cols, double *ns)
     for (int e = tid; e < m * n; e += nt) X[e] /= nu + 1e-7;
     __syncthreads();
     for (int it = 0; it < MN_NS_STEPS; it++) {
-        for (int e = tid; e < m * m; e += nt) {
-            const double *xi = X + (long long)(e / m) * n, *xj = X + (long long)(e % m) * n;
-            double s = 0.0;
-            for (int l = 0; l < n; l++) s += xi[l] * xj[l];
-            A[e] = s;
-        }
-        __syncthreads();
-        for (int e = tid; e < m * m; e += nt) {
-            const int i = e / m, j = e % m;
-            double s = 0.0;
-            for (int l = 0; l < m; l++) s += A[i * m + l] * A[l * m + j];
-            Bm[e] = -4.7750 * A[e] + 2.0315 * s;
-        }
-        __syncthreads();
+        mn_ns_products(X, m, n, A, Bm);
         for (int e = tid; e < m * n; e += nt) {
             const int i = e / n, j = e % n;
             double s = 0.0;
