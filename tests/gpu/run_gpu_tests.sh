@@ -258,6 +258,19 @@ EOF
       local r = m.rule { layers = 2, hidden = 32, step = 64, refresh = 64, theta = 0.01 }
       m.save('$WORK/san/staged.h5', r:experiment { k = m.randn(1, 2, 4096, 64) * 0.2, v = m.randn(1, 2, 4096, 64) })" \
         > /dev/null 2>&1
+    # attach_upstream TAG NAME...: the datasets NAME... of up_TAG.h5 into
+    # grad_TAG.h5's /upstream group (the backward's input), then up_TAG.h5 goes
+    attach_upstream() {
+        tag_=$1
+        shift
+        "$PYTHON" -c "
+import h5py, sys
+with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
+    for name in sys.argv[3:]:
+        f['upstream/' + name] = src[name][()]
+" "$WORK/san/up_$tag_.h5" "$WORK/san/grad_$tag_.h5" "$@" > /dev/null 2>&1
+        rm -f "$WORK/san/up_$tag_.h5"
+    }
     # and three with /upstream: the backward on the GPU, fused with refresh =
     # step and with refresh 0 (the anchor in the slots), the latter on the
     # general backward forced too; widths past one tile, q, several chunks a
@@ -276,13 +289,7 @@ EOF
                  v = m.randn(2, 2, 50, 18) * 0.5, q = m.randn(2, 2, 50, 20) * 0.5 })
           m.save('$WORK/san/up_$tag.h5', { dy = m.randn(2, 2, 50, 18), dloss = m.randn(2, 2, 50),
                                            dW1 = m.randn(2, 2, 40, 20) })" > /dev/null 2>&1
-        "$PYTHON" -c "
-import h5py, sys
-with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
-    for name in ('dy', 'dloss', 'dW1'):
-        f['upstream/' + name] = src[name][()]
-" "$WORK/san/up_$tag.h5" "$WORK/san/grad_$tag.h5" > /dev/null 2>&1
-        rm -f "$WORK/san/up_$tag.h5"
+        attach_upstream $tag dy dloss dW1
     done
     # and one glu file with /upstream: the general backward through 3 gated
     # layers with bias (the gates' tangents and adjoints in the workspace)
@@ -292,13 +299,7 @@ with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
       m.save('$WORK/san/grad_glu.h5', r:experiment { k = m.randn(2, 2, 30, 6) * 0.5, v = m.randn(2, 2, 30, 5) * 0.5 })
       m.save('$WORK/san/up_glu.h5', { dy = m.randn(2, 2, 30, 5), dloss = m.randn(2, 2, 30),
                                       dU2 = m.randn(2, 2, 7, 7) })" > /dev/null 2>&1
-    "$PYTHON" -c "
-import h5py, sys
-with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
-    for name in ('dy', 'dloss', 'dU2'):
-        f['upstream/' + name] = src[name][()]
-" "$WORK/san/up_glu.h5" "$WORK/san/grad_glu.h5" > /dev/null 2>&1
-    rm -f "$WORK/san/up_glu.h5"
+    attach_upstream glu dy dloss dU2
     # and two more with /upstream: newton_schulz's adjoint on the fused
     # (refresh = step) and the general backward (its iterates in the
     # workspace's double scratch), a tall W1 and a wide W2
@@ -310,13 +311,7 @@ with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
                  v = m.randn(2, 2, 24, 5) * 0.5 })
           m.save('$WORK/san/up_ns_r$refresh.h5', { dy = m.randn(2, 2, 24, 5), dloss = m.randn(2, 2, 24) })" \
             > /dev/null 2>&1
-        "$PYTHON" -c "
-import h5py, sys
-with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
-    for name in ('dy', 'dloss'):
-        f['upstream/' + name] = src[name][()]
-" "$WORK/san/up_ns_r$refresh.h5" "$WORK/san/grad_ns_r$refresh.h5" > /dev/null 2>&1
-        rm -f "$WORK/san/up_ns_r$refresh.h5"
+        attach_upstream ns_r$refresh dy dloss
     done
     cp "$WORK/san/grad_r0.h5" "$WORK/san/grad_r0_general.h5"
     san() { # tool file
