@@ -303,10 +303,12 @@ rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =
   smem_bytes, kernel, memories, precision, arch, device; backward and
   backward_why: where a cuda run's res:backward runs and why ("fused
   (cuda)" where the forward is fused, with
-  backward_rows, backward_smem_bytes, backward_kernel; "general (cuda)",
-  out_norm's and glu's always; "cpu" only with MNEMO_CUDA_BACKWARD=cpu).
-  MNEMO_CUDA_BACKWARD=cpu keeps every backward on the cpu; =general or
-  =fused forces a GPU backward kernel.
+  backward_rows, backward_smem_bytes, backward_kernel; "large (cuda)"
+  where the forward is large: cuBLAS products over all memories at once,
+  except newton_schulz and glu; "general (cuda)", out_norm's and glu's
+  always, and a large run's with lengths or non-finite inputs; "cpu" only
+  with MNEMO_CUDA_BACKWARD=cpu). MNEMO_CUDA_BACKWARD=cpu keeps every
+  backward on the cpu; =general, =fused or =large forces a GPU backward.
   MNEMO_CUDA_PATH=general, fused or large forces a path (for tests and
   benchmarks). lengths = true: the plan of a run with lengths (ragged
   batches), which is the rule's: every path runs them. Needs no GPU.

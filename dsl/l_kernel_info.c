@@ -224,7 +224,8 @@ static void kernel_opts(lua_State *L, const mn_rule *r, int opts, const char *wh
 }
 
 /* The backward's path of a cuda run (kernels/plan.h) into the plan table
- * on top: backward = "fused (cuda)", "general (cuda)" or "cpu", and
+ * on top: backward = "fused (cuda)", "large (cuda)", "general (cuda)" or
+ * "cpu", and
  * backward_why; with d (NULL: the rule is not for cuda at all), the fused
  * backward's rows and shared memory too. */
 static void set_backward(lua_State *L, const mn_rule *r, const mn_dims *d, mn_precision prec, int arch, long smem)
@@ -242,7 +243,9 @@ static void set_backward(lua_State *L, const mn_rule *r, const mn_dims *d, mn_pr
         return;
     }
     const bool fused = bp.path == MN_PATH_FUSED;
-    set_str(L, "backward", fused ? "fused (cuda)" : "general (cuda)");
+    char where[32];
+    snprintf(where, sizeof where, "%s (cuda)", mn_cuda_path_name(bp.path));
+    set_str(L, "backward", where);
     set_str(L, "backward_why", bp.why);
     if (fused) {
         set_int(L, "backward_rows", bp.rows);

@@ -681,3 +681,121 @@ mn_status mn_cuda_large_read(const mn_memory_state *st, const mn_tensor *q, mn_t
     }
     return finish(&R, s);
 }
+
+/* ---- the backward's recompute (kernels/grad_large.c) ---- */
+
+struct mn_large_stepper {
+    run R;
+    mn_memory_state *st;
+    long long next;
+    int64_t n, nsteps;
+    int full_runs;        /* full steps run so far: the second is captured */
+    float *outs;          /* the forward's outputs, [M, n] loss then 5 x [M, nsteps] */
+    size_t outs_bytes;
+};
+
+mn_status mn_large_stepper_open(mn_memory_state *st, const mn_segment_inputs *in, int64_t n, int64_t nsteps,
+                                mn_large_stepper **out)
+{
+    *out = NULL;
+    mn_large_stepper *sp = calloc(1, sizeof *sp);
+    if (!sp) return mn_fail(MN_ERR_OOM, "cuda large backward: out of memory");
+    run *R = &sp->R;
+    mn_status s = run_init(R, st, st->rule.step < n ? st->rule.step : n, true);
+    if (s != MN_OK) {
+        free(sp);
+        return s;
+    }
+    sp->st = st;
+    sp->n = n;
+    sp->nsteps = nsteps;
+    const long long M = R->M;
+    sp->outs_bytes = sizeof(float) * (size_t)(M * n + 5 * M * nsteps);
+    s = mn_cuda_alloc(sp->outs_bytes, (void **)&sp->outs);
+    if (s != MN_OK) {
+        free(sp);
+        return s;
+    }
+    mn_large_kargs *a = &R->a;
+    R->k = f32(&in->k);
+    R->q = f32(&in->q);
+    a->k = R->k;
+    a->v = f32(&in->v);
+    a->theta = f32(&in->theta);
+    a->eta = f32(&in->eta);
+    a->alpha = f32(&in->alpha);
+    /* no retrieval: the backward wants the state, the gradient and skipped */
+    a->loss = sp->outs;
+    float **steps[5] = {&a->grad_norm, &a->clip_scale, &a->skipped, &a->step_loss, &a->weight_norm};
+    for (int i = 0; i < 5; i++) *steps[i] = sp->outs + M * n + i * M * nsteps;
+    a->n = n;
+    a->nsteps = nsteps;
+    s = alloc_work(R);
+    if (s == MN_OK) s = begin(R);
+    if (s != MN_OK) {
+        mn_large_stepper_close(sp, s);
+        return s;
+    }
+    *out = sp;
+    return MN_OK;
+}
+
+/* A state that the caller rewrote (a checkpoint restored): its bf16 operand
+ * copies follow it. */
+mn_status mn_large_stepper_state_set(mn_large_stepper *sp)
+{
+    run *R = &sp->R;
+    if (R->prec != MN_PREC_BF16) return MN_OK;
+    mn_large_op o = {0};
+    o.flags = MN_LARGE_CONVERT_W;
+    MN_TRY(launch(R, K_PARAMS, grid_slices(R), block1, &o));
+    if (R->refresh != R->step) {
+        o.flags = MN_LARGE_CONVERT_A;
+        MN_TRY(launch(R, K_PARAMS, grid_slices(R), block1, &o));
+    }
+    return MN_OK;
+}
+
+mn_status mn_large_stepper_run(mn_large_stepper *sp, int64_t s)
+{
+    run *R = &sp->R;
+    if (s != sp->next) {
+        /* a kernel argument would change the captured graph: the counter is set by a copy */
+        sp->next = s;
+        MN_CUDA_CHECK(cudaMemcpyAsync(R->a.counter, &sp->next, sizeof(long long), cudaMemcpyHostToDevice, dev.stream));
+        /* the copy reads sp->next when the stream gets there: wait before it changes */
+        MN_CUDA_CHECK(cudaStreamSynchronize(dev.stream));
+    }
+    const long long c = R->step, rows = s * c + c <= sp->n ? c : sp->n - s * c;
+    if (rows == c) {
+        if (++sp->full_runs == 2 && !R->graph) (void)capture_step(R, c);
+        if (R->graph) MN_CUDA_CHECK(cudaGraphLaunch(R->graph, dev.stream));
+        else MN_TRY(enqueue_step(R, c));
+    } else {
+        MN_TRY(enqueue_step(R, rows));
+    }
+    sp->next = s + 1; /* the step's last kernel advanced the counter */
+    return MN_OK;
+}
+
+float *mn_large_stepper_grad(const mn_large_stepper *sp, int p) { return sp->R.a.G[p]; }
+const float *mn_large_stepper_skipped(const mn_large_stepper *sp) { return sp->R.a.skipped; }
+void *mn_large_stepper_stream(const mn_large_stepper *sp)
+{
+    (void)sp;
+    return dev.stream;
+}
+void *mn_large_stepper_blas(const mn_large_stepper *sp)
+{
+    (void)sp;
+    return dev.blas;
+}
+
+mn_status mn_large_stepper_close(mn_large_stepper *sp, mn_status s)
+{
+    if (!sp) return s;
+    s = finish(&sp->R, s);
+    mn_cuda_free(sp->outs, sp->outs_bytes);
+    free(sp);
+    return s;
+}

@@ -31,4 +31,26 @@ char *mn_cuda_large_source(const mn_rule *r, const mn_dims *d, mn_precision p);
 /* The names of the kernels in that source (extern "C"), NULL-terminated. */
 extern const char *const mn_large_kernel_names[];
 
+/* The backward's recompute (kernels/grad_large.c): this path's forward, one
+ * step at a time, on a device memory state st that the caller reads and
+ * rewrites between steps (checkpoints): the same launches as a segment's,
+ * so the recomputed states are the forward's own. The state's precision
+ * is the forward's. in as for mn_cuda_large_segment_run, n tokens and
+ * nsteps steps; no retrieval outputs. Everything runs on the stepper's
+ * stream, after the legacy stream's work at open; close waits for it and
+ * frees everything (it returns s, or the first error of its own). */
+typedef struct mn_large_stepper mn_large_stepper;
+mn_status mn_large_stepper_open(mn_memory_state *st, const mn_segment_inputs *in, int64_t n, int64_t nsteps,
+                                mn_large_stepper **out);
+/* Step s on the state: W, S (and A) become the state after it, its
+ * gradient G (unclipped) stays in mn_large_stepper_grad. */
+mn_status mn_large_stepper_run(mn_large_stepper *sp, int64_t s);
+/* After the caller rewrote the state's tensors (bf16: the operand copies). */
+mn_status mn_large_stepper_state_set(mn_large_stepper *sp);
+float *mn_large_stepper_grad(const mn_large_stepper *sp, int p); /* [M, numel_p] */
+const float *mn_large_stepper_skipped(const mn_large_stepper *sp); /* [M, nsteps]: 1 where a step was skipped */
+void *mn_large_stepper_stream(const mn_large_stepper *sp);       /* cudaStream_t */
+void *mn_large_stepper_blas(const mn_large_stepper *sp);         /* cublasHandle_t, on that stream */
+mn_status mn_large_stepper_close(mn_large_stepper *sp, mn_status s);
+
 #endif

@@ -1,7 +1,8 @@
 /* grad_cuda.c: the backward of a run (SPEC.md section 7) on the GPU: the
  * host side of kernels/fused_grad.cuh (the fused path's backward, where
  * mn_cuda_plan_backward takes the rule) and kernels/grad_kernel.cuh (the
- * general path's), registered with
+ * general path's), or kernels/grad_large.c (the large path's: cuBLAS
+ * products, for few big memories), registered with
  * model/grad_cpu.c's mn_run_backward_on as the MN_CUDA grad backend (model/
  * never calls kernels/). For a rule that mn_cuda_backward_covers (plan.c):
  * the initial state and the inputs go to the GPU as the forward's do
@@ -25,6 +26,7 @@
 #include "cuda_module.h"
 #include "plan.h"
 #include "cuda.h"
+#include "grad_large.h"
 #include "rule_kernel.cuh" /* its first part is C: MN_RULE_MAX_PARAMS, the forward's chunk layout */
 #include "grad_kernel.cuh" /* its first part is C: the arguments and the workspace layout */
 #include "fused_grad.cuh"  /* its first part is C: the fused backward's workspace layout */
@@ -144,6 +146,37 @@ static mn_status kernel_for(const mn_rule *r, const mn_dims *d, mn_precision pre
     return MN_OK;
 }
 
+/* The large path's backward (grad_large.h) on the run's device tensors. */
+static mn_status run_large(grad_run *g, mn_precision prec, int64_t n, int64_t S, int64_t K, mn_run_grads *out,
+                           bool *declined)
+{
+    mn_large_grad_io io;
+    memset(&io, 0, sizeof io);
+    io.st = &g->st;
+    io.in = &g->in;
+    io.n = n;
+    io.nsteps = S;
+    io.K = K;
+    io.dy = f32(&g->dy);
+    io.dloss = f32(&g->dloss);
+    for (int p = 0; p < g->st.nparams; p++) {
+        io.dWf[p] = f32(&g->dW[p]);
+        io.dSf[p] = f32(&g->dS[p]);
+        io.gW[p] = f32(&g->gW[p]);
+        io.gS[p] = f32(&g->gS[p]);
+    }
+    io.gk = f32(&g->gk);
+    io.gv = f32(&g->gv);
+    io.gq = f32(&g->gq);
+    io.gtheta = f32(&g->gtheta);
+    io.geta = f32(&g->geta);
+    io.galpha = f32(&g->galpha);
+    int64_t bytes = 0;
+    MN_TRY(mn_cuda_large_backward(&io, prec, &bytes, declined));
+    out->backward_bytes = bytes;
+    return MN_OK;
+}
+
 static mn_status run_kernel(grad_run *g, mn_precision prec, int64_t n, int64_t S, int64_t block_steps,
                             mn_run_grads *out)
 {
@@ -162,6 +195,13 @@ static mn_status run_kernel(grad_run *g, mn_precision prec, int64_t n, int64_t S
     if (memories > 2147483647LL)
         return mn_fail(MN_ERR_UNSUPPORTED, "cuda backward: %lld memories (B x H) exceed one launch's grid",
                        (long long)memories);
+    if (pl.path == MN_PATH_LARGE) {
+        bool declined = false;
+        MN_TRY(run_large(g, prec, n, S, K, out, &declined));
+        if (!declined) return MN_OK;
+        /* lengths or a non-finite input: the general backward cuts such rows as the CPU's does */
+        pl.path = MN_PATH_GENERAL;
+    }
     grad_kernel gk;
     MN_TRY(kernel_for(r, d, prec, &pl, flat.P, K, nblocks, &gk));
     out->backward_bytes = (int64_t)sizeof(float) * gk.work_floats * memories;

@@ -265,12 +265,28 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
     if (smem_limit <= 0) smem_limit = smem_of_arch(arch);
     const char *force = getenv("MNEMO_CUDA_BACKWARD");
     const bool force_general = force && strcmp(force, "general") == 0, force_fused = force && strcmp(force, "fused") == 0;
-    if (force && *force && !force_general && !force_fused && strcmp(force, "cpu") != 0 && strcmp(force, "auto") != 0)
-        return mn_fail(MN_ERR_ARG, "MNEMO_CUDA_BACKWARD=%s: expected general, fused, cpu or auto", force);
+    const bool force_large = force && strcmp(force, "large") == 0;
+    if (force && *force && !force_general && !force_fused && !force_large && strcmp(force, "cpu") != 0 &&
+        strcmp(force, "auto") != 0)
+        return mn_fail(MN_ERR_ARG, "MNEMO_CUDA_BACKWARD=%s: expected general, fused, large, cpu or auto", force);
     out->path = MN_PATH_GENERAL;
-    out->forced = force_general || force_fused;
+    out->forced = force_general || force_fused || force_large;
     if (force_general) {
         snprintf(out->why, sizeof out->why, "MNEMO_CUDA_BACKWARD=general");
+        return MN_OK;
+    }
+    /* what the large backward (kernels/grad_large.c) does not run */
+    char nolarge[128] = "";
+    if (r->out_norm != MN_NORM_NONE)
+        snprintf(nolarge, sizeof nolarge, "out_norm %s", mn_part_name(&mn_norm_set, r->out_norm));
+    else if (r->glu && r->layers > 1) snprintf(nolarge, sizeof nolarge, "glu");
+    else if (r->precondition == MN_PRECOND_NEWTON_SCHULZ) snprintf(nolarge, sizeof nolarge, "newton_schulz");
+    if (force_large) {
+        if (nolarge[0])
+            return mn_fail(MN_ERR_UNSUPPORTED, "MNEMO_CUDA_BACKWARD=large: %s: the large backward does not run it",
+                           nolarge);
+        out->path = MN_PATH_LARGE;
+        snprintf(out->why, sizeof out->why, "MNEMO_CUDA_BACKWARD=large");
         return MN_OK;
     }
     /* why not fused, if not */
@@ -286,8 +302,16 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
     } else if (r->glu && r->layers > 1) {
         /* as the fused forward, the fused backward's shared memory holds no gates */
         snprintf(why, sizeof why, "glu: the general backward runs it");
+    } else if (fwd.path == MN_PATH_LARGE && !nolarge[0] && !force_fused) {
+        out->path = MN_PATH_LARGE;
+        snprintf(out->why, sizeof out->why,
+                 "the forward's large path (%.200s): cuBLAS products batched over the memories, the forward's own "
+                 "steps recomputed",
+                 fwd.why);
+        return MN_OK;
     } else if (fwd.path != MN_PATH_FUSED) {
-        snprintf(why, sizeof why, "the forward takes the %s path (%.300s)", mn_cuda_path_name(fwd.path), fwd.why);
+        snprintf(why, sizeof why, "the forward takes the %s path (%.250s)%s%s%s", mn_cuda_path_name(fwd.path), fwd.why,
+                 nolarge[0] ? "; " : "", nolarge, nolarge[0] ? ": the general backward runs it" : "");
     } else {
         long first = up16(r->step < 64 ? r->step : 64);
         long fixed = 64 + 8L * mn_param_count(r->layers, r->bias) * (fwd.threads / 32) + 8L * (fwd.threads / 32);

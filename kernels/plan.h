@@ -65,9 +65,13 @@ const char *mn_cuda_plan_step_kernel(const mn_cuda_plan *pl);
  * backward's chunk buffers fit beside the weights; else the general
  * backward (kernels/grad_kernel.cuh), which alone runs the backward of
  * out_norm and glu (the reason names them). why says which and why in
- * one line. MNEMO_CUDA_BACKWARD=general|fused forces one (fused: an error
- * when it cannot); MNEMO_CUDA_PATH=general or large, which send the forward
- * off the fused path, send the backward to the general one. */
+ * one line. Where the forward takes the large path, the large backward
+ * (kernels/grad_large.c: cuBLAS products batched over the memories; plan.path
+ * MN_PATH_LARGE), unless the rule has out_norm, glu or newton_schulz, which
+ * only the general backward runs. MNEMO_CUDA_BACKWARD=general|fused|large
+ * forces one (fused and large: an error when it cannot); MNEMO_CUDA_PATH=
+ * general sends the forward, and so the backward, to the general path,
+ * MNEMO_CUDA_PATH=large to the large one. */
 mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision p, int arch, long smem_limit,
                                 mn_cuda_plan *out);
 

@@ -66,8 +66,22 @@ else
     newton_schulz_3layers = { m.rule { precondition = "newton_schulz", layers = 3, hidden = 8 }, "general",
                               "the forward takes the general path" },
   }
+  -- the large backward (kernels/grad_large.c) where the forward is large;
+  -- newton_schulz and glu on a large forward go to the general one
+  covered.large_mlp2 = { m.rule { layers = 2, hidden = 256, step = 4 }, "large", "the forward's large path" }
+  covered.large_ns = { m.rule { layers = 2, hidden = 256, step = 4, precondition = "newton_schulz" }, "general",
+                       "newton_schulz: the general backward runs it" }
+  -- MNEMO_CUDA_BACKWARD=large: forced where it can run the rule, refused by name where not
+  local function large_refuses(name)
+    return name:find("^out_norm") or name:find("^glu") or name:find("newton_schulz") or name == "large_ns"
+  end
   for name, c in pairs(covered) do
-    local want = backward_env == "general" and "general" or c[2]
+    local want = backward_env == "general" and "general" or backward_env == "large" and "large" or c[2]
+    if backward_env == "large" and large_refuses(name) then
+      T.raises("grad_cuda/plan/" .. name .. "/large_refused", function() return c[1]:plan { dk = 8 } end,
+               "MNEMO_CUDA_BACKWARD=large")
+      goto next_rule
+    end
     local p = c[1]:plan { dk = 8 }
     T.eq("grad_cuda/plan/" .. name .. "/backward", p.backward, want .. " (cuda)")
     T.ok("grad_cuda/plan/" .. name .. "/printed", tostring(p):find("backward: " .. want .. " (cuda)", 1, true) ~= nil,
@@ -75,18 +89,19 @@ else
     if want == "fused" then
       T.ok("grad_cuda/plan/" .. name .. "/fused_shape", p.backward_rows and p.backward_rows % 16 == 0 and
            p.backward_smem_bytes > 0 and p.backward_kernel == "mn_fused_grad_kernel", tostring(p))
-    elseif c[3] and backward_env ~= "general" then
+    elseif c[3] and backward_env ~= "general" and backward_env ~= "large" then
       T.ok("grad_cuda/plan/" .. name .. "/why", p.backward_why:find(c[3], 1, true) ~= nil, p.backward_why)
     end
+    ::next_rule::
   end
   -- every option at once: the GPU's general backward runs them all (no
   -- option sends a backward to the cpu any more), out_norm named as why not fused
   local all = m.rule { layers = 2, hidden = 8, glu = true, out_norm = "rmsnorm", precondition = "newton_schulz",
                        qk_norm = "l2" }
-  local why = all:plan { dk = 8 }.backward_why
-  T.ok("grad_cuda/plan/all_options", all:plan { dk = 8 }.backward == "general (cuda)" and
+  local why = backward_env ~= "large" and all:plan { dk = 8 }.backward_why or ""
+  if backward_env ~= "large" then T.ok("grad_cuda/plan/all_options", all:plan { dk = 8 }.backward == "general (cuda)" and
        (backward_env == "general" or why:find("out_norm rmsnorm", 1, true) ~= nil) and not why:find("cpu", 1, true) and
-       not why:find("\n", 1, true), why)
+       not why:find("\n", 1, true), why) end
 end
 
 if not m.cuda_available() then
@@ -109,7 +124,10 @@ assert(PREC_TOL, "MNEMO_GRAD_PRECISION: expected fp32, tf32 or bf16")
 -- One case: rule fields, sizes, and what the run gets. opts: B, H, Tn, dk,
 -- dv, dh; q (a query tensor), lengths, momenta (initial S_*), bad = {what,
 -- b, h, t} (a non-finite entry), dloss, dparams (upstream of the finals),
--- block (res:backward{block =}); with rule.out_norm, ln (the shape of the
+-- block (res:backward{block =}); wscale: the initial weights' scale (0.4
+-- randn; a deep case at width 256 takes less, or its activations grow
+-- 6x a layer and its trajectory turns chaotic, so that fp32 rounding alone
+-- separates the engines); with rule.out_norm, ln (the shape of the
 -- ln_g, ln_b given: "dv" (default), "H" or "BH").
 local cases = {
   { name = "linear_mse", rule = { theta = 0.1, eta = 0.6 }, tol = SMOOTH },
@@ -277,6 +295,21 @@ local cases = {
   -- the two engines' forwards already differs by 1e-4 before any backward)
   { name = "fused_mlp2_p1c16_shape", rule = { layers = 2, activation = "gelu", bias = true, step = 16, refresh = 64,
     theta = 0.02, clip = "norm", clip_max = 1 }, B = 1, H = 2, Tn = 200, dk = 64, dv = 64, dh = 256, tol = SMOOTH },
+  -- a dimension of 256: the forward's large path, and the large backward
+  -- (kernels/grad_large.c): cuBLAS products, every memory in step
+  { name = "large_mlp2_gelu_bias_norm_q", rule = { layers = 2, activation = "gelu", bias = true, clip = "norm",
+    clip_max = 1, step = 4, refresh = 4, theta = 0.05 }, Tn = 18, dk = 24, dv = 20, dh = 256, q = true, block = 2,
+    tol = SMOOTH },
+  { name = "large_linear_residual_before_refresh0_momenta", rule = { bias = true, residual = true, step = 3,
+    refresh = 0, retrieve = "before", token_reduce = "mean", theta = 0.02 }, Tn = 14, dk = 256, dv = 256,
+    momenta = true, tol = SMOOTH },
+  { name = "large_mlp3_silu_custom_loss_softnorm_tensor_anchor", rule = { layers = 3, activation = "silu",
+    loss = "log(1 + r^2)", clip = "softnorm", clip_max = 0.5, clip_scope = "tensor", step = 2, refresh = 6,
+    feature_reduce = "sum", theta = 0.02 }, Tn = 15, dk = 16, dv = 12, dh = 256, block = 2, wscale = 0.1,
+    tol = SMOOTH },
+  { name = "large_mlp2_custom_act_elementwise_long_step", rule = { layers = 2, activation = "z*tanh(softplus(z))",
+    clip = "elementwise", clip_expr = "m*tanh(g/m)", constants = { m = 0.05 }, step = 70, refresh = 70,
+    theta = 0.01 }, B = 1, H = 3, Tn = 150, dk = 20, dv = 20, dh = 300, tol = SMOOTH },
 }
 
 local function put_bad(t, b, h, tok, value) t[{ b, h, tok }] = value end
@@ -298,11 +331,19 @@ end
 
 -- MNEMO_TEST_SHARD=k/n: only the cases whose index is k mod n (a GPU
 -- machine runs n processes at once; each case's first backward compiles its
--- kernels with NVRTC, seconds a case)
+-- kernels with NVRTC, seconds a case); MNEMO_TEST_ONLY=TEXT: only the cases
+-- whose name contains TEXT
 local shard_k, shard_n = (os.getenv("MNEMO_TEST_SHARD") or ""):match("^(%d+)/(%d+)$")
 shard_k, shard_n = tonumber(shard_k), tonumber(shard_n)
+local only = os.getenv("MNEMO_TEST_ONLY")
 for ci, c in ipairs(cases) do
   if shard_n and (ci - 1) % shard_n ~= shard_k then goto next_case end
+  if only and not c.name:find(only, 1, true) then goto next_case end
+  -- MNEMO_CUDA_BACKWARD=large refuses these options (the plan test above)
+  if backward_env == "large" and (c.rule.glu or c.rule.out_norm or c.rule.precondition) then
+    T.skip("grad_cuda/" .. c.name, "MNEMO_CUDA_BACKWARD=large does not run its options")
+    goto next_case
+  end
   m.seed(100 + ci)
   local B, H, Tn = c.B or 2, c.H or 2, c.Tn or 12
   local dk, dv, dh = c.dk or 4, c.dv or (c.rule.residual and 4) or 4, c.dh or 6
@@ -328,7 +369,7 @@ for ci, c in ipairs(cases) do
   local np = 0
   for name, t in pairs(rule:run { k = k, v = v, theta = 0.1, seed = 7 + ci }.final) do
     if not name:match("^S_") then
-      init[name] = m.randn(table.unpack(t.shape)) * (name:match("^b") and 0.1 or 0.4)
+      init[name] = m.randn(table.unpack(t.shape)) * (name:match("^b") and 0.1 or c.wscale or 0.4)
       if c.momenta then init["S_" .. name] = m.randn(table.unpack(t.shape)) * 0.05 end
       if c.dparams ~= false then
         up["d" .. name] = m.randn(table.unpack(t.shape))

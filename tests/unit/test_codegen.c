@@ -15,6 +15,7 @@
 #include "engine.h"
 #include "../../kernels/codegen.h"
 #include "../../kernels/engine_large.h"
+#include "../../kernels/grad_large.h"
 #include "../../kernels/nvrtc.h"
 #include "../../kernels/plan.h"
 
@@ -231,9 +232,79 @@ static void test_backward_plan(void)
     CHECK("codegen/backward_plan/profile_source", psrc && strstr(psrc, "#define MN_FG_PROFILE 1"));
     if (psrc) compile_line("codegen/nvrtc_sm90/p1/fused backward, MNEMO_FG_PROFILE", psrc);
     free(psrc);
-    /* sm_80's 163 KB: P1's weights (134 KB) and 16 rows of the backward's buffers do not fit */
+    /* sm_80's 163 KB: P1's fused forward (179 KB) does not fit; the forward
+     * takes the large path, and the backward with it */
     ok = mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 80, 0, &bp) == MN_OK;
-    CHECK("codegen/backward_plan/sm80_too_small", ok && bp.path == MN_PATH_GENERAL && strstr(bp.why, "KB"));
+    CHECK("codegen/backward_plan/sm80_large", ok && bp.path == MN_PATH_LARGE && strstr(bp.why, "163 KB") &&
+                                                  strstr(bp.why, "the forward's large path"));
+    mn_rule_free(&r);
+}
+
+/* The large path's backward (kernels/grad_large.c): planned where the
+ * forward is large (P2, the issue's head-128 case), forced by
+ * MNEMO_CUDA_BACKWARD=large on any rule without out_norm, glu or
+ * newton_schulz (refused in one line naming the option), and its kernels'
+ * source compiles in every precision for rules that use each part of it
+ * (biases or not, residual, custom loss, each clip kind, refresh modes). */
+static void test_large_backward(void)
+{
+    mn_rule r;
+    mn_cuda_plan bp;
+    mn_rule_init(&r);
+    r.layers = 2;
+    r.hidden = 512;
+    r.step = 2048;
+    r.refresh = 2048;
+    mn_dims p2 = {1, 1, 2048, 512, 512, 512, 0};
+    bool ok = mn_cuda_plan_backward(&r, &p2, MN_PREC_TF32, 90, 0, &bp) == MN_OK;
+    CHECK("codegen/large_backward/p2_planned", ok && bp.path == MN_PATH_LARGE && !bp.forced &&
+                                                   strstr(bp.why, "the forward's large path"));
+    r.hidden = 256;
+    r.step = r.refresh = 64;
+    mn_dims g1 = {4, 16, 4096, 128, 128, 256, 0};
+    ok = mn_cuda_plan_backward(&r, &g1, MN_PREC_BF16, 90, 0, &bp) == MN_OK;
+    CHECK("codegen/large_backward/g1_planned", ok && bp.path == MN_PATH_LARGE);
+    /* newton_schulz on a large forward: the general backward, saying why */
+    r.precondition = MN_PRECOND_NEWTON_SCHULZ;
+    ok = mn_cuda_plan_backward(&r, &g1, MN_PREC_TF32, 90, 0, &bp) == MN_OK;
+    CHECK("codegen/large_backward/ns_general", ok && bp.path == MN_PATH_GENERAL && strstr(bp.why, "newton_schulz"));
+    setenv("MNEMO_CUDA_BACKWARD", "large", 1);
+    CHECK("codegen/large_backward/ns_forced_refused",
+          mn_cuda_plan_backward(&r, &g1, MN_PREC_TF32, 90, 0, &bp) == MN_ERR_UNSUPPORTED &&
+              strstr(mn_last_error(), "MNEMO_CUDA_BACKWARD=large: newton_schulz") && !strchr(mn_last_error(), '\n'));
+    r.precondition = MN_PRECOND_NONE;
+    /* forced on P1, whose forward is fused */
+    mn_dims p1 = {4, 32, 4096, 64, 64, 256, 0};
+    ok = mn_cuda_plan_backward(&r, &p1, MN_PREC_TF32, 90, 0, &bp) == MN_OK;
+    CHECK("codegen/large_backward/forced", ok && bp.path == MN_PATH_LARGE && bp.forced);
+    unsetenv("MNEMO_CUDA_BACKWARD");
+    /* the sources: one rule per part, each compiled in every precision */
+    static const rule_case cases[] = {
+        {"mlp2_gelu_norm", 2, 1, 0, MN_ACT_GELU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NORM, MN_SCOPE_GLOBAL, NULL, 64, 64,
+         MN_RETRIEVE_AFTER, MN_PREC_FP32, 128, 128, 256, false, false},
+        {"lin_residual_value", 1, 0, 1, MN_ACT_IDENTITY, NULL, MN_LOSS_HUBER, NULL, MN_CLIP_VALUE, MN_SCOPE_GLOBAL,
+         NULL, 64, 0, MN_RETRIEVE_BEFORE, MN_PREC_FP32, 256, 256, 0, true, false},
+        {"mlp3_custom_loss_softnorm", 3, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_CUSTOM, "log(1 + r^2)", MN_CLIP_SOFTNORM,
+         MN_SCOPE_TENSOR, NULL, 64, 128, MN_RETRIEVE_AFTER, MN_PREC_FP32, 256, 128, 512, false, true},
+        {"mlp2_custom_act_elementwise", 2, 0, 0, MN_ACT_CUSTOM, "z*tanh(softplus(z))", MN_LOSS_MSE, NULL,
+         MN_CLIP_ELEMENTWISE, MN_SCOPE_GLOBAL, "m*tanh(g/m)", 64, 64, MN_RETRIEVE_AFTER, MN_PREC_FP32, 256, 256, 256,
+         false, false},
+    };
+    static const mn_precision precs[] = {MN_PREC_FP32, MN_PREC_TF32, MN_PREC_BF16};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        mn_rule_free(&r);
+        mn_status st = make_rule(&cases[i], &r);
+        mn_dims d = {2, 2, 256, cases[i].dk, cases[i].dv, cases[i].dh, 0};
+        char name[160];
+        for (size_t k = 0; k < 3; k++) {
+            char *src = st == MN_OK ? mn_cuda_large_grad_source(&r, &d, precs[k]) : NULL;
+            snprintf(name, sizeof name, "codegen/nvrtc_sm90/large_backward/%s/%s", cases[i].name,
+                     mn_precision_name(precs[k]));
+            CHECK(name, src && strstr(src, "mn_lgrad_update_kernel") && strstr(src, "mn_ghook_loss_dyy"));
+            if (src) compile_line(name, src);
+            free(src);
+        }
+    }
     mn_rule_free(&r);
 }
 
@@ -935,6 +1006,7 @@ int main(void)
     test_source_contents();
     test_disk_cache();
     test_backward_plan();
+    test_large_backward();
     test_qk_norm_backward();
     test_compile_cases();
     return CHECK_DONE();
