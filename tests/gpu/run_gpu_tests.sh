@@ -6,22 +6,22 @@
 #   - the rule engine from Lua on cuda against cpu (run, memory in pieces,
 #     read, precision modes, rule:source), and the backward of a cuda run on
 #     the GPU against the cpu's (tests/lua/test_grad_cuda.lua: the planned
-#     fused or general kernel, then the general one forced, then tf32 and
-#     bf16),
+#     fused, large or general backward, then the general and the large one
+#     forced, then tf32 and bf16),
 #   - the conformance suite (tests/reference) on cuda in fp32, tf32 and bf16
 #     on the path the plan picks (the fused kernel for layers 1 and 2), in
 #     fp32 on sequences up to 400 tokens (steps longer than a chunk), and in
 #     fp32 with the general and the large path forced (MNEMO_CUDA_PATH), all
 #     at once (they share the kernel cache, written atomically); the forced
-#     general run's /grads come from the GPU backward, the others' from the
-#     CPU's (MNEMO_CUDA_BACKWARD=cpu); and fewer configurations in each
+#     runs' /grads come from the GPU's general and large backward, the
+#     others' from the CPU's (MNEMO_CUDA_BACKWARD=cpu); and fewer configurations in each
 #     precision whose /grads come from the planned GPU backward (the fused
 #     one where the forward is fused, whatever the refresh),
 #   - the PyTorch bridge (tests/python/test_bridge.py, tests/gpu/test_bridge_gpu.py),
 #   - compute-sanitizer (memcheck; racecheck, initcheck, synccheck on fewer)
-#     on a few `mnemo run` calls, six of them with the backward (fused and
+#     on a few `mnemo run` calls, seven of them with the backward (fused and
 #     general, each also with newton_schulz; general through glu's gated
-#     layers; fused with qk_norm),
+#     layers; fused with qk_norm; large),
 #   - one mid-size run timed on cuda and cpu, and compared.
 # Logs go to $OUT (default: a temporary folder): summary.log (every
 # PASS/FAIL/SKIP line), conformance_{fp32,tf32,bf16,long,general,large,backward_*}.log, gpu_logs.tgz
@@ -102,9 +102,10 @@ if want conformance && [ -n "$PYTHON" ]; then
     done
     # the paths the plan did not pick for these small rules, forced
     # (kernels/plan.h): the general kernel, and the cuBLAS + graph path
+    # (their /grads from the GPU's backward: the general one, and the large
+    # one that the large forward brings with it)
     for path in general large; do
-        backward=cpu
-        [ "$path" = general ] && backward=auto
+        backward=auto
         ( MNEMO_CUDA_BACKWARD=$backward MNEMO_CUDA_PATH=$path MNEMO_DEVICE=cuda MNEMO_PRECISION=fp32 MNEMO_CONFORMANCE_SEED=3 \
               MNEMO_CONFORMANCE_COUNT=${PATH_CONFORMANCE_COUNT:-80} timeout "${CONFORMANCE_TIMEOUT:-540}" \
               "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_$path.log" 2>&1
@@ -152,6 +153,8 @@ done
 # backward forced, and in tf32 and bf16 (the fused backward where planned)
 want paths && {
     run_one "lua/test_grad_cuda.lua (general backward)" env MNEMO_CUDA_BACKWARD=general "$MNEMO" tests/lua/test_grad_cuda.lua
+    # the large backward forced: every case without out_norm, glu or newton_schulz
+    run_one "lua/test_grad_cuda.lua (large backward)" env MNEMO_CUDA_BACKWARD=large "$MNEMO" tests/lua/test_grad_cuda.lua
     for prec in tf32 bf16; do
         run_one "lua/test_grad_cuda.lua ($prec)" env MNEMO_GRAD_PRECISION=$prec "$MNEMO" tests/lua/test_grad_cuda.lua
     done
@@ -276,19 +279,23 @@ with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
     # general backward forced too; widths past one tile, q, several chunks a
     # step; and fused with qk_norm (the keys normalised and their gradients
     # taken back through it by ops.cu's row kernels around the backward kernel)
-    for tag in r8 r0 qk; do
+    # (large: hidden 256, the large forward and the large backward: cuBLAS
+    # products, the update's adjoint per slice, the anchor at refresh 2c)
+    for tag in r8 r0 qk large; do
+        hidden=40
         case $tag in
         r8) opts="refresh = 8" ;;
         r0) opts="refresh = 0" ;;
         qk) opts="refresh = 8, qk_norm = 'rms'" ;;
+        large) opts="refresh = 16"; hidden=256 ;;
         esac
         "$MNEMO" -e "local m = mnemo; m.seed(9)
-          local r = m.rule { layers = 2, hidden = 40, activation = 'gelu', step = 8, $opts, clip = 'norm',
+          local r = m.rule { layers = 2, hidden = $hidden, activation = 'gelu', step = 8, $opts, clip = 'norm',
                              clip_max = 0.5, theta = 0.02, eta = 0.5 }
           m.save('$WORK/san/grad_$tag.h5', r:experiment { k = m.randn(2, 2, 50, 20) * 0.5,
                  v = m.randn(2, 2, 50, 18) * 0.5, q = m.randn(2, 2, 50, 20) * 0.5 })
           m.save('$WORK/san/up_$tag.h5', { dy = m.randn(2, 2, 50, 18), dloss = m.randn(2, 2, 50),
-                                           dW1 = m.randn(2, 2, 40, 20) })" > /dev/null 2>&1
+                                           dW1 = m.randn(2, 2, $hidden, 20) })" > /dev/null 2>&1
         attach_upstream $tag dy dloss dW1
     done
     # and one glu file with /upstream: the general backward through 3 gated
@@ -352,6 +359,7 @@ with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
         ( MNEMO_CUDA_BACKWARD=general && export MNEMO_CUDA_BACKWARD && san memcheck "$WORK/san/grad_r0_general.h5" )
         for tool in memcheck racecheck initcheck; do san $tool "$WORK/san/grad_glu.h5"; done
         for tool in memcheck initcheck; do san $tool "$WORK/san/grad_qk.h5"; done
+        for tool in memcheck racecheck initcheck synccheck; do san $tool "$WORK/san/grad_large.h5"; done
         for tool in memcheck racecheck initcheck; do
             for refresh in 6 12; do san $tool "$WORK/san/grad_ns_r$refresh.h5"; done
         done
