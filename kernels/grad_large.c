@@ -47,13 +47,13 @@
 #define CHUNK_FLOATS (1LL << 26)
 #define BLOCKS_PER_SM 16
 
-enum { LK_FINITE, LK_STAGE, LK_ADDROWS, LK_ACT, LK_TANGENT, LK_LOSS, LK_SEED, LK_COLSUM, LK_REVACT, LK_UPDATE,
-       LK_CLIP, LK_DG, LK_REFRESH, LK_FINAL, LK_COUNT };
+enum { LK_FINITE, LK_STAGE, LK_ADDROWS, LK_ACT, LK_TANGENT, LK_LOSS, LK_SEED, LK_COLPART, LK_COLSUM, LK_REVACT,
+       LK_UPDATE, LK_CLIP, LK_DG, LK_REFRESH, LK_FINAL, LK_COUNT };
 const char *const mn_large_grad_kernel_names[] = {
-    "mn_lgrad_finite_kernel", "mn_lgrad_stage_kernel",       "mn_lgrad_addrows_kernel", "mn_lgrad_act_kernel",
-    "mn_lgrad_tangent_kernel", "mn_lgrad_loss_kernel",       "mn_lgrad_seed_kernel",    "mn_lgrad_colsum_kernel",
-    "mn_lgrad_reverse_act_kernel", "mn_lgrad_update_kernel", "mn_lgrad_clip_kernel",    "mn_lgrad_dg_kernel",
-    "mn_lgrad_refresh_kernel", "mn_lgrad_final_kernel", NULL};
+    "mn_lgrad_finite_kernel", "mn_lgrad_stage_kernel",  "mn_lgrad_addrows_kernel", "mn_lgrad_act_kernel",
+    "mn_lgrad_tangent_kernel", "mn_lgrad_loss_kernel",  "mn_lgrad_seed_kernel",    "mn_lgrad_colpart_kernel",
+    "mn_lgrad_colsum_kernel", "mn_lgrad_reverse_act_kernel", "mn_lgrad_update_kernel", "mn_lgrad_clip_kernel",
+    "mn_lgrad_dg_kernel", "mn_lgrad_refresh_kernel", "mn_lgrad_final_kernel", NULL};
 
 char *mn_cuda_large_grad_source(const mn_rule *r, const mn_dims *d, mn_precision p)
 {
@@ -103,11 +103,15 @@ static bool refresh_start(const lg *G, long long s)
 
 /* ---- launches and products ---- */
 
-static mn_status launch(const lg *G, int k, dim3 grid, const mn_lgrad_op *o)
+static mn_status launch_block(const lg *G, int k, dim3 grid, dim3 block, const mn_lgrad_op *o)
 {
-    dim3 block = {MN_LGRAD_THREADS, 1, 1};
     void *args[2] = {(void *)&G->a, (void *)o};
     return MN_CUDA_ST(cudaLaunchKernel((const void *)G->mod->k[k], grid, block, args, 0, G->stream));
+}
+
+static mn_status launch(const lg *G, int k, dim3 grid, const mn_lgrad_op *o)
+{
+    return launch_block(G, k, grid, (dim3){MN_LGRAD_THREADS, 1, 1}, o);
 }
 
 /* Grid-stride over elems elements of each memory: (x, M). */
@@ -199,6 +203,9 @@ static mn_status colsum(const lg *G, const float *src, long long cr, long long w
     o.g = gb;
     o.rows = cr;
     o.width = width;
+    dim3 parts = {(unsigned)((width + 31) / 32), (unsigned)((cr + MN_LGRAD_COL_ROWS - 1) / MN_LGRAD_COL_ROWS),
+                  (unsigned)G->M};
+    MN_TRY(launch_block(G, LK_COLPART, parts, (dim3){32, 8, 1}, &o));
     dim3 grid = {(unsigned)((width + MN_LGRAD_THREADS - 1) / MN_LGRAD_THREADS), (unsigned)G->M, 1};
     return launch(G, LK_COLSUM, grid, &o);
 }
@@ -270,6 +277,9 @@ static mn_status vjp(const lg *G, const float *img, const float *xq, float *gxq,
 static mn_status step_adjoint(const lg *G, const float *A, long long s, long long merge_rows)
 {
     const float *dG = G->a.dG;
+    /* the gradient point's adjoint: with refresh = step every step opens a
+     * refresh block, where dA joins dW at once, so it goes there directly */
+    float *dA = G->refresh == G->step ? G->a.dW : G->a.dA;
     const long long rows = step_rows(G, s);
     const int L = G->L;
     for (long long r0 = 0; r0 < rows; r0 += G->CR) {
@@ -308,9 +318,9 @@ static mn_status step_adjoint(const lg *G, const float *A, long long s, long lon
         /* the reverse of forward + tangent, with zbar in ZB and zdbar in ZDB */
         for (int i = L - 1; i >= 0; i--) {
             const long long ni = layer_in(G, i), no = layer_out(G, i);
-            MN_TRY(mm_grad(G, i, G->ZB, i == 0 ? G->X : G->H[i - 1], cr, G->a.dA));
-            if (i > 0) MN_TRY(mm_grad(G, i, G->ZDB, G->HD[i - 1], cr, G->a.dA));
-            if (G->per == 2) MN_TRY(colsum(G, G->ZB, cr, no, at(G, G->a.dA, bparam(G, i))));
+            MN_TRY(mm_grad(G, i, G->ZB, i == 0 ? G->X : G->H[i - 1], cr, dA));
+            if (i > 0) MN_TRY(mm_grad(G, i, G->ZDB, G->HD[i - 1], cr, dA));
+            if (G->per == 2) MN_TRY(colsum(G, G->ZB, cr, no, at(G, dA, bparam(G, i))));
             MN_TRY(mm_back(G, i, G->ZB, A, cr, 0.0f, G->HB));
             MN_TRY(mm_back(G, i, G->ZDB, dG, cr, 1.0f, G->HB));
             if (i == 0) {
@@ -392,7 +402,7 @@ static mn_status step_reverse(const lg *G, long long s, long long i)
     const bool merged = io->dy && before > 0 && !f32(&io->in->q) && A == W;
     MN_TRY(step_adjoint(G, A, s, merged ? before : 0));
     if (io->dy && before > 0 && !merged) MN_TRY(vjp(G, W, xq, gxq, s, 0, before));
-    if (refresh_start(G, s)) {
+    if (refresh_start(G, s) && G->refresh != G->step) {
         memset(&o, 0, sizeof o);
         o.count = G->image;
         MN_TRY(launch(G, LK_REFRESH, grid_flat(G, G->image), &o));
@@ -480,6 +490,7 @@ static size_t carve(lg *G, char *base)
     G->a.flag = take(base, &off, 1);
     G->a.part = take(base, &off, (size_t)(G->M * G->a.nslices * 4 * 2));
     G->a.coef = take(base, &off, (size_t)(G->M * G->np * 2 * 2));
+    G->a.colpart = take(base, &off, (size_t)(G->M * ((G->CR + MN_LGRAD_COL_ROWS - 1) / MN_LGRAD_COL_ROWS) * G->wide * 2));
     return off;
 }
 

@@ -26,6 +26,7 @@
 #define MN_LGRAD_THREADS 256
 #define MN_LGRAD_MAX_PARAMS 32
 #define MN_LGRAD_SLICE 4096 /* parameter elements per block of the update's adjoint */
+#define MN_LGRAD_COL_ROWS 64 /* rows per block of a bias gradient's column sums */
 
 /* Fixed for a whole backward. Optional inputs are NULL when absent. */
 typedef struct mn_lgrad_kargs {
@@ -44,6 +45,7 @@ typedef struct mn_lgrad_kargs {
      * parameter in coef [M, NP, 2] */
     long long slice_start[MN_LGRAD_MAX_PARAMS + 1], nslices;
     double *part, *coef;
+    double *colpart; /* a bias gradient's column sums per block of rows [M, nrb, width] */
 } mn_lgrad_kargs;
 
 /* One launch; each kernel's comment says which fields it reads. */
@@ -231,16 +233,41 @@ extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_seed_ker
     }
 }
 
-/* A bias's gradient: g[m, j] += column sums of in over the rows, in double,
- * one thread a column. Grid (ceil(width/256), M). */
+/* A bias's gradient, g[m, j] += column sums of in over the rows, in two
+ * launches with a fixed order of sums (in double, as the CPU's colsum_acc):
+ * this one sums each block's MN_LGRAD_COL_ROWS rows of 32 columns into
+ * a.colpart [M, nrb, width] (block 32 x 8; grid (ceil(width/32), nrb, M)),
+ * mn_lgrad_colsum_kernel adds the nrb partials of each column in order
+ * (one thread a column, grid (ceil(width/256), M)). */
+extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_colpart_kernel(const mn_lgrad_kargs a,
+                                                                                       const mn_lgrad_op o)
+{
+    const long long m = blockIdx.z, rb = blockIdx.y, nrb = gridDim.y;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const long long c = (long long)blockIdx.x * 32 + tx;
+    const long long r1 = (rb + 1) * MN_LGRAD_COL_ROWS < o.rows ? (rb + 1) * MN_LGRAD_COL_ROWS : o.rows;
+    const float *src = o.in + m * a.ld;
+    double acc = 0.0;
+    if (c < o.width)
+        for (long long r = rb * MN_LGRAD_COL_ROWS + ty; r < r1; r += 8) acc += src[r * o.width + c];
+    __shared__ double part[8][32];
+    part[ty][tx] = acc;
+    __syncthreads();
+    if (ty != 0 || c >= o.width) return;
+    double s = 0.0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) s += part[i][tx];
+    a.colpart[(m * nrb + rb) * o.width + c] = s;
+}
+
 extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_colsum_kernel(const mn_lgrad_kargs a,
                                                                                       const mn_lgrad_op o)
 {
     const long long m = blockIdx.y, j = (long long)blockIdx.x * MN_LGRAD_THREADS + threadIdx.x;
     if (j >= o.width) return;
-    const float *src = o.in + m * a.ld + j;
+    const long long nrb = (o.rows + MN_LGRAD_COL_ROWS - 1) / MN_LGRAD_COL_ROWS;
     double s = 0.0;
-    for (long long r = 0; r < o.rows; r++) s += src[r * o.width];
+    for (long long i = 0; i < nrb; i++) s += a.colpart[(m * nrb + i) * o.width + j];
     o.g[m * o.width + j] += (float)s;
 }
 
