@@ -290,7 +290,8 @@ char *mn_cuda_grad_source_for(const mn_rule *r, const mn_dims *d, mn_precision p
 
 char *mn_cuda_grad_source(const mn_rule *r, const mn_dims *d)
 {
-    static const char *const grad[] = {"update_math", "rule_kernel", "grad_kernel", NULL};
+    static const char *const grad[] = {"update_math", "rule_kernel", "grad_common", "grad_ns_adjoint",
+                                       "grad_out_norm", "grad_kernel", NULL};
     /* fp32: the general backward computes as the CPU's does, whatever the forward's precision */
     return mn_cuda_grad_source_for(r, d, MN_PREC_FP32, grad, "#define MN_GRAD_SOURCE 1\n");
 }

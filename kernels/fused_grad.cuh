@@ -1,7 +1,8 @@
 /* fused_grad.cuh: the backward of a run (SPEC.md section 7) on the fused
  * per-memory path. The same algorithm as the general backward
- * (grad_kernel.cuh, whose arguments, flat-vector helpers and clip adjoint
- * it takes, and which model/grad_cpu.c states plainly): checkpoints of
+ * (grad_kernel.cuh, which model/grad_cpu.c states plainly; both take the
+ * arguments, flat-vector helpers and clip adjoint of grad_common.cuh,
+ * which comes before either in its source): checkpoints of
  * (W, S, and the anchor A when refresh != step) every K steps, each block
  * of K steps recomputed from its checkpoint keeping W^(s), S^(s) and G_s,
  * then walked in reverse with the adjoints dW, dS (and dA). What changes is
@@ -44,7 +45,7 @@
  * kernel by kernels/grad_cuda.c, which hands it the normalised keys).
  * newton_schulz: the recompute orthogonalises the clipped G as the step
  * kernel does (the same mn_newton_schulz) in a vector of its own, and the
- * update's adjoint runs the iteration's (grad_kernel.cuh
+ * update's adjoint runs the iteration's (grad_ns_adjoint.cuh
  * mn_gprecond_adjoint) before the clip's, its scratch after the workspace
  * slice (mn_fgrad_layout_add_ns). Non-finite inputs are handled as
  * grad_kernel.cuh does: a row with a non-finite key is zeroed and its
@@ -117,9 +118,10 @@ MN_SHARED_FN void mn_fgrad_layout_init(mn_fgrad_layout *lo, long long P, long lo
 
 /* Appends newton_schulz's pieces to a layout of mn_fgrad_layout_init
  * (steps 0: none): a vector of P floats for the clipped G the iteration
- * reads, then grad_kernel.cuh's scratch (mn_grad_ns_doubles). Every piece
- * and the total stay multiples of 4 floats: each memory's slice starts
- * 16-byte aligned (the padded copies are read by float4), its doubles 8. */
+ * reads, then the general backward's scratch (grad_common.cuh
+ * mn_grad_ns_doubles). Every piece and the total stay multiples of 4
+ * floats: each memory's slice starts 16-byte aligned (the padded copies
+ * are read by float4), its doubles 8. */
 MN_SHARED_FN void mn_fgrad_layout_add_ns(mn_fgrad_layout *lo, int layers, long long dk, long long dv, long long dh,
                                          int steps)
 {

@@ -6,7 +6,7 @@
  * W^(s), its tangent along dG, the loss's seeds and the reverse into the
  * gradient point's adjoint and the rows' gradients, grad_kernel.cuh's
  * mn_gstep_adjoint on tensor cores) and one row's retrieval vjp. NVRTC
- * only: it comes after fused_kernel.cuh and grad_kernel.cuh. */
+ * only: it comes after fused_kernel.cuh and grad_common.cuh. */
 #ifdef __CUDACC_RTC__
 
 /* MNEMO_FG_PROFILE=1 (plan.c adds MN_FG_PROFILE): block 0's thread 0 adds

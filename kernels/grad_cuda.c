@@ -28,7 +28,7 @@
 #include "cuda.h"
 #include "grad_large.h"
 #include "rule_kernel.cuh" /* its first part is C: MN_RULE_MAX_PARAMS, the forward's chunk layout */
-#include "grad_kernel.cuh" /* its first part is C: the arguments and the workspace layout */
+#include "grad_common.cuh" /* its first part is C: the arguments and the workspace layout */
 #include "fused_grad.cuh"  /* its first part is C: the fused backward's workspace layout */
 #include "../model/grad.h"
 #include "../model/rownorm.h"

@@ -344,8 +344,8 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
 
 char *mn_cuda_fused_grad_source(const mn_rule *r, const mn_dims *d, mn_precision p, const mn_cuda_plan *pl)
 {
-    static const char *const parts[] = {"update_math", "rule_kernel", "fused_norm", "fused_kernel", "grad_kernel",
-                                        "fused_grad_model", "fused_grad", NULL};
+    static const char *const parts[] = {"update_math", "rule_kernel", "fused_norm", "fused_kernel", "grad_common",
+                                        "grad_ns_adjoint", "fused_grad_model", "fused_grad", NULL};
     char defs[320];
     mn_fused_defines(pl, defs, sizeof defs);
     size_t used = strlen(defs);

@@ -120,8 +120,8 @@ __device__ double mn_ns_block_sum(double v)
 
 /* A = X X^T and Bm = b A + c A^2 for X [m x n] (model/precond.c's
  * coefficients): one Newton-Schulz iteration's products, which the
- * backward's adjoint (grad_kernel.cuh) recomputes the same way. The block's
- * threads share them; ends with a barrier. */
+ * backward's adjoint (grad_ns_adjoint.cuh) recomputes the same way. The
+ * block's threads share them; ends with a barrier. */
 __device__ void mn_ns_products(const double *X, int m, int n, double *A, double *Bm)
 {
     const int tid = threadIdx.x, nt = blockDim.x;
