@@ -123,7 +123,7 @@ assert(PREC_TOL, "MNEMO_GRAD_PRECISION: expected fp32, tf32 or bf16")
 
 -- One case: rule fields, sizes, and what the run gets. opts: B, H, Tn, dk,
 -- dv, dh; q (a query tensor), lengths, momenta (initial S_*), bad = {what,
--- b, h, t} (a non-finite entry), dloss, dparams (upstream of the finals),
+-- b, h, t[, value]} (a non-finite entry, or value), dloss, dparams (upstream of the finals),
 -- block (res:backward{block =}); wscale: the initial weights' scale (0.4
 -- randn; a deep case at width 256 takes less, or its activations grow
 -- 6x a layer and its trajectory turns chaotic, so that fp32 rounding alone
@@ -312,6 +312,12 @@ local cases = {
     loss = "log(1 + r^2)", clip = "softnorm", clip_max = 0.5, clip_scope = "tensor", step = 2, refresh = 6,
     feature_reduce = "sum", theta = 0.02 }, Tn = 15, dk = 16, dv = 12, dh = 256, block = 2, wscale = 0.1,
     tol = SMOOTH },
+  -- a finite theta so large (3.4e38, with the features summed) that dL/dy
+  -- overflows and one memory's step is skipped: the inputs are finite, so
+  -- the large backward runs it (dG = 0 for that memory and step only)
+  { name = "large_mlp2_skipped_step_huge_theta", rule = { layers = 2, activation = "silu", bias = true, step = 3,
+    refresh = 3, feature_reduce = "sum", theta = 0.02 }, Tn = 14, dk = 16, dv = 16, dh = 256, wscale = 0.1,
+    bad = { "theta", 1, 2, 5, 3.4e38 }, skips = true, tol = SMOOTH },
   { name = "large_mlp2_custom_act_elementwise_long_step", rule = { layers = 2, activation = "z*tanh(softplus(z))",
     clip = "elementwise", clip_expr = "m*tanh(g/m)", constants = { m = 0.05 }, step = 70, refresh = 70,
     theta = 0.01 }, B = 1, H = 3, Tn = 150, dk = 20, dv = 20, dh = 300, tol = SMOOTH },
@@ -365,9 +371,9 @@ for ci, c in ipairs(cases) do
   local eta = m.rand(B, H, S) * 0.2 + (c.rule.eta or 0.5)
   local alpha = m.rand(B, H, S) * 0.02
   if c.bad then
-    local what, b, h, tok = table.unpack(c.bad)
+    local what, b, h, tok, value = table.unpack(c.bad)
     local t = ({ k = k, v = v, theta = theta })[what]
-    put_bad(t, b, h, tok, what == "v" and 1 / 0 or 0 / 0)
+    put_bad(t, b, h, tok, value or (what == "v" and 1 / 0 or 0 / 0))
   end
   -- initial parameters (and momenta) as CPU tensors: both runs start alike
   local init, up = {}, {}
