@@ -77,7 +77,7 @@ const char *const mn_large_kernel_names[] = {
 
 char *mn_cuda_large_source(const mn_rule *r, const mn_dims *d, mn_precision p)
 {
-    static const char *const templates[] = {"update_math", "large_kernels", NULL};
+    static const char *const templates[] = {"update_math", "large_common", "large_kernels", NULL};
     return mn_cuda_source_for(r, d, p, templates, NULL);
 }
 

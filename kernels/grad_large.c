@@ -57,7 +57,7 @@ const char *const mn_large_grad_kernel_names[] = {
 
 char *mn_cuda_large_grad_source(const mn_rule *r, const mn_dims *d, mn_precision p)
 {
-    static const char *const parts[] = {"large_grad", NULL};
+    static const char *const parts[] = {"large_common", "large_grad", NULL};
     return mn_cuda_grad_source_for(r, d, p, parts, NULL);
 }
 
@@ -111,13 +111,13 @@ static mn_status launch_block(const lg *G, int k, dim3 grid, dim3 block, const m
 
 static mn_status launch(const lg *G, int k, dim3 grid, const mn_lgrad_op *o)
 {
-    return launch_block(G, k, grid, (dim3){MN_LGRAD_THREADS, 1, 1}, o);
+    return launch_block(G, k, grid, (dim3){MN_LARGE_THREADS, 1, 1}, o);
 }
 
 /* Grid-stride over elems elements of each memory: (x, M). */
 static dim3 grid_elems(const lg *G, long long elems)
 {
-    long long b = (elems + MN_LGRAD_THREADS - 1) / MN_LGRAD_THREADS;
+    long long b = (elems + MN_LARGE_THREADS - 1) / MN_LARGE_THREADS;
     if (b > G->grid_cap) b = G->grid_cap;
     if (b < 1) b = 1;
     dim3 g = {(unsigned)b, (unsigned)G->M, 1};
@@ -127,7 +127,7 @@ static dim3 grid_elems(const lg *G, long long elems)
 static dim3 grid_flat(const lg *G, long long elems)
 {
     dim3 g = grid_elems(G, elems);
-    long long b = (elems + MN_LGRAD_THREADS - 1) / MN_LGRAD_THREADS;
+    long long b = (elems + MN_LARGE_THREADS - 1) / MN_LARGE_THREADS;
     g.x = (unsigned)(b < 1 ? 1 : b > (long long)G->grid_cap * 4 ? (long long)G->grid_cap * 4 : b);
     g.y = 1;
     return g;
@@ -206,7 +206,7 @@ static mn_status colsum(const lg *G, const float *src, long long cr, long long w
     dim3 parts = {(unsigned)((width + 31) / 32), (unsigned)((cr + MN_LGRAD_COL_ROWS - 1) / MN_LGRAD_COL_ROWS),
                   (unsigned)G->M};
     MN_TRY(launch_block(G, LK_COLPART, parts, (dim3){32, 8, 1}, &o));
-    dim3 grid = {(unsigned)((width + MN_LGRAD_THREADS - 1) / MN_LGRAD_THREADS), (unsigned)G->M, 1};
+    dim3 grid = {(unsigned)((width + MN_LARGE_THREADS - 1) / MN_LARGE_THREADS), (unsigned)G->M, 1};
     return launch(G, LK_COLSUM, grid, &o);
 }
 
@@ -313,7 +313,7 @@ static mn_status step_adjoint(const lg *G, const float *A, long long s, long lon
         o.rows = cr;
         o.count = rows;
         o.merge_rows = merge_rows;
-        dim3 grid = {(unsigned)((cr + MN_LGRAD_THREADS / 32 - 1) / (MN_LGRAD_THREADS / 32)), (unsigned)G->M, 1};
+        dim3 grid = {(unsigned)((cr + MN_LARGE_THREADS / 32 - 1) / (MN_LARGE_THREADS / 32)), (unsigned)G->M, 1};
         MN_TRY(launch(G, LK_LOSS, grid, &o));
         /* the reverse of forward + tangent, with zbar in ZB and zdbar in ZDB */
         for (int i = L - 1; i >= 0; i--) {
@@ -394,7 +394,7 @@ static mn_status step_reverse(const lg *G, long long s, long long i)
     o.Gimg = slot(G->Gb, i, G->image);
     o.step = s;
     dim3 slices = {(unsigned)G->a.nslices, (unsigned)G->M, 1};
-    dim3 by_memory = {(unsigned)((G->M + MN_LGRAD_THREADS / 32 - 1) / (MN_LGRAD_THREADS / 32)), 1, 1};
+    dim3 by_memory = {(unsigned)((G->M + MN_LARGE_THREADS / 32 - 1) / (MN_LARGE_THREADS / 32)), 1, 1};
     MN_TRY(launch(G, LK_UPDATE, slices, &o));
     MN_TRY(launch(G, LK_CLIP, by_memory, &o));
     if (G->clip_scales) MN_TRY(launch(G, LK_DG, slices, &o));

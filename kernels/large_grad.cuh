@@ -17,13 +17,15 @@
  * double, each value stored as float where the CPU stores one.
  *
  * Two parts, as large_kernels.cuh: plain C shared with the host (the
- * argument structs), then the NVRTC part, after the MN_* constants and the
+ * argument structs), then the NVRTC part, after the MN_* constants, the
  * rule's hooks (forward and backward: kernels/codegen.c's
- * mn_cuda_grad_source_for). */
+ * mn_cuda_grad_source_for) and large_common.cuh (the block size, the sums). */
 #ifndef MN_LGRAD_ARGS
 #define MN_LGRAD_ARGS
 
-#define MN_LGRAD_THREADS 256
+#ifndef __CUDACC_RTC__
+#include "large_common.cuh" /* MN_LARGE_THREADS; NVRTC gets its text ahead of this one */
+#endif
 #define MN_LGRAD_MAX_PARAMS 32
 #define MN_LGRAD_SLICE 4096 /* parameter elements per block of the update's adjoint */
 #define MN_LGRAD_COL_ROWS 64 /* rows per block of a bias gradient's column sums */
@@ -69,73 +71,47 @@ typedef struct mn_lgrad_op {
 #ifdef __CUDACC_RTC__
 
 #define MN_LGRAD_NP mn_param_count(MN_LAYERS, MN_BIAS)
-#define MN_LGRAD_WARPS (MN_LGRAD_THREADS / 32)
-#define MN_LGRAD_STRIDE(e, count)                                                                     \
-    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < (count);                \
-         e += (long long)gridDim.x * blockDim.x)
-
-__device__ __forceinline__ double mn_lgrad_warp_sum(double v)
-{
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* Sum over the block, in a fixed order, to every thread. Starts with a
- * barrier, so back-to-back calls never overwrite partials being read. */
-__device__ double mn_lgrad_block_sum(double v)
-{
-    __shared__ double part[MN_LGRAD_WARPS];
-    v = mn_lgrad_warp_sum(v);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
-    __syncthreads();
-    double t = 0.0;
-#pragma unroll
-    for (int w = 0; w < MN_LGRAD_WARPS; w++) t += part[w];
-    return t;
-}
-
 /* Whether an input holds a non-finite number: count floats of in; flag set
  * to 1 where one does (the host zeroed it). Grid-stride, grid (x). */
-extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_finite_kernel(const mn_lgrad_kargs a,
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_finite_kernel(const mn_lgrad_kargs a,
                                                                                       const mn_lgrad_op o)
 {
     bool bad = false;
-    MN_LGRAD_STRIDE(e, o.count) bad = bad || !isfinite(o.in[e]);
+    MN_LG_GRID_STRIDE(e, o.count) bad = bad || !isfinite(o.in[e]);
     if (bad) atomicOr(a.flag, 1);
 }
 
 /* Rows of an input into a chunk: out[m, r, :] = in[m, t + r, :] for r <
  * rows, width floats a row (in: k, q or dy, [M, n, width]). Grid (x, M). */
-extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_stage_kernel(const mn_lgrad_kargs a,
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_stage_kernel(const mn_lgrad_kargs a,
                                                                                      const mn_lgrad_op o)
 {
     const long long m = blockIdx.y;
     const float *src = o.in + (m * a.n + o.t) * o.width;
     float *dst = o.out + m * a.ld;
-    MN_LGRAD_STRIDE(e, o.rows * o.width) dst[e] = src[e];
+    MN_LG_GRID_STRIDE(e, o.rows * o.width) dst[e] = src[e];
 }
 
 /* g[m, t + r, :] += in[m, r, :] for r < rows (a chunk's adjoint of its
  * input rows into gk or gq). Grid (x, M). */
-extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_addrows_kernel(const mn_lgrad_kargs a,
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_addrows_kernel(const mn_lgrad_kargs a,
                                                                                        const mn_lgrad_op o)
 {
     const long long m = blockIdx.y;
     const float *src = o.in + m * a.ld;
     float *dst = o.g + (m * a.n + o.t) * o.width;
-    MN_LGRAD_STRIDE(e, o.rows * o.width) dst[e] += src[e];
+    MN_LG_GRID_STRIDE(e, o.rows * o.width) dst[e] += src[e];
 }
 
 /* A hidden layer after its product at the gradient point, as mn_mlp_forward
  * and act_derivs: z = out + bias in place, out2 = phi(z), out3 = phi'(z),
  * and g (when not NULL) = phi''(z). Grid (x, M). */
-extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_act_kernel(const mn_lgrad_kargs a,
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_act_kernel(const mn_lgrad_kargs a,
                                                                                    const mn_lgrad_op o)
 {
     const long long m = blockIdx.y, base = m * a.ld;
     const float *b = o.bias ? o.bias + m * o.width : 0;
-    MN_LGRAD_STRIDE(e, o.rows * o.width)
+    MN_LG_GRID_STRIDE(e, o.rows * o.width)
     {
         float z = o.out[base + e];
         if (b) z += b[e % o.width];
@@ -148,12 +124,12 @@ extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_act_kern
 
 /* A hidden layer's tangent after its products: zd = out + dbias in place,
  * out2 = hd = phi'(z) zd (d1). Grid (x, M). */
-extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_tangent_kernel(const mn_lgrad_kargs a,
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_tangent_kernel(const mn_lgrad_kargs a,
                                                                                        const mn_lgrad_op o)
 {
     const long long m = blockIdx.y, base = m * a.ld;
     const float *db = o.dbias ? o.dbias + m * o.width : 0;
-    MN_LGRAD_STRIDE(e, o.rows * o.width)
+    MN_LG_GRID_STRIDE(e, o.rows * o.width)
     {
         float zd = o.out[base + e];
         if (db) zd += db[e % o.width];
@@ -171,10 +147,10 @@ extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_tangent_
  * ubar (0 where the step was skipped; ybar takes dy too for the step's
  * rows below merge_rows, retrievals that were this forward), and
  * adds the v, theta and (residual) k gradients. */
-extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_loss_kernel(const mn_lgrad_kargs a,
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_loss_kernel(const mn_lgrad_kargs a,
                                                                                     const mn_lgrad_op o)
 {
-    const long long m = blockIdx.y, r = (long long)blockIdx.x * MN_LGRAD_WARPS + (threadIdx.x >> 5);
+    const long long m = blockIdx.y, r = (long long)blockIdx.x * MN_LG_WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (r >= o.rows) return; /* the whole warp */
     const long long t = o.t + r, row = m * a.ld + r * MN_DV;
@@ -213,20 +189,20 @@ extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_loss_ker
         o.out2[row + j] = ubar;
         if (MN_RESIDUAL) gkr[j] += ybar;
     }
-    acc = mn_lgrad_warp_sum(acc);
+    acc = mn_lg_warp_sum(acc);
     if (ran && lane == 0) a.gtheta[m * a.n + t] += (float)(tscale * (double)(float)(R * acc));
 }
 
 /* The seed of a retrieval output's adjoint (mn_mlp_vjp): out[m, r, :] =
  * dy[m, t + r, :], and with a residual g (gk or gq) rows += dy. Grid (x, M). */
-extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_seed_kernel(const mn_lgrad_kargs a,
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_seed_kernel(const mn_lgrad_kargs a,
                                                                                     const mn_lgrad_op o)
 {
     const long long m = blockIdx.y;
     const float *src = a.dy + (m * a.n + o.t) * MN_DV;
     float *dst = o.out + m * a.ld;
     float *gx = o.g + (m * a.n + o.t) * MN_DK;
-    MN_LGRAD_STRIDE(e, o.rows * MN_DV)
+    MN_LG_GRID_STRIDE(e, o.rows * MN_DV)
     {
         dst[e] = src[e];
         if (MN_RESIDUAL) gx[e] += src[e];
@@ -239,7 +215,7 @@ extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_seed_ker
  * a.colpart [M, nrb, width] (block 32 x 8; grid (ceil(width/32), nrb, M)),
  * mn_lgrad_colsum_kernel adds the nrb partials of each column in order
  * (one thread a column, grid (ceil(width/256), M)). */
-extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_colpart_kernel(const mn_lgrad_kargs a,
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_colpart_kernel(const mn_lgrad_kargs a,
                                                                                        const mn_lgrad_op o)
 {
     const long long m = blockIdx.z, rb = blockIdx.y, nrb = gridDim.y;
@@ -260,10 +236,10 @@ extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_colpart_
     a.colpart[(m * nrb + rb) * o.width + c] = s;
 }
 
-extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_colsum_kernel(const mn_lgrad_kargs a,
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_colsum_kernel(const mn_lgrad_kargs a,
                                                                                       const mn_lgrad_op o)
 {
-    const long long m = blockIdx.y, j = (long long)blockIdx.x * MN_LGRAD_THREADS + threadIdx.x;
+    const long long m = blockIdx.y, j = (long long)blockIdx.x * MN_LARGE_THREADS + threadIdx.x;
     if (j >= o.width) return;
     const long long nrb = (o.rows + MN_LGRAD_COL_ROWS - 1) / MN_LGRAD_COL_ROWS;
     double s = 0.0;
@@ -275,12 +251,12 @@ extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_colsum_k
  * pre-activation (mn_mlp_step_adjoint's reverse): in = hbar, in2 = hdbar;
  * out = zbar = phi' hbar + phi'' zd hdbar, out2 = zdbar = phi' hdbar, or
  * (no MN_LGRAD_TANGENT: mn_mlp_vjp) out = phi' hbar. Grid (x, M). */
-extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_reverse_act_kernel(const mn_lgrad_kargs a,
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_reverse_act_kernel(const mn_lgrad_kargs a,
                                                                                            const mn_lgrad_op o)
 {
     const long long m = blockIdx.y, base = m * a.ld;
     const bool tangent = (o.flags & MN_LGRAD_TANGENT) != 0;
-    MN_LGRAD_STRIDE(e, o.rows * o.width)
+    MN_LG_GRID_STRIDE(e, o.rows * o.width)
     {
         const long long i = base + e;
         const double d1 = o.d1[i], hb = o.in[i];
@@ -314,7 +290,7 @@ __device__ __forceinline__ int mn_lgrad_slice(const mn_lgrad_kargs &a, long long
  * <dGt, G>. Without a norm-type clip dG follows here (clip_adjoint's
  * elementwise forms); with one, mn_lgrad_dg_kernel after mn_lgrad_clip_kernel.
  * A skipped step is the identity: dG = 0, partials 0. */
-extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_update_kernel(const mn_lgrad_kargs a,
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_update_kernel(const mn_lgrad_kargs a,
                                                                                       const mn_lgrad_op o)
 {
     const long long m = blockIdx.y, si = m * a.nsteps + o.step;
@@ -323,13 +299,13 @@ extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_update_k
     const long long off = a.ioff[p] + m * a.numel[p];
     double *part = a.part + (m * a.nslices + blockIdx.x) * 4;
     if (a.skipped[si] != 0.0f) {
-        for (long long e = e0 + threadIdx.x; e < e1; e += MN_LGRAD_THREADS) a.dG[off + e] = 0.0f;
+        for (long long e = e0 + threadIdx.x; e < e1; e += MN_LARGE_THREADS) a.dG[off + e] = 0.0f;
         if (threadIdx.x < 4) part[threadIdx.x] = 0.0;
         return; /* the whole block */
     }
     const float e_s = a.eta[si], keep = 1.0f - a.alpha[si];
     double deta = 0.0, dalpha = 0.0, sq = 0.0, dot = 0.0;
-    for (long long e = e0 + threadIdx.x; e < e1; e += MN_LGRAD_THREADS) {
+    for (long long e = e0 + threadIdx.x; e < e1; e += MN_LARGE_THREADS) {
         const long long i = off + e;
         const float dW = a.dW[i], dSt = a.dS[i] + dW;
         deta += (double)dSt * o.Simg[i];
@@ -348,11 +324,11 @@ extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_update_k
         a.dG[i] = dGt;
 #endif
     }
-    deta = mn_lgrad_block_sum(deta);
-    dalpha = mn_lgrad_block_sum(dalpha);
+    deta = mn_lg_block_sum(deta);
+    dalpha = mn_lg_block_sum(dalpha);
 #if MN_CLIP_MODE == 1
-    sq = mn_lgrad_block_sum(sq);
-    dot = mn_lgrad_block_sum(dot);
+    sq = mn_lg_block_sum(sq);
+    dot = mn_lg_block_sum(dot);
 #endif
     if (threadIdx.x == 0) {
         part[0] = deta;
@@ -367,10 +343,10 @@ extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_update_k
  * for a norm-type clip each parameter's (sc, through) into coef: Gt = G
  * sc(|G|) gives dG = sc dGt + sc'(n) <dGt, G> / n G (n = 0: the second term
  * 0), n over every parameter or each one (scope tensor). */
-extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_clip_kernel(const mn_lgrad_kargs a,
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_clip_kernel(const mn_lgrad_kargs a,
                                                                                     const mn_lgrad_op o)
 {
-    const long long m = (long long)blockIdx.x * MN_LGRAD_WARPS + (threadIdx.x >> 5), si = m * a.nsteps + o.step;
+    const long long m = (long long)blockIdx.x * MN_LG_WARPS + (threadIdx.x >> 5), si = m * a.nsteps + o.step;
     const int lane = threadIdx.x & 31;
     if (m >= a.memories || a.skipped[si] != 0.0f) return; /* the whole warp */
     const double *part = a.part + m * a.nslices * 4;
@@ -379,7 +355,7 @@ extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_clip_ker
         for (int k = 0; k < 4; k++) {
             double s = 0.0;
             for (long long i = a.slice_start[q] + lane; i < a.slice_start[q + 1]; i += 32) s += part[i * 4 + k];
-            sums[k][q] = mn_lgrad_warp_sum(s);
+            sums[k][q] = mn_lg_warp_sum(s);
         }
     double deta = 0.0, dalpha = 0.0, sq = 0.0, dot = 0.0;
     for (int q = 0; q < MN_LGRAD_NP; q++) {
@@ -403,7 +379,7 @@ extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_clip_ker
 
 /* dG = sc dGt + through G where the step ran (a norm-type clip's adjoint,
  * coef from mn_lgrad_clip_kernel), grid (nslices, M). */
-extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_dg_kernel(const mn_lgrad_kargs a,
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_dg_kernel(const mn_lgrad_kargs a,
                                                                                   const mn_lgrad_op o)
 {
     const long long m = blockIdx.y;
@@ -412,16 +388,16 @@ extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_dg_kerne
     const int p = mn_lgrad_slice(a, blockIdx.x, &e0, &e1);
     const long long off = a.ioff[p] + m * a.numel[p];
     const double sc = a.coef[(m * MN_LGRAD_NP + p) * 2], through = a.coef[(m * MN_LGRAD_NP + p) * 2 + 1];
-    for (long long e = e0 + threadIdx.x; e < e1; e += MN_LGRAD_THREADS)
+    for (long long e = e0 + threadIdx.x; e < e1; e += MN_LARGE_THREADS)
         a.dG[off + e] = (float)(sc * a.dGt[off + e] + through * o.Gimg[off + e]);
 }
 
 /* At the first step of a refresh block the anchor is W^(s): dW += dA, dA =
  * 0, over count floats (whole images). Grid (x). */
-extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_refresh_kernel(const mn_lgrad_kargs a,
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_refresh_kernel(const mn_lgrad_kargs a,
                                                                                        const mn_lgrad_op o)
 {
-    MN_LGRAD_STRIDE(e, o.count)
+    MN_LG_GRID_STRIDE(e, o.count)
     {
         a.dW[e] += a.dA[e];
         a.dA[e] = 0.0f;
@@ -430,7 +406,7 @@ extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_refresh_
 
 /* The gradients of the initial tensors: gW = dW + dA, gS = dS, parameter
  * by parameter. Grid (x, M). */
-extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_final_kernel(const mn_lgrad_kargs a,
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_final_kernel(const mn_lgrad_kargs a,
                                                                                      const mn_lgrad_op o)
 {
     (void)o;
@@ -438,7 +414,7 @@ extern "C" __global__ void __launch_bounds__(MN_LGRAD_THREADS) mn_lgrad_final_ke
     for (int p = 0; p < MN_LGRAD_NP; p++) {
         const long long off = a.ioff[p] + m * a.numel[p];
         float *gW = a.gW[p] + m * a.numel[p], *gS = a.gS[p] + m * a.numel[p];
-        MN_LGRAD_STRIDE(e, a.numel[p])
+        MN_LG_GRID_STRIDE(e, a.numel[p])
         {
             gW[e] = a.dW[off + e] + a.dA[off + e];
             gS[e] = a.dS[off + e];

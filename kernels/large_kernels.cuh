@@ -23,7 +23,9 @@
 #ifndef MN_LARGE_KERNEL_ARGS
 #define MN_LARGE_KERNEL_ARGS
 
-#define MN_LARGE_THREADS 256   /* every kernel's block (8 warps); the column kernel as 32 x 8 */
+#ifndef __CUDACC_RTC__
+#include "large_common.cuh" /* MN_LARGE_THREADS; NVRTC gets its text ahead of this one */
+#endif
 #define MN_LARGE_MAX_PARAMS 32 /* 4 L - 2 with glu and bias at 8 layers (param_layout.h) */
 #define MN_LARGE_SLICE 4096    /* parameter elements per block: norm, update, params kernels */
 #define MN_LARGE_COL_ROWS 128  /* rows per block of the column kernel */
@@ -90,7 +92,6 @@ typedef struct mn_large_op {
  * count and indices from param_layout.h (constexpr here) */
 #define MN_LG_NP mn_param_count_glu(MN_LAYERS, MN_BIAS, MN_GLU)
 #define MN_LG_GATE(i) mn_param_index(MN_LAYERS, MN_BIAS, (i), 1) /* layer i's U; its c the next */
-#define MN_LG_WARPS (MN_LARGE_THREADS / 32)
 #define MN_LG_DH (MN_DH > 0 ? MN_DH : 1) /* a divisor even for one layer */
 
 /* ---- precision: how GEMM operands are stored, and rounded where we multiply ourselves ---- */
@@ -124,36 +125,9 @@ __device__ __forceinline__ mn_lg_op mn_lg_to_op(float x) { return x; }
 __device__ __forceinline__ float mn_lg_round(float x) { return x; }
 #endif
 
-/* ---- the step counter, sums, the last block ---- */
+/* ---- the step counter, the last block (the sums: large_common.cuh) ---- */
 
 __device__ __forceinline__ long long mn_lg_step(const mn_large_kargs &a) { return a.counter ? *a.counter : 0; }
-
-/* Butterfly: every lane ends with the same bits (each pairwise sum is the
- * same two numbers in either order), so every lane may use the result. */
-__device__ __forceinline__ double mn_lg_warp_sum(double v)
-{
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float mn_lg_warp_sumf(float v)
-{
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* Sum over a 1-d block of MN_LARGE_THREADS, in a fixed order, to every thread. */
-__device__ double mn_lg_block_sum(double v)
-{
-    __shared__ double part[MN_LG_WARPS];
-    v = mn_lg_warp_sum(v);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
-    __syncthreads();
-    double t = 0.0;
-#pragma unroll
-    for (int w = 0; w < MN_LG_WARPS; w++) t += part[w];
-    return t;
-}
 
 /* True in exactly one block: the last of count blocks to arrive at this
  * ticket, which then sees every other block's results (each fenced its
@@ -193,10 +167,6 @@ __device__ __forceinline__ long long mn_lg_real_rows(const mn_large_kargs &a, lo
     const long long t0 = sl * MN_STEP, real = a.lengths[m / a.heads];
     return t0 >= real ? 0 : (t0 + rows <= real ? rows : real - t0);
 }
-
-#define MN_LG_GRID_STRIDE(e, count)                                                                   \
-    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < (count);                \
-         e += (long long)gridDim.x * blockDim.x)
 
 /* ---- the kernels ---- */
 
