@@ -81,6 +81,21 @@ char *mn_cuda_large_source(const mn_rule *r, const mn_dims *d, mn_precision p)
     return mn_cuda_source_for(r, d, p, templates, NULL);
 }
 
+long long mn_large_chunk_rows(long long memories, long long widest, long long rows)
+{
+    long long cr = CHUNK_ROWS / memories;
+    if (cr * memories * widest > CHUNK_FLOATS) cr = CHUNK_FLOATS / (memories * widest);
+    if (cr < 1) cr = 1;
+    return rows < cr ? rows : cr;
+}
+
+unsigned mn_large_grid_blocks(long long elems, int scale)
+{
+    const long long b = (elems + MN_LARGE_THREADS - 1) / MN_LARGE_THREADS;
+    const long long cap = (long long)mn_cuda_sm_count() * BLOCKS_PER_SM * scale;
+    return (unsigned)(b > cap ? cap : b < 1 ? 1 : b);
+}
+
 static mn_status module_for(const mn_rule *r, const mn_dims *d, mn_precision p, mn_cuda_module **out)
 {
     char *src = mn_cuda_large_source(r, d, p);
@@ -139,7 +154,6 @@ typedef struct run {
     long long M, dk, dv, dh, wide, CR;
     mn_precision prec;
     bool training;
-    unsigned grid_cap;
     /* chunk buffers, [M, CR, width]: X, H, Db and DUb are GEMM operands (bf16
      * in bf16); U (glu) holds the gate u, then dL/du, an operand in fp32/tf32 */
     void *X, *H[MN_MAX_LAYERS], *Db, *DUb;
@@ -208,11 +222,7 @@ static mn_status run_init(run *R, const mn_memory_state *st, long long rows, boo
     long long widest = R->dk > R->wide ? R->dk : R->wide;
     if (widest > INT_MAX / 2)
         return mn_fail(MN_ERR_UNSUPPORTED, "cuda large path: a dimension of %lld is too large for cuBLAS", widest);
-    long long cr = CHUNK_ROWS / R->M;
-    if (cr * R->M * widest > CHUNK_FLOATS) cr = CHUNK_FLOATS / (R->M * widest);
-    if (cr < 1) cr = 1;
-    R->CR = rows < cr ? rows : cr;
-    R->grid_cap = (unsigned)(mn_cuda_sm_count() * BLOCKS_PER_SM);
+    R->CR = mn_large_chunk_rows(R->M, widest, rows);
 
     mn_large_kargs *a = &R->a;
     long long slices = 0;
@@ -328,10 +338,7 @@ static mn_status launch(const run *R, int k, dim3 grid, dim3 block, const mn_lar
 /* Grid-stride over elems elements of each memory: (x, M). */
 static dim3 grid_elems(const run *R, long long elems)
 {
-    long long b = (elems + MN_LARGE_THREADS - 1) / MN_LARGE_THREADS;
-    if (b > R->grid_cap) b = R->grid_cap;
-    if (b < 1) b = 1;
-    dim3 g = {(unsigned)b, (unsigned)R->M, 1};
+    dim3 g = {mn_large_grid_blocks(elems, 1), (unsigned)R->M, 1};
     return g;
 }
 

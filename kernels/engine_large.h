@@ -31,6 +31,14 @@ char *mn_cuda_large_source(const mn_rule *r, const mn_dims *d, mn_precision p);
 /* The names of the kernels in that source (extern "C"), NULL-terminated. */
 extern const char *const mn_large_kernel_names[];
 
+/* The path's sizing, which its backward (kernels/grad_large.c) shares:
+ * the rows of each memory in one chunk of a step of rows rows (all
+ * memories' chunk rows, and one chunk buffer of the widest layer, bounded),
+ * and the blocks of a grid-stride launch over elems elements (a memory's),
+ * at most scale times 16 a multiprocessor. */
+long long mn_large_chunk_rows(long long memories, long long widest, long long rows);
+unsigned mn_large_grid_blocks(long long elems, int scale);
+
 /* The backward's recompute (kernels/grad_large.c): this path's forward, one
  * step at a time, on a device memory state st that the caller reads and
  * rewrites between steps (checkpoints): the same launches as a segment's,

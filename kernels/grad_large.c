@@ -41,12 +41,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Rows of all memories in one chunk, and the floats of one chunk buffer,
- * as the large forward (engine_large.c) bounds them. */
-#define CHUNK_ROWS 4096LL
-#define CHUNK_FLOATS (1LL << 26)
-#define BLOCKS_PER_SM 16
-
 enum { LK_FINITE, LK_STAGE, LK_ADDROWS, LK_ACT, LK_TANGENT, LK_LOSS, LK_SEED, LK_COLPART, LK_COLSUM, LK_REVACT,
        LK_UPDATE, LK_CLIP, LK_DG, LK_REFRESH, LK_FINAL, LK_COUNT };
 const char *const mn_large_grad_kernel_names[] = {
@@ -73,7 +67,6 @@ typedef struct lg {
     bool clip_scales; /* a norm-type clip: its adjoint needs the update's sums first */
     long long M, dk, dv, dh, wide, CR, K, nblocks, n, nsteps;
     long long image; /* floats of an image: M times a memory's parameters */
-    unsigned grid_cap;
     float *ck, *Wb, *Sb, *Ab, *Gb;                /* checkpoints, the block's states */
     float *X, *Y, *U, *ZB, *ZDB, *HB, *HDB;      /* chunk buffers */
     float *Z[MN_MAX_LAYERS], *H[MN_MAX_LAYERS], *D1[MN_MAX_LAYERS], *D2[MN_MAX_LAYERS];
@@ -117,19 +110,14 @@ static mn_status launch(const lg *G, int k, dim3 grid, const mn_lgrad_op *o)
 /* Grid-stride over elems elements of each memory: (x, M). */
 static dim3 grid_elems(const lg *G, long long elems)
 {
-    long long b = (elems + MN_LARGE_THREADS - 1) / MN_LARGE_THREADS;
-    if (b > G->grid_cap) b = G->grid_cap;
-    if (b < 1) b = 1;
-    dim3 g = {(unsigned)b, (unsigned)G->M, 1};
+    dim3 g = {mn_large_grid_blocks(elems, 1), (unsigned)G->M, 1};
     return g;
 }
 
-static dim3 grid_flat(const lg *G, long long elems)
+/* Grid-stride over elems elements in all (whole images, inputs): (x). */
+static dim3 grid_flat(long long elems)
 {
-    dim3 g = grid_elems(G, elems);
-    long long b = (elems + MN_LARGE_THREADS - 1) / MN_LARGE_THREADS;
-    g.x = (unsigned)(b < 1 ? 1 : b > (long long)G->grid_cap * 4 ? (long long)G->grid_cap * 4 : b);
-    g.y = 1;
+    dim3 g = {mn_large_grid_blocks(elems, 4), 1, 1};
     return g;
 }
 
@@ -405,7 +393,7 @@ static mn_status step_reverse(const lg *G, long long s, long long i)
     if (refresh_start(G, s) && G->refresh != G->step) {
         memset(&o, 0, sizeof o);
         o.count = G->image;
-        MN_TRY(launch(G, LK_REFRESH, grid_flat(G, G->image), &o));
+        MN_TRY(launch(G, LK_REFRESH, grid_flat(G->image), &o));
     }
     return MN_OK;
 }
@@ -519,11 +507,7 @@ static mn_status setup(lg *G, const mn_large_grad_io *io, mn_precision prec)
     G->nsteps = io->nsteps;
     G->K = io->K;
     G->nblocks = (io->nsteps + io->K - 1) / io->K;
-    long long cr = CHUNK_ROWS / G->M;
-    if (cr * G->M * G->wide > CHUNK_FLOATS) cr = CHUNK_FLOATS / (G->M * G->wide);
-    if (cr < 1) cr = 1;
-    G->CR = G->step < cr ? G->step : cr;
-    G->grid_cap = (unsigned)(mn_cuda_sm_count() * BLOCKS_PER_SM);
+    G->CR = mn_large_chunk_rows(G->M, G->wide, G->step);
     mn_lgrad_kargs *a = &G->a;
     long long off = 0;
     for (int p = 0; p < G->np; p++) {
@@ -578,7 +562,7 @@ static mn_status inputs_finite(lg *G, bool *ok)
         mn_lgrad_op o = {0};
         o.in = f32(ts[i]);
         o.count = mn_tensor_numel(ts[i]);
-        MN_TRY(launch(G, LK_FINITE, grid_flat(G, o.count), &o));
+        MN_TRY(launch(G, LK_FINITE, grid_flat(o.count), &o));
     }
     int flag = 1;
     MN_CUDA_CHECK(cudaMemcpyAsync(&flag, G->a.flag, sizeof flag, cudaMemcpyDeviceToHost, G->stream));
