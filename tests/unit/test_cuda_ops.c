@@ -614,24 +614,28 @@ static void test_unavailable(void)
     mn_tensor_release(&o);
 }
 
+/* The rows both rownorm tests take: l2, rms and layernorm, at widths below
+ * and above a warp. */
+static const mn_rownorm rownorm_kinds[] = {{true, false, true}, {true, false, false}, {true, true, false}};
+static const char *const rownorm_names[] = {"l2", "rms", "layernorm"};
+static const int64_t rownorm_widths[] = {1, 7, 64, 133};
+
 /* qk_norm's row normalisation (model/rownorm.h) on the device against the
  * CPU's loops: l2, rms and layernorm rows of odd widths (a width below and
  * above a warp), and a zero row (c = 0: the eps keeps it 0). */
 static void test_rownorm(void)
 {
-    static const mn_rownorm kinds[] = {{true, false, true}, {true, false, false}, {true, true, false}};
-    static const char *const names[] = {"l2", "rms", "layernorm"};
-    static const int64_t widths[] = {1, 7, 64, 133};
-    for (int k = 0; k < COUNT(kinds); k++)
-        for (int w = 0; w < COUNT(widths); w++) {
-            int64_t shape[3] = {3, 37, widths[w]};
+    for (int k = 0; k < COUNT(rownorm_kinds); k++)
+        for (int w = 0; w < COUNT(rownorm_widths); w++) {
+            int64_t shape[3] = {3, 37, rownorm_widths[w]};
             mn_tensor x = rand_cpu(MN_F32, 3, shape, -3, 3, false), want = {0}, got = {0};
-            memset(mn_tensor_data(&x), 0, sizeof(float) * (size_t)widths[w]); /* row 0 all zero */
+            memset(mn_tensor_data(&x), 0, sizeof(float) * (size_t)rownorm_widths[w]); /* row 0 all zero */
             mn_tensor dx = to_dev(&x, MN_CUDA);
-            must(mn_rownorm_tensor(kinds[k], &x, &want), "cpu rownorm");
-            mn_status st = mn_rownorm_tensor(kinds[k], &dx, &got);
+            must(mn_rownorm_tensor(rownorm_kinds[k], &x, &want), "cpu rownorm");
+            mn_status st = mn_rownorm_tensor(rownorm_kinds[k], &dx, &got);
             char name[96];
-            snprintf(name, sizeof name, "cuda_ops/rownorm/%s/width%lld", names[k], (long long)widths[w]);
+            snprintf(name, sizeof name, "cuda_ops/rownorm/%s/width%lld", rownorm_names[k],
+                     (long long)rownorm_widths[w]);
             if (st != MN_OK) {
                 printf("FAIL %s: %s\n", name, mn_last_error());
                 check_failures_++;
@@ -646,24 +650,23 @@ static void test_rownorm(void)
 /* qk_norm's backward on a device (kernels/grad_cuda.c): the normalisation
  * with each row's scale, and its adjoint (rownorm_vjp, in place as the
  * backward runs it) on the CPU's nhat and scales, against rownorm.c's loops;
- * kinds and widths as above, the zero row (s = 1/sqrt(eps)) included. */
+ * the rows above (rownorm_kinds, rownorm_widths), the zero row (s = 1/sqrt(eps))
+ * included. */
 static void test_rownorm_adjoint(void)
 {
-    static const mn_rownorm kinds[] = {{true, false, true}, {true, false, false}, {true, true, false}};
-    static const char *const names[] = {"l2", "rms", "layernorm"};
-    static const int64_t widths[] = {1, 7, 64, 133};
-    for (int k = 0; k < COUNT(kinds); k++)
-        for (int w = 0; w < COUNT(widths); w++) {
-            int64_t shape[3] = {3, 37, widths[w]};
+    for (int k = 0; k < COUNT(rownorm_kinds); k++)
+        for (int w = 0; w < COUNT(rownorm_widths); w++) {
+            int64_t shape[3] = {3, 37, rownorm_widths[w]};
             mn_tensor x = rand_cpu(MN_F32, 3, shape, -3, 3, false), a = rand_cpu(MN_F32, 3, shape, -2, 2, false);
-            memset(mn_tensor_data(&x), 0, sizeof(float) * (size_t)widths[w]);
+            memset(mn_tensor_data(&x), 0, sizeof(float) * (size_t)rownorm_widths[w]);
             mn_tensor nhat = {0}, scale = {0}, dnhat = {0}, dscale = {0};
-            must(mn_rownorm_tensor_scaled(kinds[k], &x, &nhat, &scale), "cpu rownorm with scales");
+            must(mn_rownorm_tensor_scaled(rownorm_kinds[k], &x, &nhat, &scale), "cpu rownorm with scales");
             mn_tensor dx = to_dev(&x, MN_CUDA), da = to_dev(&a, MN_CUDA), up_nhat = to_dev(&nhat, MN_CUDA),
                       up_scale = to_dev(&scale, MN_CUDA);
             char name[96];
-            snprintf(name, sizeof name, "cuda_ops/rownorm_scaled/%s/width%lld", names[k], (long long)widths[w]);
-            if (mn_rownorm_tensor_scaled(kinds[k], &dx, &dnhat, &dscale) != MN_OK) {
+            snprintf(name, sizeof name, "cuda_ops/rownorm_scaled/%s/width%lld", rownorm_names[k],
+                     (long long)rownorm_widths[w]);
+            if (mn_rownorm_tensor_scaled(rownorm_kinds[k], &dx, &dnhat, &dscale) != MN_OK) {
                 printf("FAIL %s: %s\n", name, mn_last_error());
                 check_failures_++;
             } else {
@@ -671,9 +674,10 @@ static void test_rownorm_adjoint(void)
                 strcat(name, "/scale");
                 check_same(name, &dscale, &scale, 1e-6);
             }
-            must(mn_rownorm_vjp_tensor(kinds[k], &nhat, &scale, &a), "cpu rownorm adjoint");
-            snprintf(name, sizeof name, "cuda_ops/rownorm_vjp/%s/width%lld", names[k], (long long)widths[w]);
-            if (mn_rownorm_vjp_tensor(kinds[k], &up_nhat, &up_scale, &da) != MN_OK) {
+            must(mn_rownorm_vjp_tensor(rownorm_kinds[k], &nhat, &scale, &a), "cpu rownorm adjoint");
+            snprintf(name, sizeof name, "cuda_ops/rownorm_vjp/%s/width%lld", rownorm_names[k],
+                     (long long)rownorm_widths[w]);
+            if (mn_rownorm_vjp_tensor(rownorm_kinds[k], &up_nhat, &up_scale, &da) != MN_OK) {
                 printf("FAIL %s: %s\n", name, mn_last_error());
                 check_failures_++;
             } else {
