@@ -5,8 +5,8 @@
  * on fp32 operands), the work between them kernels/large_grad.cuh's.
  *
  *   1. the forward from the initial state, the large path's own steps
- *      (engine_large.h's stepper), keeping (W, S, anchor) of every memory
- *      at checkpoints every K steps;
+ *      (engine_large.h's stepper), keeping (W, S, and the anchor unless
+ *      refresh = step) of every memory at checkpoints every K steps;
  *   2. for each block of K steps, last block first: restore its
  *      checkpoint, recompute its steps keeping W^(s), S^(s), the anchor and
  *      G_s of each, then walk them in reverse with the adjoints dW, dS, dA
@@ -18,6 +18,12 @@
  *                               gradient point, in chunks of rows
  *        retrieval at W^(s)     the other rows
  *        refresh                dW += dA at a refresh block's first step.
+ *
+ * The reverse of a block is the same launches for every full block: the
+ * kernels count steps and rows from the block's first step, which the
+ * device holds, and the products touch only the block's buffers. So one
+ * block's reverse is captured into a CUDA graph and replayed for the others
+ * (walk_block); the recompute replays the forward's own graph of a step.
  *
  * A state "image" is one tensor of every memory, parameter after parameter
  * (large_grad.cuh). A skipped step (per memory) gets dG = 0, which makes its
@@ -36,18 +42,19 @@
 #include "cuda_check.h"
 #include "cuda_module.h"
 #include "large_grad.cuh" /* its first part is C: the argument structs */
+#include "../model/grad.h"
 
 #include <cublas_v2.h>
 #include <stdlib.h>
 #include <string.h>
 
 enum { LK_FINITE, LK_STAGE, LK_ADDROWS, LK_ACT, LK_TANGENT, LK_LOSS, LK_SEED, LK_COLPART, LK_COLSUM, LK_REVACT,
-       LK_UPDATE, LK_CLIP, LK_DG, LK_REFRESH, LK_FINAL, LK_COUNT };
+       LK_UPDATE, LK_CLIP, LK_DG, LK_REFRESH, LK_FINAL, LK_BASE, LK_COUNT };
 const char *const mn_large_grad_kernel_names[] = {
     "mn_lgrad_finite_kernel", "mn_lgrad_stage_kernel",  "mn_lgrad_addrows_kernel", "mn_lgrad_act_kernel",
     "mn_lgrad_tangent_kernel", "mn_lgrad_loss_kernel",  "mn_lgrad_seed_kernel",    "mn_lgrad_colpart_kernel",
     "mn_lgrad_colsum_kernel", "mn_lgrad_reverse_act_kernel", "mn_lgrad_update_kernel", "mn_lgrad_clip_kernel",
-    "mn_lgrad_dg_kernel", "mn_lgrad_refresh_kernel", "mn_lgrad_final_kernel", NULL};
+    "mn_lgrad_dg_kernel", "mn_lgrad_refresh_kernel", "mn_lgrad_final_kernel", "mn_lgrad_base_kernel", NULL};
 
 char *mn_cuda_large_grad_source(const mn_rule *r, const mn_dims *d, mn_precision p)
 {
@@ -64,9 +71,16 @@ typedef struct lg {
     mn_lgrad_kargs a;
     mn_precision prec;
     int L, per, np, refresh, step;
+    int parts; /* images a checkpoint keeps: W, S and, unless refresh = step, the anchor */
     bool clip_scales; /* a norm-type clip: its adjoint needs the update's sums first */
     long long M, dk, dv, dh, wide, CR, K, nblocks, n, nsteps;
     long long image; /* floats of an image: M times a memory's parameters */
+    long long s0;    /* the walked block's first step (the device's a.base) */
+    /* a whole block's reverse captured (walk_block), replayed for the blocks
+     * of the same shape: full, and at the same place in the refresh blocks */
+    cudaGraphExec_t graph;
+    long long graph_phase;
+    int full_walked; /* full blocks walked so far */
     float *ck, *Wb, *Sb, *Ab, *Gb;                /* checkpoints, the block's states */
     float *X, *Y, *U, *ZB, *ZDB, *HB, *HDB;      /* chunk buffers */
     float *Z[MN_MAX_LAYERS], *H[MN_MAX_LAYERS], *D1[MN_MAX_LAYERS], *D2[MN_MAX_LAYERS];
@@ -167,7 +181,7 @@ static mn_status stage(const lg *G, const float *x, long long t, long long cr)
     mn_lgrad_op o = {0};
     o.in = x;
     o.out = G->X;
-    o.t = t;
+    o.t = t - G->s0 * G->step;
     o.rows = cr;
     o.width = G->dk;
     return launch(G, LK_STAGE, grid_elems(G, cr * G->dk), &o);
@@ -178,7 +192,7 @@ static mn_status addrows(const lg *G, const float *src, float *g, long long t, l
     mn_lgrad_op o = {0};
     o.in = src;
     o.g = g;
-    o.t = t;
+    o.t = t - G->s0 * G->step;
     o.rows = cr;
     o.width = G->dk;
     return launch(G, LK_ADDROWS, grid_elems(G, cr * G->dk), &o);
@@ -233,7 +247,7 @@ static mn_status vjp(const lg *G, const float *img, const float *xq, float *gxq,
         mn_lgrad_op o = {0};
         o.out = G->ZB;
         o.g = gxq;
-        o.t = t;
+        o.t = t - G->s0 * G->step;
         o.rows = cr;
         MN_TRY(launch(G, LK_SEED, grid_elems(G, cr * G->dv), &o));
         for (int i = G->L - 1; i >= 0; i--) {
@@ -296,8 +310,8 @@ static mn_status step_adjoint(const lg *G, const float *A, long long s, long lon
         o.dbias = G->per == 2 ? at(G, dG, bparam(G, L - 1)) : NULL;
         o.out = G->ZB;
         o.out2 = G->ZDB;
-        o.step = s;
-        o.t = t;
+        o.step = s - G->s0;
+        o.t = t - G->s0 * G->step;
         o.rows = cr;
         o.count = rows;
         o.merge_rows = merge_rows;
@@ -380,7 +394,7 @@ static mn_status step_reverse(const lg *G, long long s, long long i)
     o.Wimg = W;
     o.Simg = slot(G->Sb, i, G->image);
     o.Gimg = slot(G->Gb, i, G->image);
-    o.step = s;
+    o.step = s - G->s0;
     dim3 slices = {(unsigned)G->a.nslices, (unsigned)G->M, 1};
     dim3 by_memory = {(unsigned)((G->M + MN_LARGE_THREADS / 32 - 1) / (MN_LARGE_THREADS / 32)), 1, 1};
     MN_TRY(launch(G, LK_UPDATE, slices, &o));
@@ -398,19 +412,84 @@ static mn_status step_reverse(const lg *G, long long s, long long i)
     return MN_OK;
 }
 
+/* Where step s lies in its refresh block (0 without an anchor that
+ * refreshes): two full blocks whose first steps share it have the same
+ * reverse but for the device's a.base. */
+static long long refresh_phase(const lg *G, long long s)
+{
+    return G->refresh > 0 && G->refresh != G->step ? s % (G->refresh / G->step) : 0;
+}
+
+/* The block from step s0 on: the device's a.base, which the block's
+ * launches count their steps and rows from. */
+static mn_status set_block(lg *G, long long s0)
+{
+    G->s0 = s0;
+    mn_lgrad_op o = {0};
+    o.step = s0;
+    return launch_block(G, LK_BASE, (dim3){1, 1, 1}, (dim3){1, 1, 1}, &o);
+}
+
+static mn_status reverse_block(const lg *G, long long s0, long long len)
+{
+    for (long long i = len - 1; i >= 0; i--) MN_TRY(step_reverse(G, s0 + i, i));
+    return MN_OK;
+}
+
+/* A full block's reverse captured into G->graph; false (and no graph) when
+ * the capture or the instantiation fails: the caller then launches
+ * directly. */
+static bool capture_block(lg *G, long long s0)
+{
+    cudaGraph_t g = NULL;
+    if (cudaStreamBeginCapture(G->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    mn_status s = reverse_block(G, s0, G->K);
+    /* always ends the capture, even when a launch above failed */
+    cudaError_t e = cudaStreamEndCapture(G->stream, &g);
+    bool ok = s == MN_OK && e == cudaSuccess && g;
+    if (ok && cudaGraphInstantiate(&G->graph, g, 0) != cudaSuccess) {
+        G->graph = NULL;
+        ok = false;
+    }
+    if (g) (void)cudaGraphDestroy(g);
+    if (!ok) (void)cudaGetLastError();
+    G->graph_phase = refresh_phase(G, s0);
+    return ok;
+}
+
+/* Block b's reverse. Every block but the last is full (K steps of c rows);
+ * the first full one walked runs directly (cuBLAS picks its kernels and
+ * the module loads outside a capture), the next is captured when another
+ * one follows it, and the graph serves the rest that share its refresh
+ * phase. */
+static mn_status walk_block(lg *G, long long b, long long len)
+{
+    const long long s0 = b * G->K;
+    MN_TRY(set_block(G, s0));
+    const bool full = len == G->K && step_rows(G, s0 + len - 1) == G->step;
+    if (full && G->full_walked++ >= 1 && !G->graph && b >= 1) (void)capture_block(G, s0);
+    if (full && G->graph && G->graph_phase == refresh_phase(G, s0))
+        return MN_CUDA_ST(cudaGraphLaunch(G->graph, G->stream));
+    return reverse_block(G, s0, len);
+}
+
 static mn_status walk(lg *G)
 {
     mn_memory_state *st = G->io->st;
     const long long K = G->K, image = G->image;
+    const bool anchor = G->parts == 3; /* refresh = step: no step reads the anchor */
     /* 1. checkpoints at the first step of every block; the last block is
      * recomputed in 2 anyway, so this forward stops at its start */
     const long long last = (G->nblocks - 1) * K;
     for (long long s = 0; s <= last; s++) {
         if (s % K == 0) {
-            float *ck = slot(G->ck, 3 * (s / K), image);
+            float *ck = slot(G->ck, G->parts * (s / K), image);
             MN_TRY(save(G, ck, st->params));
             MN_TRY(save(G, ck + image, st->momenta));
-            MN_TRY(save(G, ck + 2 * image, st->anchor));
+            if (anchor) MN_TRY(save(G, ck + 2 * image, st->anchor));
         }
         if (s == last) break;
         MN_TRY(mn_large_stepper_run(G->sp, s));
@@ -419,12 +498,11 @@ static mn_status walk(lg *G)
     MN_TRY(load_upstream(G, G->a.dS, G->io->dSf));
     MN_CUDA_CHECK(cudaMemsetAsync(G->a.dA, 0, sizeof(float) * image, G->stream));
     /* 2. blocks in reverse */
-    const bool anchor = G->refresh != G->step;
     for (long long b = G->nblocks - 1; b >= 0; b--) {
-        const float *ck = slot(G->ck, 3 * b, image);
+        const float *ck = slot(G->ck, G->parts * b, image);
         MN_TRY(restore(G, ck, st->params));
         MN_TRY(restore(G, ck + image, st->momenta));
-        MN_TRY(restore(G, ck + 2 * image, st->anchor));
+        if (anchor) MN_TRY(restore(G, ck + 2 * image, st->anchor));
         MN_TRY(mn_large_stepper_state_set(G->sp));
         const long long s0 = b * K, len = s0 + K <= G->nsteps ? K : G->nsteps - s0;
         for (long long i = 0; i < len; i++) {
@@ -439,7 +517,7 @@ static mn_status walk(lg *G)
         }
         MN_TRY(save(G, slot(G->Wb, len, image), st->params));
         MN_TRY(save(G, slot(G->Sb, len, image), st->momenta));
-        for (long long i = len - 1; i >= 0; i--) MN_TRY(step_reverse(G, s0 + i, i));
+        MN_TRY(walk_block(G, b, len));
         if (mn_check_interrupt() != MN_OK) return MN_ERR_INTERRUPTED;
     }
     mn_lgrad_op o = {0};
@@ -464,7 +542,7 @@ static size_t carve(lg *G, char *base)
     const size_t img = (size_t)G->image, chunk = (size_t)(G->M * G->a.ld);
     float **imgs[] = {&G->a.dW, &G->a.dS, &G->a.dA, &G->a.dG, &G->a.dGt};
     for (size_t i = 0; i < sizeof imgs / sizeof *imgs; i++) *imgs[i] = take(base, &off, img);
-    G->ck = take(base, &off, (size_t)G->nblocks * 3 * img);
+    G->ck = take(base, &off, (size_t)(G->nblocks * G->parts) * img);
     G->Wb = take(base, &off, (size_t)(G->K + 1) * img);
     G->Sb = take(base, &off, (size_t)(G->K + 1) * img);
     G->Ab = G->refresh != G->step ? take(base, &off, (size_t)G->K * img) : NULL;
@@ -476,6 +554,7 @@ static size_t carve(lg *G, char *base)
         for (size_t j = 0; j < sizeof hidden / sizeof *hidden; j++) *hidden[j] = take(base, &off, chunk);
     }
     G->a.flag = take(base, &off, 1);
+    G->a.base = take(base, &off, 2); /* a long long */
     G->a.part = take(base, &off, (size_t)(G->M * G->a.nslices * 4 * 2));
     G->a.coef = take(base, &off, (size_t)(G->M * G->np * 2 * 2));
     G->a.colpart = take(base, &off, (size_t)(G->M * ((G->CR + MN_LGRAD_COL_ROWS - 1) / MN_LGRAD_COL_ROWS) * G->wide * 2));
@@ -524,6 +603,7 @@ static mn_status setup(lg *G, const mn_large_grad_io *io, mn_precision prec)
     for (int p = G->np; p <= MN_LGRAD_MAX_PARAMS; p++) a->slice_start[p] = slices;
     a->nslices = slices;
     G->clip_scales = mn_rule_clip_scales(r);
+    G->parts = mn_grad_checkpoint_parts(r);
     a->memories = G->M;
     a->n = io->n;
     a->nsteps = io->nsteps;
@@ -603,6 +683,7 @@ mn_status mn_cuda_large_backward(const mn_large_grad_io *io, mn_precision prec, 
         else if (s == MN_OK) s = walk(&G);
     }
     s = mn_large_stepper_close(G.sp, s); /* waits for the stream */
+    if (G.graph) (void)cudaGraphExecDestroy(G.graph);
     if (G.work) mn_cuda_free(G.work, G.work_bytes);
     return s;
 }

@@ -41,6 +41,9 @@ typedef struct mn_lgrad_kargs {
     float *dW, *dS, *dA, *dG, *dGt;          /* adjoint images: of W^(s+1), S^(s+1), the anchor, G, clip(G) */
     float *gW[MN_LGRAD_MAX_PARAMS], *gS[MN_LGRAD_MAX_PARAMS]; /* the initial tensors' gradients [M, numel] */
     int *flag;                               /* the finite check's answer */
+    /* the first step of the block being walked, on the device: a launch's o.step and o.t
+     * count from it, so one captured block's reverse serves every block (mn_lgrad_base_kernel) */
+    long long *base;
     /* the update's adjoint: parameter p's slices [slice_start[p], slice_start[p + 1]) of
      * MN_LGRAD_SLICE elements, nslices a memory; each slice's partial sums (deta, dalpha,
      * |G|^2, <dGt, G>) in part [M, nslices, 4], the clip adjoint's (sc, through) per
@@ -59,7 +62,7 @@ typedef struct mn_lgrad_op {
     const float *x;            /* rows of k or q [M, n, dk] */
     float *out, *out2, *out3;  /* chunk outputs */
     float *g;                  /* a gradient: [M, n, width] rows, or a bias's [M, width] */
-    long long step, t, rows, width, count;
+    long long step, t, rows, width, count; /* step and t from the block's first step (a.base) */
     long long merge_rows; /* loss: the step's rows below this are retrievals at W^(s) = the gradient point */
     int flags, pad_;
 } mn_lgrad_op;
@@ -71,6 +74,23 @@ typedef struct mn_lgrad_op {
 #ifdef __CUDACC_RTC__
 
 #define MN_LGRAD_NP mn_param_count(MN_LAYERS, MN_BIAS)
+/* A launch's step and first row of the sequence: o.step and o.t count
+ * from the walked block's first step, which the device holds (a.base). */
+__device__ __forceinline__ long long mn_lgrad_step(const mn_lgrad_kargs &a, const mn_lgrad_op &o)
+{
+    return *a.base + o.step;
+}
+__device__ __forceinline__ long long mn_lgrad_row(const mn_lgrad_kargs &a, const mn_lgrad_op &o)
+{
+    return *a.base * MN_STEP + o.t;
+}
+
+/* The walked block's first step: a.base = o.step. One thread. */
+extern "C" __global__ void mn_lgrad_base_kernel(const mn_lgrad_kargs a, const mn_lgrad_op o)
+{
+    *a.base = o.step;
+}
+
 /* Whether an input holds a non-finite number: count floats of in; flag set
  * to 1 where one does (the host zeroed it). Grid-stride, grid (x). */
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_finite_kernel(const mn_lgrad_kargs a,
@@ -87,7 +107,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_stage_ke
                                                                                      const mn_lgrad_op o)
 {
     const long long m = blockIdx.y;
-    const float *src = o.in + (m * a.n + o.t) * o.width;
+    const float *src = o.in + (m * a.n + mn_lgrad_row(a, o)) * o.width;
     float *dst = o.out + m * a.ld;
     MN_LG_GRID_STRIDE(e, o.rows * o.width) dst[e] = src[e];
 }
@@ -99,7 +119,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_addrows_
 {
     const long long m = blockIdx.y;
     const float *src = o.in + m * a.ld;
-    float *dst = o.g + (m * a.n + o.t) * o.width;
+    float *dst = o.g + (m * a.n + mn_lgrad_row(a, o)) * o.width;
     MN_LG_GRID_STRIDE(e, o.rows * o.width) dst[e] += src[e];
 }
 
@@ -141,20 +161,20 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_tangent_
 /* The loss's pointwise terms of a step's chunk (mn_mlp_step_adjoint), one
  * warp per row, grid (ceil(rows/8), M). in: the last product at the
  * gradient point, in2: its tangent's; bias, dbias: b_L and its direction
- * (NULL without biases). Step o.step, rows o.t .. o.t + o.rows - 1 of the
- * sequence, o.count: the step's rows (the mean's count). Writes out = ybar
- * (dloss's term and, where the step ran, the second-order one), out2 =
- * ubar (0 where the step was skipped; ybar takes dy too for the step's
- * rows below merge_rows, retrievals that were this forward), and
- * adds the v, theta and (residual) k gradients. */
+ * (NULL without biases). Step s, rows t .. t + o.rows - 1 of the
+ * sequence (mn_lgrad_step, mn_lgrad_row), o.count: the step's rows (the
+ * mean's count). Writes out = ybar (dloss's term and, where the step ran,
+ * the second-order one), out2 = ubar (0 where the step was skipped; ybar
+ * takes dy too for the step's rows below merge_rows, retrievals that were
+ * this forward), and adds the v, theta and (residual) k gradients. */
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_loss_kernel(const mn_lgrad_kargs a,
                                                                                     const mn_lgrad_op o)
 {
     const long long m = blockIdx.y, r = (long long)blockIdx.x * MN_LG_WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (r >= o.rows) return; /* the whole warp */
-    const long long t = o.t + r, row = m * a.ld + r * MN_DV;
-    const bool ran = a.skipped[m * a.nsteps + o.step] == 0.0f;
+    const long long s = mn_lgrad_step(a, o), t = mn_lgrad_row(a, o) + r, row = m * a.ld + r * MN_DV;
+    const bool ran = a.skipped[m * a.nsteps + s] == 0.0f;
     const double R = MN_FEATURE_SCALE, tscale = MN_TOKEN_MEAN ? 1.0 / (double)o.count : 1.0;
     const double wt = (double)(float)((double)a.theta[m * a.n + t] * tscale);
     const double dl = a.dloss ? (double)a.dloss[m * a.n + t] : 0.0;
@@ -162,7 +182,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_loss_ker
     const float *xr = a.k + (m * a.n + t) * MN_DK, *vr = a.v + (m * a.n + t) * MN_DV;
     float *gvr = a.gv + (m * a.n + t) * MN_DV, *gkr = a.gk + (m * a.n + t) * MN_DK;
     /* a retrieval row whose output is this forward's (q = k, the gradient point W^(s)) */
-    const bool merged = a.dy && t - o.step * MN_STEP < o.merge_rows;
+    const bool merged = a.dy && t - s * MN_STEP < o.merge_rows;
     const float *dyr = merged ? a.dy + (m * a.n + t) * MN_DV : 0;
     double acc = 0.0;
     for (int j = lane; j < MN_DV; j += 32) {
@@ -199,9 +219,10 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_seed_ker
                                                                                     const mn_lgrad_op o)
 {
     const long long m = blockIdx.y;
-    const float *src = a.dy + (m * a.n + o.t) * MN_DV;
+    const long long t = mn_lgrad_row(a, o);
+    const float *src = a.dy + (m * a.n + t) * MN_DV;
     float *dst = o.out + m * a.ld;
-    float *gx = o.g + (m * a.n + o.t) * MN_DK;
+    float *gx = o.g + (m * a.n + t) * MN_DK;
     MN_LG_GRID_STRIDE(e, o.rows * MN_DV)
     {
         dst[e] = src[e];
@@ -282,7 +303,7 @@ __device__ __forceinline__ int mn_lgrad_slice(const mn_lgrad_kargs &a, long long
     return p;
 }
 
-/* The adjoint of step o.step's update (grad_cpu.c step_reverse), grid
+/* The adjoint of step s's update (grad_cpu.c step_reverse), grid
  * (nslices, M): where the step ran, with W^(s), S^(s) and G_s in Wimg,
  * Simg, Gimg, from dW, dS (of W^(s+1), S^(s+1)): dGt = -(dS + dW), dW *=
  * 1 - alpha, dS = eta (dS + dW), and the slice's partial sums of deta =
@@ -293,7 +314,7 @@ __device__ __forceinline__ int mn_lgrad_slice(const mn_lgrad_kargs &a, long long
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_update_kernel(const mn_lgrad_kargs a,
                                                                                       const mn_lgrad_op o)
 {
-    const long long m = blockIdx.y, si = m * a.nsteps + o.step;
+    const long long m = blockIdx.y, si = m * a.nsteps + mn_lgrad_step(a, o);
     long long e0, e1;
     const int p = mn_lgrad_slice(a, blockIdx.x, &e0, &e1);
     const long long off = a.ioff[p] + m * a.numel[p];
@@ -346,7 +367,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_update_k
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_clip_kernel(const mn_lgrad_kargs a,
                                                                                     const mn_lgrad_op o)
 {
-    const long long m = (long long)blockIdx.x * MN_LG_WARPS + (threadIdx.x >> 5), si = m * a.nsteps + o.step;
+    const long long m = (long long)blockIdx.x * MN_LG_WARPS + (threadIdx.x >> 5), si = m * a.nsteps + mn_lgrad_step(a, o);
     const int lane = threadIdx.x & 31;
     if (m >= a.memories || a.skipped[si] != 0.0f) return; /* the whole warp */
     const double *part = a.part + m * a.nslices * 4;
@@ -383,7 +404,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_dg_kerne
                                                                                   const mn_lgrad_op o)
 {
     const long long m = blockIdx.y;
-    if (a.skipped[m * a.nsteps + o.step] != 0.0f) return; /* dG = 0 already */
+    if (a.skipped[m * a.nsteps + mn_lgrad_step(a, o)] != 0.0f) return; /* dG = 0 already */
     long long e0, e1;
     const int p = mn_lgrad_slice(a, blockIdx.x, &e0, &e1);
     const long long off = a.ioff[p] + m * a.numel[p];

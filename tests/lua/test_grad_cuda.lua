@@ -318,6 +318,18 @@ local cases = {
   { name = "large_mlp2_skipped_step_huge_theta", rule = { layers = 2, activation = "silu", bias = true, step = 3,
     refresh = 3, feature_reduce = "sum", theta = 0.02 }, Tn = 14, dk = 16, dv = 16, dh = 256, wscale = 0.1,
     bad = { "theta", 1, 2, 5, 3.4e38 }, skips = true, tol = SMOOTH },
+  -- many blocks of 2 steps: the large backward captures one block's
+  -- reverse into a CUDA graph and replays it for the others (the device
+  -- holds the block's first step); the last block, with a short step,
+  -- and the first full one run directly
+  { name = "large_mlp2_graph_blocks_q", rule = { layers = 2, activation = "gelu", bias = true, step = 2,
+    theta = 0.02 }, Tn = 41, dk = 16, dv = 12, dh = 256, q = true, block = 2, wscale = 0.1, tol = SMOOTH },
+  -- refresh blocks of 3 steps walked in blocks of 2: the captured block
+  -- (first step 12) is replayed only where a block starts at the same place
+  -- in its refresh block (steps 6 and 0); the others run directly
+  { name = "large_mlp2_graph_refresh_phases_momenta", rule = { layers = 2, activation = "silu", bias = true,
+    step = 2, refresh = 6, clip = "norm", clip_max = 0.5, eta = 0.8, theta = 0.02 }, Tn = 32, dk = 16, dv = 16,
+    dh = 256, momenta = true, block = 2, wscale = 0.1, tol = SMOOTH },
   { name = "large_mlp2_custom_act_elementwise_long_step", rule = { layers = 2, activation = "z*tanh(softplus(z))",
     clip = "elementwise", clip_expr = "m*tanh(g/m)", constants = { m = 0.05 }, step = 70, refresh = 70,
     theta = 0.01 }, B = 1, H = 3, Tn = 150, dk = 20, dv = 20, dh = 300, tol = SMOOTH },
