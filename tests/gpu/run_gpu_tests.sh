@@ -11,7 +11,8 @@
 #   - the conformance suite (tests/reference) on cuda in fp32, tf32 and bf16
 #     on the path the plan picks (the fused kernel for layers 1 and 2), in
 #     fp32 on sequences up to 400 tokens (steps longer than a chunk), and in
-#     fp32 with the general and the large path forced (MNEMO_CUDA_PATH), all
+#     fp32 with the general and the large path forced (MNEMO_CUDA_PATH; and
+#     in tf32 and bf16 on fewer configurations), all
 #     at once (they share the kernel cache, written atomically); the forced
 #     runs' /grads come from the GPU's general and large backward, the
 #     others' from the CPU's (MNEMO_CUDA_BACKWARD=cpu); and fewer configurations in each
@@ -24,7 +25,8 @@
 #     layers; fused with qk_norm; large),
 #   - one mid-size run timed on cuda and cpu, and compared.
 # Logs go to $OUT (default: a temporary folder): summary.log (every
-# PASS/FAIL/SKIP line), conformance_{fp32,tf32,bf16,long,general,large,backward_*}.log, gpu_logs.tgz
+# PASS/FAIL/SKIP line), conformance_{fp32,tf32,bf16,long,general,large,general_*,large_*,backward_*}.log,
+# gpu_logs.tgz
 # with the rest (few files: the device tool brings back at most 8). Ends with
 # "N passed, N failed" (exit 1 on failure).
 # Environment: MNEMO (the binary; env.sh sets it), PYTHON (one with torch and
@@ -110,6 +112,15 @@ if want conformance && [ -n "$PYTHON" ]; then
               MNEMO_CONFORMANCE_COUNT=${PATH_CONFORMANCE_COUNT:-80} timeout "${CONFORMANCE_TIMEOUT:-540}" \
               "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_$path.log" 2>&1
           echo $? > "$WORK/conformance_$path.rc" ) &
+    done
+    # and the same two forced in tf32 and bf16, on fewer configurations
+    for path in general large; do
+        for prec in tf32 bf16; do
+            ( MNEMO_CUDA_PATH=$path MNEMO_DEVICE=cuda MNEMO_PRECISION=$prec MNEMO_CONFORMANCE_SEED=11 \
+                  MNEMO_CONFORMANCE_COUNT=${BACKWARD_CONFORMANCE_COUNT:-24} timeout "${CONFORMANCE_TIMEOUT:-540}" \
+                  "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_${path}_$prec.log" 2>&1
+              echo $? > "$WORK/conformance_${path}_$prec.rc" ) &
+        done
     done
     # the planned backward (fused where the rule takes it) against the
     # reference's gradients in each precision, on fewer configurations
@@ -280,21 +291,24 @@ with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
     # step; and fused with qk_norm (the keys normalised and their gradients
     # taken back through it by ops.cu's row kernels around the backward kernel)
     # (large: hidden 256, the large forward and the large backward: cuBLAS
-    # products, the update's adjoint per slice, the anchor at refresh 2c)
+    # products, the update's adjoint per slice, the anchor at refresh 2c;
+    # 13 steps in blocks of 4, so that one block's reverse is captured in a
+    # CUDA graph and replayed)
     for tag in r8 r0 qk large; do
         hidden=40
+        T=50
         case $tag in
         r8) opts="refresh = 8" ;;
         r0) opts="refresh = 0" ;;
         qk) opts="refresh = 8, qk_norm = 'rms'" ;;
-        large) opts="refresh = 16"; hidden=256 ;;
+        large) opts="refresh = 16"; hidden=256; T=100 ;;
         esac
         "$MNEMO" -e "local m = mnemo; m.seed(9)
           local r = m.rule { layers = 2, hidden = $hidden, activation = 'gelu', step = 8, $opts, clip = 'norm',
                              clip_max = 0.5, theta = 0.02, eta = 0.5 }
-          m.save('$WORK/san/grad_$tag.h5', r:experiment { k = m.randn(2, 2, 50, 20) * 0.5,
-                 v = m.randn(2, 2, 50, 18) * 0.5, q = m.randn(2, 2, 50, 20) * 0.5 })
-          m.save('$WORK/san/up_$tag.h5', { dy = m.randn(2, 2, 50, 18), dloss = m.randn(2, 2, 50),
+          m.save('$WORK/san/grad_$tag.h5', r:experiment { k = m.randn(2, 2, $T, 20) * 0.5,
+                 v = m.randn(2, 2, $T, 18) * 0.5, q = m.randn(2, 2, $T, 20) * 0.5 })
+          m.save('$WORK/san/up_$tag.h5', { dy = m.randn(2, 2, $T, 18), dloss = m.randn(2, 2, $T),
                                            dW1 = m.randn(2, 2, $hidden, 20) })" > /dev/null 2>&1
         attach_upstream $tag dy dloss dW1
     done
@@ -428,7 +442,8 @@ if ! want conformance; then
     :
 elif [ -n "$PYTHON" ]; then
     wait
-    for prec in fp32 tf32 bf16 long general large backward_fp32 backward_tf32 backward_bf16; do
+    for prec in fp32 tf32 bf16 long general large general_tf32 general_bf16 large_tf32 large_bf16 \
+                backward_fp32 backward_tf32 backward_bf16; do
         echo "== conformance/cuda-$prec"
         tail -1 "$OUT/conformance_$prec.log" | grep -v '^PASS'
         rc=$(cat "$WORK/conformance_$prec.rc" 2>/dev/null || echo 99)
