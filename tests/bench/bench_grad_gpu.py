@@ -23,6 +23,13 @@ backward's bytes (g.memory.backward_bytes) beside the forward's state.
 
   python3 tests/bench/bench_grad_gpu.py [--cases P1,P1-lin,P1-c16,P2,G1] [--repeat 3]
       [--precision tf32] [--no-compile] [--no-graph]
+      [--mnemo BIN [--mnemo OLD ...] [--rounds 2]] [--mnemo-only]
+
+Two builds in one job (an A/B of a change): name each with --mnemo; the
+first is the table's mnemo, the others are printed beside it, and with
+--rounds N the builds take turns N times (medians over all their runs), so
+that a drift of the GPU's clocks over the job falls on each alike.
+--mnemo-only skips the PyTorch baselines.
 """
 import argparse
 import math
@@ -177,6 +184,26 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def run_mnemo(binary, exp, up, save, args):
+    """One process of bench_grad_run.lua: its MNEMO_GRAD values by key, or
+    the failure's text."""
+    p = subprocess.run([binary, "-q", os.path.join(HERE, "bench_grad_run.lua"), exp, up, "cuda",
+                        str(args.repeat), save, args.precision], capture_output=True, text=True, timeout=900)
+    got = {}
+    for line in p.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "MNEMO_GRAD":
+            got.setdefault(parts[1], []).append(parts[2])
+    if p.returncode != 0 or "MNEMO_GRAD_DONE" not in p.stdout:
+        return "exit %d: %s" % (p.returncode, (p.stderr + p.stdout)[-600:])
+    return got
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default="P1")
@@ -185,11 +212,14 @@ def main():
                     help="mnemo's precision and PyTorch's matmul mode (bf16 would need autocast)")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-graph", action="store_true")
-    ap.add_argument("--mnemo", default=None)
+    ap.add_argument("--mnemo", action="append", default=None,
+                    help="a mnemo binary; repeat it to time several builds in turn")
+    ap.add_argument("--rounds", type=int, default=1, help="turns of the builds (each a process of --repeat runs)")
+    ap.add_argument("--mnemo-only", action="store_true", help="no PyTorch baselines")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_grad_gpu.py: needs a CUDA GPU (torch %s sees none)" % torch.__version__)
-    mnemo = args.mnemo or bench_gpu.find_mnemo()
+    builds = args.mnemo or [bench_gpu.find_mnemo()]
     torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
     torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
     print("bench_grad_gpu: %s, torch %s, precision %s" % (torch.cuda.get_device_name(), torch.__version__,
@@ -219,24 +249,38 @@ def main():
             f["dW1"] = dW1.cpu().numpy().reshape((B, H) + tuple(W0[0].shape[1:]))
         row = {"case": name, "desc": bench_gpu.describe(cfg)}
         print("== %s: %s" % (name, row["desc"]))
-        p = subprocess.run([mnemo, "-q", os.path.join(HERE, "bench_grad_run.lua"), exp, up, "cuda",
-                            str(args.repeat), save, args.precision], capture_output=True, text=True, timeout=900)
-        got = {}
-        for line in p.stdout.splitlines():
-            parts = line.split()
-            if len(parts) == 3 and parts[0] == "MNEMO_GRAD":
-                got.setdefault(parts[1], []).append(parts[2])
-        if p.returncode != 0 or "MNEMO_GRAD_DONE" not in p.stdout:
-            print("   mnemo failed (exit %d): %s" % (p.returncode, (p.stderr + p.stdout)[-600:]))
+        timings = {b: {"forward": [], "backward": []} for b in builds}
+        failed = None
+        for _ in range(max(1, args.rounds)):
+            for b in builds:
+                got = run_mnemo(b, exp, up, save if b == builds[0] else save + ".other", args)
+                if isinstance(got, str):
+                    failed = "%s: %s" % (b, got)
+                    break
+                timings[b]["forward"] += [float(x) for x in got["forward"]]
+                timings[b]["backward"] += [float(x) for x in got["backward"]]
+                if b == builds[0]:
+                    row["mnemo_mem"] = int(got["backward_bytes"][0])
+                    row["plan"] = got.get("plan", ["?"])[0].replace("_", " ")
+            if failed:
+                break
+        if failed:
+            print("   mnemo failed %s" % failed)
             continue
-        fw = sorted(float(x) for x in got["forward"])
-        bw = sorted(float(x) for x in got["backward"])
-        row["mnemo_fwd"], row["mnemo_bwd"] = fw[len(fw) // 2], bw[len(bw) // 2]
-        row["mnemo"] = row["mnemo_fwd"] + row["mnemo_bwd"]
-        row["mnemo_mem"] = int(got["backward_bytes"][0])
-        row["plan"] = got.get("plan", ["?"])[0].replace("_", " ")
-        print("   mnemo: forward %.2f ms + backward %.2f ms (backward: %s; its bytes %.1f MB)"
-              % (1e3 * row["mnemo_fwd"], 1e3 * row["mnemo_bwd"], row["plan"], row["mnemo_mem"] / 2**20))
+        for b in builds:
+            fw, bw = median(timings[b]["forward"]), median(timings[b]["backward"])
+            if b == builds[0]:
+                row["mnemo_fwd"], row["mnemo_bwd"], row["mnemo"] = fw, bw, fw + bw
+                print("   mnemo: forward %.2f ms + backward %.2f ms (backward: %s; its bytes %.1f MB)"
+                      % (1e3 * fw, 1e3 * bw, row["plan"], row["mnemo_mem"] / 2**20))
+            else:
+                with h5py.File(save, "r") as f, h5py.File(save + ".other", "r") as o:
+                    agree = rel(o["gk"][()], f["gk"][()]), rel(o["gW1"][()], f["gW1"][()])
+                print("   mnemo %s: forward %.2f ms + backward %.2f ms (%d runs each), against the first: "
+                      "dk %.1e dW1 %.1e" % ((b, 1e3 * fw, 1e3 * bw, len(timings[b]["forward"])) + agree))
+        if args.mnemo_only:
+            rows.append(row)
+            continue
         with h5py.File(save, "r") as f:
             mk = np.asarray(f["gk"][()]).reshape(BH, T, -1)
             mw = np.asarray(f["gW1"][()]).reshape(W0[0].shape)
