@@ -129,15 +129,25 @@ class rounded_products:
         return False
 
 
+def _straight_through(t, rounded):
+    """rounded's values with t's derivatives. Rounding is a step function:
+    its derivative (0, or a cut where it goes through integer bits) would
+    stop every gradient through the products, and a cast's backward would
+    round the gradient too. The probe wants the products' operands rounded
+    and the rule's own derivatives. (rounded - t is exact for nearby
+    numbers, so the values are rounded's to the bit.)"""
+    return t + (rounded - t).detach()
+
+
 def _round_bf16(t):
-    return t.to(torch.bfloat16).to(t.dtype)
+    return _straight_through(t, t.detach().to(torch.bfloat16).to(t.dtype))
 
 
 def _round_tf32(t):
     # nearest of the 10-bit mantissa (ties away), through float32's bits
-    i = t.to(torch.float32).view(torch.int32)
+    i = t.detach().to(torch.float32).view(torch.int32)
     i = (i + 0x1000) & ~0x1FFF
-    return i.view(torch.float32).to(t.dtype)
+    return _straight_through(t, i.view(torch.float32).to(t.dtype))
 
 
 def _rounded_linear(rnd):
