@@ -32,8 +32,10 @@
 # Environment: MNEMO (the binary; env.sh sets it), PYTHON (one with torch and
 # h5py; default python3, else /usr/bin/python3), MNEMO_CONFORMANCE_COUNT
 # (default 200), CONFORMANCE_TIMEOUT (seconds per precision, default 540),
-# PARTS: which parts run, any of conformance unit lua paths engine bridge cli
-# sanitizer timing (default all). The whole takes about 10 minutes on an
+# CONFORMANCE_SHARDS (processes for each of the three largest conformance
+# runs, default 4; the forced-path fp32 runs get half). PARTS: which parts
+# run, any of conformance unit lua paths engine bridge cli sanitizer timing
+# (default all). The whole takes about 10 minutes on an
 # H100, over one device call's limit: two calls (say PARTS="conformance
 # unit lua" and PARTS="paths engine bridge cli sanitizer timing") cover it.
 cd "$(dirname "$0")/../.." || exit 2
@@ -91,50 +93,55 @@ nvidia-smi -L 2>&1 | head -4
 echo "python: $PYTHON; sanitizer: $SANITIZER; logs: $OUT"
 
 # ---- conformance, in the background: the longest part ----
+# conformance NAME SHARDS VAR=VALUE...: tests/reference/test_conformance.py
+# with that environment in SHARDS background processes, each a share of the
+# configurations (MNEMO_CONFORMANCE_SHARD): a process is CPU-bound on the
+# float64 reference, so the shards run side by side on the machine's cores.
+# Logs $WORK/conformance_NAME.K.log, joined at the end.
+CONFORMANCE_RUNS=
+conformance() {
+    name_=$1; shards_=$2; shift 2
+    CONFORMANCE_RUNS="$CONFORMANCE_RUNS $name_"
+    k_=0
+    while [ "$k_" -lt "$shards_" ]; do
+        ( env "$@" MNEMO_CONFORMANCE_SHARD="$k_/$shards_" timeout "${CONFORMANCE_TIMEOUT:-540}" \
+              "$PYTHON" tests/reference/test_conformance.py > "$WORK/conformance_$name_.$k_.log" 2>&1
+          echo $? > "$WORK/conformance_$name_.$k_.rc" ) &
+        k_=$((k_ + 1))
+    done
+}
 if want conformance && [ -n "$PYTHON" ]; then
-    # The backward of a cuda run goes to the GPU (kernels/grad_kernel.cuh)
-    # where it covers the rule: one more NVRTC compile per configuration. The
-    # forced general-path run below checks those gradients against the
-    # reference; the others keep the CPU's backward (MNEMO_CUDA_BACKWARD=cpu)
-    # so that their time stays what it was.
+    SHARDS=${CONFORMANCE_SHARDS:-4}
+    # The forward on the path the plan picks in each precision, 200 random
+    # configurations and the wide ones; their /grads from the CPU's backward
+    # (MNEMO_CUDA_BACKWARD=cpu): the GPU's backward is checked below
     for prec in fp32 tf32 bf16; do
-        ( MNEMO_CUDA_BACKWARD=cpu MNEMO_DEVICE=cuda MNEMO_PRECISION=$prec timeout "${CONFORMANCE_TIMEOUT:-540}" \
-              "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_$prec.log" 2>&1
-          echo $? > "$WORK/conformance_$prec.rc" ) &
+        conformance "$prec" "$SHARDS" MNEMO_CUDA_BACKWARD=cpu MNEMO_DEVICE=cuda MNEMO_PRECISION=$prec
     done
     # the paths the plan did not pick for these small rules, forced
     # (kernels/plan.h): the general kernel, and the cuBLAS + graph path
     # (their /grads from the GPU's backward: the general one, and the large
     # one that the large forward brings with it)
     for path in general large; do
-        backward=auto
-        ( MNEMO_CUDA_BACKWARD=$backward MNEMO_CUDA_PATH=$path MNEMO_DEVICE=cuda MNEMO_PRECISION=fp32 MNEMO_CONFORMANCE_SEED=3 \
-              MNEMO_CONFORMANCE_COUNT=${PATH_CONFORMANCE_COUNT:-80} timeout "${CONFORMANCE_TIMEOUT:-540}" \
-              "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_$path.log" 2>&1
-          echo $? > "$WORK/conformance_$path.rc" ) &
+        conformance "$path" $(( (SHARDS + 1) / 2 )) MNEMO_CUDA_PATH=$path MNEMO_DEVICE=cuda MNEMO_PRECISION=fp32 \
+            MNEMO_CONFORMANCE_SEED=3 MNEMO_CONFORMANCE_COUNT=${PATH_CONFORMANCE_COUNT:-80}
     done
     # and the same two forced in tf32 and bf16, on fewer configurations
     for path in general large; do
         for prec in tf32 bf16; do
-            ( MNEMO_CUDA_PATH=$path MNEMO_DEVICE=cuda MNEMO_PRECISION=$prec MNEMO_CONFORMANCE_SEED=11 \
-                  MNEMO_CONFORMANCE_COUNT=${BACKWARD_CONFORMANCE_COUNT:-24} timeout "${CONFORMANCE_TIMEOUT:-540}" \
-                  "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_${path}_$prec.log" 2>&1
-              echo $? > "$WORK/conformance_${path}_$prec.rc" ) &
+            conformance "${path}_$prec" 1 MNEMO_CUDA_PATH=$path MNEMO_DEVICE=cuda MNEMO_PRECISION=$prec \
+                MNEMO_CONFORMANCE_SEED=11 MNEMO_CONFORMANCE_COUNT=${BACKWARD_CONFORMANCE_COUNT:-24}
         done
     done
     # the planned backward (fused where the rule takes it) against the
     # reference's gradients in each precision, on fewer configurations
     for prec in fp32 tf32 bf16; do
-        ( MNEMO_DEVICE=cuda MNEMO_PRECISION=$prec MNEMO_CONFORMANCE_SEED=5 \
-              MNEMO_CONFORMANCE_COUNT=${BACKWARD_CONFORMANCE_COUNT:-24} timeout "${CONFORMANCE_TIMEOUT:-540}" \
-              "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_backward_$prec.log" 2>&1
-          echo $? > "$WORK/conformance_backward_$prec.rc" ) &
+        conformance "backward_$prec" 1 MNEMO_DEVICE=cuda MNEMO_PRECISION=$prec MNEMO_CONFORMANCE_SEED=5 \
+            MNEMO_CONFORMANCE_COUNT=${BACKWARD_CONFORMANCE_COUNT:-24}
     done
     # long sequences: steps of more than 64 tokens take the kernel's chunked path
-    ( MNEMO_CUDA_BACKWARD=cpu MNEMO_DEVICE=cuda MNEMO_PRECISION=fp32 MNEMO_CONFORMANCE_SEED=7 MNEMO_CONFORMANCE_MAX_T=400 \
-          MNEMO_CONFORMANCE_COUNT=${LONG_CONFORMANCE_COUNT:-40} timeout "${CONFORMANCE_TIMEOUT:-540}" \
-          "$PYTHON" tests/reference/test_conformance.py > "$OUT/conformance_long.log" 2>&1
-      echo $? > "$WORK/conformance_long.rc" ) &
+    conformance long 1 MNEMO_CUDA_BACKWARD=cpu MNEMO_DEVICE=cuda MNEMO_PRECISION=fp32 MNEMO_CONFORMANCE_SEED=7 \
+        MNEMO_CONFORMANCE_MAX_T=400 MNEMO_CONFORMANCE_COUNT=${LONG_CONFORMANCE_COUNT:-40}
 fi
 
 # ---- unit and Lua tests ----
@@ -442,12 +449,17 @@ if ! want conformance; then
     :
 elif [ -n "$PYTHON" ]; then
     wait
-    for prec in fp32 tf32 bf16 long general large general_tf32 general_bf16 large_tf32 large_bf16 \
-                backward_fp32 backward_tf32 backward_bf16; do
+    for prec in $CONFORMANCE_RUNS; do
         echo "== conformance/cuda-$prec"
-        tail -1 "$OUT/conformance_$prec.log" | grep -v '^PASS'
-        rc=$(cat "$WORK/conformance_$prec.rc" 2>/dev/null || echo 99)
-        [ "$rc" = 124 ] && echo "FAIL conformance/cuda-$prec: stopped after ${CONFORMANCE_TIMEOUT:-540} s" | tee -a "$summary"
+        # the shards' logs one after the other; the first failing shard's status
+        cat "$WORK/conformance_$prec".*.log > "$OUT/conformance_$prec.log"
+        grep -h '^conformance: [0-9]' "$WORK/conformance_$prec".*.log
+        rc=0
+        for f in "$WORK/conformance_$prec".*.rc; do
+            r=$(cat "$f" 2>/dev/null || echo 99)
+            [ "$rc" = 0 ] && rc=$r
+        done
+        [ "$rc" = 124 ] && echo "FAIL conformance/cuda-$prec: a shard stopped after ${CONFORMANCE_TIMEOUT:-540} s" | tee -a "$summary"
         count "conformance/cuda-$prec" "$OUT/conformance_$prec.log" "$rc"
         grep -A3 '^FAIL ' "$OUT/conformance_$prec.log" | head -40
     done
