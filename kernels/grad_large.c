@@ -19,11 +19,13 @@
  *        retrieval at W^(s)     the other rows
  *        refresh                dW += dA at a refresh block's first step.
  *
- * The reverse of a block is the same launches for every full block: the
- * kernels count steps and rows from the block's first step, which the
- * device holds, and the products touch only the block's buffers. So one
- * block's reverse is captured into a CUDA graph and replayed for the others
- * (walk_block); the recompute replays the forward's own graph of a step.
+ * The reverse of a block is the same launches for every full block: in
+ * a captured block the kernels count steps and rows from the block's first
+ * step, which the device holds, and the products touch only the block's
+ * buffers. So one block's reverse is captured into a CUDA graph and
+ * replayed for the others (walk_block); the recompute replays the forward's
+ * own graph of a step. Direct launches (a run of few blocks, the first full
+ * block, the last) take the step and row as arguments.
  *
  * A state "image" is one tensor of every memory, parameter after parameter
  * (large_grad.cuh). A skipped step (per memory) gets dG = 0, which makes its
@@ -75,7 +77,10 @@ typedef struct lg {
     bool clip_scales; /* a norm-type clip: its adjoint needs the update's sums first */
     long long M, dk, dv, dh, wide, CR, K, nblocks, n, nsteps;
     long long image; /* floats of an image: M times a memory's parameters */
-    long long s0;    /* the walked block's first step (the device's a.base) */
+    /* while a block is captured: its first step, which the launches' steps
+     * and rows count from (a.base, the device's copy, is set); 0 otherwise */
+    long long s0;
+    long long *base; /* the device's first step of a replayed block */
     /* a whole block's reverse captured (walk_block), replayed for the blocks
      * of the same shape: full, and at the same place in the refresh blocks */
     cudaGraphExec_t graph;
@@ -420,14 +425,15 @@ static long long refresh_phase(const lg *G, long long s)
     return G->refresh > 0 && G->refresh != G->step ? s % (G->refresh / G->step) : 0;
 }
 
-/* The block from step s0 on: the device's a.base, which the block's
- * launches count their steps and rows from. */
-static mn_status set_block(lg *G, long long s0)
+/* The device's first step of the block that a graph replays next. */
+static mn_status set_base(lg *G, long long s0)
 {
-    G->s0 = s0;
     mn_lgrad_op o = {0};
     o.step = s0;
-    return launch_block(G, LK_BASE, (dim3){1, 1, 1}, (dim3){1, 1, 1}, &o);
+    G->a.base = G->base; /* the launch copies its arguments */
+    mn_status s = launch_block(G, LK_BASE, (dim3){1, 1, 1}, (dim3){1, 1, 1}, &o);
+    G->a.base = NULL;
+    return s;
 }
 
 static mn_status reverse_block(const lg *G, long long s0, long long len)
@@ -446,7 +452,12 @@ static bool capture_block(lg *G, long long s0)
         (void)cudaGetLastError();
         return false;
     }
+    /* the launches count from the block's first step, read on the device */
+    G->a.base = G->base;
+    G->s0 = s0;
     mn_status s = reverse_block(G, s0, G->K);
+    G->a.base = NULL;
+    G->s0 = 0;
     /* always ends the capture, even when a launch above failed */
     cudaError_t e = cudaStreamEndCapture(G->stream, &g);
     bool ok = s == MN_OK && e == cudaSuccess && g;
@@ -468,11 +479,12 @@ static bool capture_block(lg *G, long long s0)
 static mn_status walk_block(lg *G, long long b, long long len)
 {
     const long long s0 = b * G->K;
-    MN_TRY(set_block(G, s0));
     const bool full = len == G->K && step_rows(G, s0 + len - 1) == G->step;
     if (full && G->full_walked++ >= 1 && !G->graph && b >= 1) (void)capture_block(G, s0);
-    if (full && G->graph && G->graph_phase == refresh_phase(G, s0))
+    if (full && G->graph && G->graph_phase == refresh_phase(G, s0)) {
+        MN_TRY(set_base(G, s0));
         return MN_CUDA_ST(cudaGraphLaunch(G->graph, G->stream));
+    }
     return reverse_block(G, s0, len);
 }
 
@@ -554,7 +566,7 @@ static size_t carve(lg *G, char *base)
         for (size_t j = 0; j < sizeof hidden / sizeof *hidden; j++) *hidden[j] = take(base, &off, chunk);
     }
     G->a.flag = take(base, &off, 1);
-    G->a.base = take(base, &off, 2); /* a long long */
+    G->base = take(base, &off, 2); /* a long long */
     G->a.part = take(base, &off, (size_t)(G->M * G->a.nslices * 4 * 2));
     G->a.coef = take(base, &off, (size_t)(G->M * G->np * 2 * 2));
     G->a.colpart = take(base, &off, (size_t)(G->M * ((G->CR + MN_LGRAD_COL_ROWS - 1) / MN_LGRAD_COL_ROWS) * G->wide * 2));

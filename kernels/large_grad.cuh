@@ -41,8 +41,10 @@ typedef struct mn_lgrad_kargs {
     float *dW, *dS, *dA, *dG, *dGt;          /* adjoint images: of W^(s+1), S^(s+1), the anchor, G, clip(G) */
     float *gW[MN_LGRAD_MAX_PARAMS], *gS[MN_LGRAD_MAX_PARAMS]; /* the initial tensors' gradients [M, numel] */
     int *flag;                               /* the finite check's answer */
-    /* the first step of the block being walked, on the device: a launch's o.step and o.t
-     * count from it, so one captured block's reverse serves every block (mn_lgrad_base_kernel) */
+    /* in a captured block's launches, the first step of the block being walked, on the
+     * device: o.step and o.t count from it, so the graph serves every block alike
+     * (mn_lgrad_base_kernel sets it). NULL in direct launches: o.step and o.t are the
+     * step and row themselves, and no kernel waits on a load for them. */
     long long *base;
     /* the update's adjoint: parameter p's slices [slice_start[p], slice_start[p + 1]) of
      * MN_LGRAD_SLICE elements, nslices a memory; each slice's partial sums (deta, dalpha,
@@ -62,7 +64,7 @@ typedef struct mn_lgrad_op {
     const float *x;            /* rows of k or q [M, n, dk] */
     float *out, *out2, *out3;  /* chunk outputs */
     float *g;                  /* a gradient: [M, n, width] rows, or a bias's [M, width] */
-    long long step, t, rows, width, count; /* step and t from the block's first step (a.base) */
+    long long step, t, rows, width, count; /* step and t: from the block's first step where a.base */
     long long merge_rows; /* loss: the step's rows below this are retrievals at W^(s) = the gradient point */
     int flags, pad_;
 } mn_lgrad_op;
@@ -74,18 +76,20 @@ typedef struct mn_lgrad_op {
 #ifdef __CUDACC_RTC__
 
 #define MN_LGRAD_NP mn_param_count(MN_LAYERS, MN_BIAS)
-/* A launch's step and first row of the sequence: o.step and o.t count
- * from the walked block's first step, which the device holds (a.base). */
+/* A launch's step and first row of the sequence: in a captured block, o.step
+ * and o.t count from the walked block's first step, which the device holds
+ * (a.base); in a direct launch they are the step and the row. */
 __device__ __forceinline__ long long mn_lgrad_step(const mn_lgrad_kargs &a, const mn_lgrad_op &o)
 {
-    return *a.base + o.step;
+    return a.base ? *a.base + o.step : o.step;
 }
 __device__ __forceinline__ long long mn_lgrad_row(const mn_lgrad_kargs &a, const mn_lgrad_op &o)
 {
-    return *a.base * MN_STEP + o.t;
+    return a.base ? *a.base * MN_STEP + o.t : o.t;
 }
 
-/* The walked block's first step: a.base = o.step. One thread. */
+/* The walked block's first step, before a captured block's replay:
+ * *a.base = o.step. One thread. */
 extern "C" __global__ void mn_lgrad_base_kernel(const mn_lgrad_kargs a, const mn_lgrad_op o)
 {
     *a.base = o.step;
