@@ -84,8 +84,7 @@ typedef struct lg {
     /* a whole block's reverse captured (walk_block), replayed for the blocks
      * of the same shape: full, and at the same place in the refresh blocks */
     cudaGraphExec_t graph;
-    long long graph_phase;
-    int full_walked; /* full blocks walked so far */
+    mn_large_grad_block_mode *modes; /* each block's, planned (mn_large_grad_block_modes) */
     float *ck, *Wb, *Sb, *Ab, *Gb;                /* checkpoints, the block's states */
     float *X, *Y, *U, *ZB, *ZDB, *HB, *HDB;      /* chunk buffers */
     float *Z[MN_MAX_LAYERS], *H[MN_MAX_LAYERS], *D1[MN_MAX_LAYERS], *D2[MN_MAX_LAYERS];
@@ -420,9 +419,31 @@ static mn_status step_reverse(const lg *G, long long s, long long i)
 /* Where step s lies in its refresh block (0 without an anchor that
  * refreshes): two full blocks whose first steps share it have the same
  * reverse but for the device's a.base. */
-static long long refresh_phase(const lg *G, long long s)
+static long long phase_of(long long s, long long step, long long refresh)
 {
-    return G->refresh > 0 && G->refresh != G->step ? s % (G->refresh / G->step) : 0;
+    return refresh > 0 && refresh != step ? s % (refresh / step) : 0;
+}
+
+void mn_large_grad_block_modes(int64_t n, int64_t nsteps, int64_t step, int64_t refresh, int64_t K,
+                               mn_large_grad_block_mode *modes)
+{
+    const long long nblocks = K > 0 ? (nsteps + K - 1) / K : 0;
+    bool walked = false, captured = false;
+    long long phase = 0;
+    for (long long b = nblocks - 1; b >= 0; b--) {
+        const long long s0 = b * K, len = s0 + K <= nsteps ? K : nsteps - s0;
+        const bool full = len == K && (s0 + len) * step <= n; /* the block's last step has step rows */
+        modes[b] = MN_LG_DIRECT;
+        if (!full) continue;
+        if (captured) {
+            if (phase_of(s0, step, refresh) == phase) modes[b] = MN_LG_REPLAY;
+        } else if (walked && b >= 1) {
+            modes[b] = MN_LG_CAPTURE;
+            captured = true;
+            phase = phase_of(s0, step, refresh);
+        }
+        walked = true;
+    }
 }
 
 /* The device's first step of the block that a graph replays next. */
@@ -467,21 +488,17 @@ static bool capture_block(lg *G, long long s0)
     }
     if (g) (void)cudaGraphDestroy(g);
     if (!ok) (void)cudaGetLastError();
-    G->graph_phase = refresh_phase(G, s0);
     return ok;
 }
 
-/* Block b's reverse. Every block but the last is full (K steps of c rows);
- * the first full one walked runs directly (cuBLAS picks its kernels and
- * the module loads outside a capture), the next is captured when another
- * one follows it, and the graph serves the rest that share its refresh
- * phase. */
+/* Block b's reverse, as mn_large_grad_block_modes planned it (G->modes):
+ * a capture that fails leaves the block, and those that would replay it,
+ * to direct launches. */
 static mn_status walk_block(lg *G, long long b, long long len)
 {
     const long long s0 = b * G->K;
-    const bool full = len == G->K && step_rows(G, s0 + len - 1) == G->step;
-    if (full && G->full_walked++ >= 1 && !G->graph && b >= 1) (void)capture_block(G, s0);
-    if (full && G->graph && G->graph_phase == refresh_phase(G, s0)) {
+    if (G->modes[b] == MN_LG_CAPTURE) (void)capture_block(G, s0);
+    if (G->modes[b] != MN_LG_DIRECT && G->graph) {
         MN_TRY(set_base(G, s0));
         return MN_CUDA_ST(cudaGraphLaunch(G->graph, G->stream));
     }
@@ -675,12 +692,19 @@ mn_status mn_cuda_large_backward(const mn_large_grad_io *io, mn_precision prec, 
     MN_TRY(setup(&G, io, prec));
     if (io->n == 0 || G.M == 0) return MN_OK;
     io->st->precision = prec; /* the recompute is the forward's, in its precision */
-    MN_TRY(mn_large_stepper_open(io->st, io->in, io->n, io->nsteps, &G.sp));
+    G.modes = malloc(sizeof *G.modes * (size_t)(G.nblocks > 0 ? G.nblocks : 1));
+    if (!G.modes) return mn_fail(MN_ERR_OOM, "cuda large backward: out of memory for %lld blocks", G.nblocks);
+    mn_large_grad_block_modes(G.n, G.nsteps, G.step, G.refresh, G.K, G.modes);
+    mn_status s = mn_large_stepper_open(io->st, io->in, io->n, io->nsteps, &G.sp);
+    if (s != MN_OK) {
+        free(G.modes);
+        return s;
+    }
     G.stream = (cudaStream_t)mn_large_stepper_stream(G.sp);
     G.blas = (cublasHandle_t)mn_large_stepper_blas(G.sp);
     G.a.skipped = mn_large_stepper_skipped(G.sp);
     G.work_bytes = carve(&G, NULL);
-    mn_status s = mn_cuda_alloc(G.work_bytes, &G.work);
+    s = mn_cuda_alloc(G.work_bytes, &G.work);
     if (s != MN_OK) {
         G.work = NULL;
         s = mn_fail_context(s, "cuda large backward: %.1f MB of checkpoints and buffers (checkpoints every %lld steps): ",
@@ -697,5 +721,6 @@ mn_status mn_cuda_large_backward(const mn_large_grad_io *io, mn_precision prec, 
     s = mn_large_stepper_close(G.sp, s); /* waits for the stream */
     if (G.graph) (void)cudaGraphExecDestroy(G.graph);
     if (G.work) mn_cuda_free(G.work, G.work_bytes);
+    free(G.modes);
     return s;
 }

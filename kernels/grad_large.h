@@ -32,6 +32,21 @@ typedef struct mn_large_grad_io {
  * general backward takes such runs. */
 mn_status mn_cuda_large_backward(const mn_large_grad_io *io, mn_precision prec, int64_t *bytes, bool *declined);
 
+/* How the reverse of each checkpoint block runs (walk_block): directly, or
+ * captured into a CUDA graph and launched, or the graph replayed. Blocks go
+ * last first; every block but the last is full (K steps of step rows). The
+ * first full block walked runs directly (cuBLAS and the module warm up
+ * outside a capture); the next full one is captured when another block
+ * follows it; the later ones replay it where they start at the same place
+ * in a refresh block (refresh neither 0 nor step: interval refresh / step
+ * steps), else run directly. modes[b] for each of the ceil(nsteps / K)
+ * blocks; n: the tokens (a short last step makes its block not full). As
+ * planned: a capture that fails at run time leaves every block direct. No
+ * GPU needed. */
+typedef enum { MN_LG_DIRECT, MN_LG_CAPTURE, MN_LG_REPLAY } mn_large_grad_block_mode;
+void mn_large_grad_block_modes(int64_t n, int64_t nsteps, int64_t step, int64_t refresh, int64_t K,
+                               mn_large_grad_block_mode *modes);
+
 /* Its kernels' source for a rule at the dims (rule:source, the CI compile
  * test), or NULL with the error set. Caller frees. No GPU needed. */
 char *mn_cuda_large_grad_source(const mn_rule *r, const mn_dims *d, mn_precision p);

@@ -32,6 +32,13 @@ static int check_failures_ = 0;
         else { printf("FAIL %s: '%s' does not contain '%s' (%s:%d)\n", (name), h_ ? h_ : "(null)", (needle), __FILE__, __LINE__); check_failures_++; } \
     } while (0)
 
+#define CHECK_STR_EQ(name, got, want)                                          \
+    do {                                                                       \
+        const char *g_ = (got), *w_ = (want);                                  \
+        if (g_ && strcmp(g_, w_) == 0) printf("PASS %s\n", (name));            \
+        else { printf("FAIL %s: got '%s' want '%s' (%s:%d)\n", (name), g_ ? g_ : "(null)", w_, __FILE__, __LINE__); check_failures_++; } \
+    } while (0)
+
 #define SKIP(name, reason) printf("SKIP %s: %s\n", (name), (reason))
 
 #define CHECK_DONE() (check_failures_ ? 1 : 0)

@@ -240,6 +240,47 @@ static void test_backward_plan(void)
     mn_rule_free(&r);
 }
 
+/* The large backward's walk over its checkpoint blocks, last first
+ * (mn_large_grad_block_modes): the modes as a string, block 0 first, d
+ * direct, c captured, r replayed. */
+static void block_modes(int64_t n, int64_t nsteps, int64_t step, int64_t refresh, int64_t K, char *out)
+{
+    mn_large_grad_block_mode modes[64];
+    const int64_t nblocks = (nsteps + K - 1) / K;
+    mn_large_grad_block_modes(n, nsteps, step, refresh, K, modes);
+    for (int64_t b = 0; b < nblocks; b++) out[b] = "dcr"[modes[b]];
+    out[nblocks] = 0;
+}
+
+/* Which blocks' reverse is captured in a CUDA graph and which replay it:
+ * G1's 64 steps in blocks of 8 (the last block walked first runs direct,
+ * the next is captured, six replay); a short last step (its block direct,
+ * the next full one direct, then the capture); refresh blocks of 3 steps
+ * walked in blocks of 2 (only blocks at the captured one's phase replay);
+ * refresh blocks of 2 in blocks of 4 (every phase the same); too few
+ * blocks for a capture to pay (one, two, or two full behind a short one);
+ * refresh 0 (one anchor, no phases). */
+static void test_large_backward_blocks(void)
+{
+    char got[65];
+    block_modes(4096, 64, 64, 64, 8, got);
+    CHECK_STR_EQ("codegen/large_backward/blocks_g1", got, "rrrrrrcd");
+    block_modes(41, 21, 2, 2, 2, got); /* steps of 2 rows, the last 1 */
+    CHECK_STR_EQ("codegen/large_backward/blocks_short_last", got, "rrrrrrrrcdd");
+    block_modes(32, 16, 2, 6, 2, got); /* refresh 3 steps: phases 0 2 1 0 2 1 0 2 of blocks 0..7 */
+    CHECK_STR_EQ("codegen/large_backward/blocks_refresh_phases", got, "rddrddcd");
+    block_modes(100, 13, 8, 16, 4, got); /* 12 full steps of 8 and 4 rows: the sanitizer's file */
+    CHECK_STR_EQ("codegen/large_backward/blocks_refresh_even", got, "rcdd");
+    block_modes(2048, 1, 2048, 2048, 1, got);
+    CHECK_STR_EQ("codegen/large_backward/blocks_one", got, "d");
+    block_modes(16, 4, 4, 4, 2, got);
+    CHECK_STR_EQ("codegen/large_backward/blocks_two", got, "dd");
+    block_modes(18, 5, 4, 4, 2, got);
+    CHECK_STR_EQ("codegen/large_backward/blocks_two_behind_short", got, "ddd");
+    block_modes(60, 20, 3, 0, 5, got);
+    CHECK_STR_EQ("codegen/large_backward/blocks_refresh0", got, "rrcd");
+}
+
 /* The large path's backward (kernels/grad_large.c): planned where the
  * forward is large (P2, the issue's head-128 case), forced by
  * MNEMO_CUDA_BACKWARD=large on any rule without out_norm, glu or
@@ -1007,6 +1048,7 @@ int main(void)
     test_disk_cache();
     test_backward_plan();
     test_large_backward();
+    test_large_backward_blocks();
     test_qk_norm_backward();
     test_compile_cases();
     return CHECK_DONE();
