@@ -21,6 +21,14 @@ Peak memory: torch.cuda.max_memory_allocated over one forward plus
 backward for the baselines; mnemo's res:backward reports its own
 backward's bytes (g.memory.backward_bytes) beside the forward's state.
 
+Floor of forward plus backward (grad_floor): the ceilings measured as
+bench_gpu.py measures them (a 1 GiB copy, an 8192^3 matmul at the
+precision); FLOPs = 3x bench_gpu.flop_count (the forward's products, and
+for each product the two of its adjoint, one for each operand; recompute
+not counted); bytes = bench_gpu.byte_count plus dy read, dL/dk written,
+dW1 read and dL/dW1 written (fp32); floor = max(FLOPs / rate, bytes /
+bandwidth), "% floor" = floor / time.
+
   python3 tests/bench/bench_grad_gpu.py [--cases P1,P1-lin,P1-c16,P2,G1] [--repeat 3]
       [--precision tf32] [--no-compile] [--no-graph]
       [--mnemo BIN [--mnemo OLD ...] [--rounds 2]] [--mnemo-only]
@@ -184,6 +192,17 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
+def grad_floor(cfg, bw, rate):
+    """(floor seconds, FLOPs, bytes, bound) of a forward plus backward:
+    the module docstring says what is counted."""
+    flops = 3 * bench_gpu.flop_count(cfg)
+    numel_w1 = cfg["dk"] * (cfg["dh"] if cfg["layers"] >= 2 else cfg["dv"])
+    per_memory = cfg["T"] * (cfg["dv"] + cfg["dk"]) + 2 * numel_w1
+    nbytes = bench_gpu.byte_count(cfg) + 4 * cfg["B"] * cfg["H"] * per_memory
+    t_fl, t_by = flops / rate, nbytes / bw
+    return max(t_fl, t_by), flops, nbytes, "FLOP" if t_fl >= t_by else "bytes"
+
+
 def median(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2]
@@ -202,6 +221,11 @@ def run_mnemo(binary, exp, up, save, args):
     if p.returncode != 0 or "MNEMO_GRAD_DONE" not in p.stdout:
         return "exit %d: %s" % (p.returncode, (p.stderr + p.stdout)[-600:])
     return got
+
+
+def pct(row, t):
+    """' [x.x%]' of the floor for a time, or '' without ceilings."""
+    return " [%.1f%%]" % (100 * row["floor"] / t) if "floor" in row else ""
 
 
 def main():
@@ -224,6 +248,10 @@ def main():
     torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
     print("bench_grad_gpu: %s, torch %s, precision %s" % (torch.cuda.get_device_name(), torch.__version__,
                                                           args.precision))
+    bw, rates = (None, None) if args.mnemo_only else bench_gpu.measure_ceilings("cuda")
+    if bw:
+        print("ceilings: copy %.0f GB/s; matmul %s" % (bw / 1e9, ", ".join("%s %.1f TFLOP/s" % (p, r / 1e12)
+                                                                          for p, r in rates.items())))
     # bench_gpu's cases, and issue 15's head-128 one
     known = [c for c in args.cases.split(",") if c != "G1"]
     cases = bench_gpu.make_cases(argparse.Namespace(cases=",".join(known), device="cuda", quick=False, p3_T=None)) \
@@ -249,6 +277,10 @@ def main():
             f["dW1"] = dW1.cpu().numpy().reshape((B, H) + tuple(W0[0].shape[1:]))
         row = {"case": name, "desc": bench_gpu.describe(cfg)}
         print("== %s: %s" % (name, row["desc"]))
+        if bw:
+            row["floor"], fl, nb, bound = grad_floor(cfg, bw, rates[args.precision])
+            print("   floor of forward plus backward: %.3g GFLOP, %.0f MB -> %.3f ms (%s-bound)"
+                  % (fl / 1e9, nb / 1e6, 1e3 * row["floor"], bound))
         timings = {b: {"forward": [], "backward": []} for b in builds}
         failed = None
         for _ in range(max(1, args.rounds)):
@@ -310,8 +342,8 @@ def main():
         rows.append(row)
     # the table (markdown) for tests/bench/RESULTS.md
     heads = ["(a) autograd", "(b) func", "(c) compile(b)", "(d) graph(b)"]
-    print("\n| case | mnemo fwd + bwd (ms) | backward path | " + " | ".join(heads) + " |")
-    print("|---|---|---|" + "---|" * len(heads))
+    print("\n| case | floor (ms) | mnemo fwd + bwd (ms) [%% floor] | backward path | " + " | ".join(heads) + " |")
+    print("|---|---|---|---|" + "---|" * len(heads))
     for r in rows:
         cells = []
         for h in heads:
@@ -321,10 +353,13 @@ def main():
             elif isinstance(x, str):
                 cells.append("failed: " + x)
             else:
-                cells.append("%.1f (%.2fx), %.0f MB" % (1e3 * x[0], x[0] / r["mnemo"], x[1] / 2**20))
-        print("| %s | %.2f + %.2f | %s | %s |" % (r["case"], 1e3 * r["mnemo_fwd"], 1e3 * r["mnemo_bwd"], r["plan"],
-                                                 " | ".join(cells)))
-    print("(ratios: baseline time / mnemo's forward plus backward; above 1 = mnemo faster. "
+                cells.append("%.1f (%.2fx)%s, %.0f MB" % (1e3 * x[0], x[0] / r["mnemo"], pct(r, x[0]),
+                                                          x[1] / 2**20))
+        print("| %s | %s | %.2f + %.2f%s | %s | %s |" % (
+            r["case"], "%.3f" % (1e3 * r["floor"]) if "floor" in r else "-", 1e3 * r["mnemo_fwd"],
+            1e3 * r["mnemo_bwd"], pct(r, r["mnemo"]), r["plan"], " | ".join(cells)))
+    print("(ratios: baseline time / mnemo's forward plus backward; above 1 = mnemo faster; [%% floor] = floor / "
+          "time. "
           "mnemo's backward bytes: %s)" % ", ".join("%s %.1f MB" % (r["case"], r["mnemo_mem"] / 2**20) for r in rows))
 
 
