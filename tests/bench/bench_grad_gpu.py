@@ -228,6 +228,31 @@ def pct(row, t):
     return " [%.1f%%]" % (100 * row["floor"] / t) if "floor" in row else ""
 
 
+def print_table(rows):
+    """The markdown table for tests/bench/RESULTS.md: a row per case."""
+    heads = ["(a) autograd", "(b) func", "(c) compile(b)", "(d) graph(b)"]
+    print("\n| case | floor (ms) | mnemo fwd + bwd (ms) [% floor] | backward path | " + " | ".join(heads) + " |")
+    print("|---|---|---|---|" + "---|" * len(heads))
+    for r in rows:
+        cells = []
+        for h in heads:
+            x = r.get(h)
+            if x is None:
+                cells.append("not run")
+            elif isinstance(x, str):
+                cells.append("failed: " + x)
+            else:
+                cells.append("%.1f (%.2fx)%s, %.0f MB" % (1e3 * x[0], x[0] / r["mnemo"], pct(r, x[0]),
+                                                          x[1] / 2**20))
+        print("| %s | %s | %.2f + %.2f%s | %s | %s |" % (
+            r["case"], "%.3f" % (1e3 * r["floor"]) if "floor" in r else "-", 1e3 * r["mnemo_fwd"],
+            1e3 * r["mnemo_bwd"], pct(r, r["mnemo"]), r["plan"], " | ".join(cells)))
+    print("(ratios: baseline time / mnemo's forward plus backward; above 1 = mnemo faster; [%% floor] = floor / "
+          "time. "
+          "mnemo's backward bytes: %s)" % ", ".join("%s %.1f MB" % (r["case"], r["mnemo_mem"] / 2**20) for r in rows))
+
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default="P1")
@@ -340,28 +365,7 @@ def main():
                 print("   (d) graph(b): failed: %s" % row["(d) graph(b)"])
             torch.cuda.empty_cache()
         rows.append(row)
-    # the table (markdown) for tests/bench/RESULTS.md
-    heads = ["(a) autograd", "(b) func", "(c) compile(b)", "(d) graph(b)"]
-    print("\n| case | floor (ms) | mnemo fwd + bwd (ms) [%% floor] | backward path | " + " | ".join(heads) + " |")
-    print("|---|---|---|---|" + "---|" * len(heads))
-    for r in rows:
-        cells = []
-        for h in heads:
-            x = r.get(h)
-            if x is None:
-                cells.append("not run")
-            elif isinstance(x, str):
-                cells.append("failed: " + x)
-            else:
-                cells.append("%.1f (%.2fx)%s, %.0f MB" % (1e3 * x[0], x[0] / r["mnemo"], pct(r, x[0]),
-                                                          x[1] / 2**20))
-        print("| %s | %s | %.2f + %.2f%s | %s | %s |" % (
-            r["case"], "%.3f" % (1e3 * r["floor"]) if "floor" in r else "-", 1e3 * r["mnemo_fwd"],
-            1e3 * r["mnemo_bwd"], pct(r, r["mnemo"]), r["plan"], " | ".join(cells)))
-    print("(ratios: baseline time / mnemo's forward plus backward; above 1 = mnemo faster; [%% floor] = floor / "
-          "time. "
-          "mnemo's backward bytes: %s)" % ", ".join("%s %.1f MB" % (r["case"], r["mnemo_mem"] / 2**20) for r in rows))
-
+    print_table(rows)
 
 if __name__ == "__main__":
     main()
