@@ -225,7 +225,6 @@ static mn_status run_init(run *R, const mn_memory_state *st, long long rows, boo
     R->CR = mn_large_chunk_rows(R->M, widest, rows);
 
     mn_large_kargs *a = &R->a;
-    long long slices = 0;
     for (int p = 0; p < R->np; p++) {
         int64_t shape[2];
         int nd = mn_rule_param_shape(r, d, p, shape);
@@ -233,10 +232,8 @@ static mn_status run_init(run *R, const mn_memory_state *st, long long rows, boo
         a->W[p] = f32(&st->params[p]);
         a->S[p] = f32(&st->momenta[p]);
         a->A[p] = f32(&st->anchor[p]);
-        a->slice_start[p] = slices;
-        slices += (a->numel[p] + MN_LARGE_SLICE - 1) / MN_LARGE_SLICE;
     }
-    for (int p = R->np; p <= MN_LARGE_MAX_PARAMS; p++) a->slice_start[p] = slices;
+    const long long slices = mn_large_slices(a->numel, R->np, MN_LARGE_MAX_PARAMS, a->slice_start);
     if (slices > INT_MAX)
         return mn_fail(MN_ERR_UNSUPPORTED, "cuda large path: %lld parameter slices exceed a grid", slices);
     a->nslices = slices;

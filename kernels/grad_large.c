@@ -624,13 +624,7 @@ static mn_status setup(lg *G, const mn_large_grad_io *io, mn_precision prec)
         off += G->M * a->numel[p];
     }
     G->image = off;
-    long long slices = 0;
-    for (int p = 0; p < G->np; p++) {
-        a->slice_start[p] = slices;
-        slices += (a->numel[p] + MN_LGRAD_SLICE - 1) / MN_LGRAD_SLICE;
-    }
-    for (int p = G->np; p <= MN_LGRAD_MAX_PARAMS; p++) a->slice_start[p] = slices;
-    a->nslices = slices;
+    a->nslices = mn_large_slices(a->numel, G->np, MN_LGRAD_MAX_PARAMS, a->slice_start);
     G->clip_scales = mn_rule_clip_scales(r);
     G->parts = mn_grad_checkpoint_parts(r);
     a->memories = G->M;

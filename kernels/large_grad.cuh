@@ -27,7 +27,6 @@
 #include "large_common.cuh" /* MN_LARGE_THREADS; NVRTC gets its text ahead of this one */
 #endif
 #define MN_LGRAD_MAX_PARAMS 32
-#define MN_LGRAD_SLICE 4096 /* parameter elements per block of the update's adjoint */
 #define MN_LGRAD_COL_ROWS 64 /* rows per block of a bias gradient's column sums */
 
 /* Fixed for a whole backward. Optional inputs are NULL when absent. */
@@ -47,7 +46,7 @@ typedef struct mn_lgrad_kargs {
      * step and row themselves, and no kernel waits on a load for them. */
     long long *base;
     /* the update's adjoint: parameter p's slices [slice_start[p], slice_start[p + 1]) of
-     * MN_LGRAD_SLICE elements, nslices a memory; each slice's partial sums (deta, dalpha,
+     * MN_LARGE_SLICE elements, nslices a memory; each slice's partial sums (deta, dalpha,
      * |G|^2, <dGt, G>) in part [M, nslices, 4], the clip adjoint's (sc, through) per
      * parameter in coef [M, NP, 2] */
     long long slice_start[MN_LGRAD_MAX_PARAMS + 1], nslices;
@@ -295,18 +294,6 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_reverse_
     }
 }
 
-/* The parameter of slice sl (of one memory) and the slice's element range. */
-__device__ __forceinline__ int mn_lgrad_slice(const mn_lgrad_kargs &a, long long sl, long long *e0, long long *e1)
-{
-    int p = 0;
-#pragma unroll
-    for (int i = 1; i < MN_LGRAD_NP; i++)
-        if (sl >= a.slice_start[i]) p = i;
-    *e0 = (sl - a.slice_start[p]) * MN_LGRAD_SLICE;
-    *e1 = *e0 + MN_LGRAD_SLICE < a.numel[p] ? *e0 + MN_LGRAD_SLICE : a.numel[p];
-    return p;
-}
-
 /* The adjoint of step s's update (grad_cpu.c step_reverse), grid
  * (nslices, M): where the step ran, with W^(s), S^(s) and G_s in Wimg,
  * Simg, Gimg, from dW, dS (of W^(s+1), S^(s+1)): dGt = -(dS + dW), dW *=
@@ -320,7 +307,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_update_k
 {
     const long long m = blockIdx.y, si = m * a.nsteps + mn_lgrad_step(a, o);
     long long e0, e1;
-    const int p = mn_lgrad_slice(a, blockIdx.x, &e0, &e1);
+    const int p = mn_lg_slice<MN_LGRAD_NP>(a.slice_start, a.numel, blockIdx.x, &e0, &e1);
     const long long off = a.ioff[p] + m * a.numel[p];
     double *part = a.part + (m * a.nslices + blockIdx.x) * 4;
     if (a.skipped[si] != 0.0f) {
@@ -410,7 +397,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_lgrad_dg_kerne
     const long long m = blockIdx.y;
     if (a.skipped[m * a.nsteps + mn_lgrad_step(a, o)] != 0.0f) return; /* dG = 0 already */
     long long e0, e1;
-    const int p = mn_lgrad_slice(a, blockIdx.x, &e0, &e1);
+    const int p = mn_lg_slice<MN_LGRAD_NP>(a.slice_start, a.numel, blockIdx.x, &e0, &e1);
     const long long off = a.ioff[p] + m * a.numel[p];
     const double sc = a.coef[(m * MN_LGRAD_NP + p) * 2], through = a.coef[(m * MN_LGRAD_NP + p) * 2 + 1];
     for (long long e = e0 + threadIdx.x; e < e1; e += MN_LARGE_THREADS)

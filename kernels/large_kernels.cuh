@@ -27,7 +27,6 @@
 #include "large_common.cuh" /* MN_LARGE_THREADS; NVRTC gets its text ahead of this one */
 #endif
 #define MN_LARGE_MAX_PARAMS 32 /* 4 L - 2 with glu and bias at 8 layers (param_layout.h) */
-#define MN_LARGE_SLICE 4096    /* parameter elements per block: norm, update, params kernels */
 #define MN_LARGE_COL_ROWS 128  /* rows per block of the column kernel */
 
 /* mn_large_op.flags */
@@ -147,18 +146,6 @@ __device__ bool mn_lg_last_arrival(unsigned *ticket, unsigned count)
     return last;
 }
 
-/* The parameter of slice s (of one memory), and the slice's element range. */
-__device__ __forceinline__ int mn_lg_slice(const mn_large_kargs &a, long long s, long long *e0, long long *e1)
-{
-    int p = 0;
-#pragma unroll
-    for (int i = 1; i < MN_LG_NP; i++)
-        if (s >= a.slice_start[i]) p = i;
-    *e0 = (s - a.slice_start[p]) * MN_LARGE_SLICE;
-    *e1 = *e0 + MN_LARGE_SLICE < a.numel[p] ? *e0 + MN_LARGE_SLICE : a.numel[p];
-    return p;
-}
-
 /* Ragged batches (SPEC.md section 2): how many of the rows rows of memory
  * m's step sl are real (before its sequence's length); rows without lengths. */
 __device__ __forceinline__ long long mn_lg_real_rows(const mn_large_kargs &a, long long m, long long sl, long long rows)
@@ -181,7 +168,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_params_k
 {
     const long long m = blockIdx.y;
     long long e0, e1;
-    const int p = mn_lg_slice(a, blockIdx.x, &e0, &e1);
+    const int p = mn_lg_slice<MN_LG_NP>(a.slice_start, a.numel, blockIdx.x, &e0, &e1);
     const long long base = m * a.numel[p];
     if (o.flags & MN_LARGE_REFRESH) {
 #if MN_REFRESH > 0 && MN_REFRESH != MN_STEP
@@ -384,7 +371,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_ker
 {
     const long long m = blockIdx.y, sl = mn_lg_step(a);
     long long e0, e1;
-    const int p = mn_lg_slice(a, blockIdx.x, &e0, &e1);
+    const int p = mn_lg_slice<MN_LG_NP>(a.slice_start, a.numel, blockIdx.x, &e0, &e1);
     const float *g = a.G[p] + m * a.numel[p];
     double acc = 0.0;
     for (long long e = e0 + threadIdx.x; e < e1; e += MN_LARGE_THREADS) acc += (double)g[e] * g[e];
@@ -468,7 +455,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_update_k
 {
     const long long m = blockIdx.y, sl = mn_lg_step(a);
     long long e0, e1;
-    const int p = mn_lg_slice(a, blockIdx.x, &e0, &e1);
+    const int p = mn_lg_slice<MN_LG_NP>(a.slice_start, a.numel, blockIdx.x, &e0, &e1);
     const long long base = m * a.numel[p];
     float *W = a.W[p] + base, *Sm = a.S[p] + base;
     const float *G = a.G[p] + base;
