@@ -103,6 +103,27 @@ int mn_cuda_arch(void) { return dev.usable ? dev.arch : 0; }
 int mn_cuda_sm_count(void) { return dev.sms > 0 ? dev.sms : 1; }
 long mn_cuda_smem_optin(void) { return dev.usable ? dev.smem_optin : 0; }
 
+bool mn_cuda_capture_graph(cudaStream_t stream, mn_status (*enqueue)(void *ctx), void *ctx, cudaGraphExec_t *exec)
+{
+    *exec = NULL;
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    mn_status s = enqueue(ctx);
+    cudaGraph_t g = NULL;
+    /* always ends the capture, even when a launch above failed */
+    cudaError_t e = cudaStreamEndCapture(stream, &g);
+    bool ok = s == MN_OK && e == cudaSuccess && g;
+    if (ok && cudaGraphInstantiate(exec, g, 0) != cudaSuccess) {
+        *exec = NULL;
+        ok = false;
+    }
+    if (g) (void)cudaGraphDestroy(g);
+    if (!ok) (void)cudaGetLastError();
+    return ok;
+}
+
 mn_status mn_cuda_check_pending(void)
 {
     if (!dev.context) return MN_OK; /* nothing ever ran */

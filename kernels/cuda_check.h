@@ -29,6 +29,13 @@ mn_status mn_cublas_status(int status, const char *call, const char *file, int l
 /* Number of multiprocessors of the device (for grid sizes); 1 if unknown. */
 int mn_cuda_sm_count(void);
 
+/* What enqueue(ctx) puts on stream, captured into a CUDA graph (a
+ * thread-local capture, which enqueue's launches only record) and
+ * instantiated: true and *exec; false and *exec NULL where the capture,
+ * enqueue or the instantiation failed, with the runtime's error cleared:
+ * the caller then launches directly. The capture always ends. */
+bool mn_cuda_capture_graph(cudaStream_t stream, mn_status (*enqueue)(void *ctx), void *ctx, cudaGraphExec_t *exec);
+
 #ifdef __cplusplus
 }
 #endif

@@ -555,26 +555,17 @@ static mn_status enqueue_step(const run *R, long long rows)
     return MN_OK;
 }
 
+static mn_status enqueue_full_step(void *ctx)
+{
+    const run *R = ctx;
+    return enqueue_step(R, R->step);
+}
+
 /* One full step captured into R->graph; false (and no graph) when the
  * capture or the instantiation fails: the caller then launches directly. */
-static bool capture_step(run *R, long long rows)
+static bool capture_step(run *R)
 {
-    cudaGraph_t g = NULL;
-    if (cudaStreamBeginCapture(dev.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    mn_status s = enqueue_step(R, rows);
-    /* always ends the capture, even when a launch above failed */
-    cudaError_t e = cudaStreamEndCapture(dev.stream, &g);
-    bool ok = s == MN_OK && e == cudaSuccess && g;
-    if (ok && cudaGraphInstantiate(&R->graph, g, 0) != cudaSuccess) {
-        R->graph = NULL;
-        ok = false;
-    }
-    if (g) (void)cudaGraphDestroy(g);
-    if (!ok) (void)cudaGetLastError();
-    return ok;
+    return mn_cuda_capture_graph(dev.stream, enqueue_full_step, R, &R->graph);
 }
 
 /* Our stream after the legacy stream's work (inputs, outputs and state were
@@ -611,7 +602,7 @@ static mn_status run_steps(run *R, long long n)
     for (long long sl = 0; sl < full; sl++) {
         /* step 0 runs directly: cuBLAS picks its kernels and the modules
          * load outside a capture; a graph pays off from two replays on */
-        if (sl == 1 && full - 1 >= 2) (void)capture_step(R, c);
+        if (sl == 1 && full - 1 >= 2) (void)capture_step(R);
         if (R->graph) MN_CUDA_CHECK(cudaGraphLaunch(R->graph, dev.stream));
         else MN_TRY(enqueue_step(R, c));
     }
@@ -772,7 +763,7 @@ mn_status mn_large_stepper_run(mn_large_stepper *sp, int64_t s)
     }
     const long long c = R->step, rows = s * c + c <= sp->n ? c : sp->n - s * c;
     if (rows == c) {
-        if (++sp->full_runs == 2 && !R->graph) (void)capture_step(R, c);
+        if (++sp->full_runs == 2 && !R->graph) (void)capture_step(R);
         if (R->graph) MN_CUDA_CHECK(cudaGraphLaunch(R->graph, dev.stream));
         else MN_TRY(enqueue_step(R, c));
     } else {

@@ -463,31 +463,23 @@ static mn_status reverse_block(const lg *G, long long s0, long long len)
     return MN_OK;
 }
 
+static mn_status enqueue_block(void *ctx)
+{
+    const lg *G = ctx;
+    return reverse_block(G, G->s0, G->K);
+}
+
 /* A full block's reverse captured into G->graph; false (and no graph) when
  * the capture or the instantiation fails: the caller then launches
  * directly. */
 static bool capture_block(lg *G, long long s0)
 {
-    cudaGraph_t g = NULL;
-    if (cudaStreamBeginCapture(G->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
     /* the launches count from the block's first step, read on the device */
     G->a.base = G->base;
     G->s0 = s0;
-    mn_status s = reverse_block(G, s0, G->K);
+    bool ok = mn_cuda_capture_graph(G->stream, enqueue_block, G, &G->graph);
     G->a.base = NULL;
     G->s0 = 0;
-    /* always ends the capture, even when a launch above failed */
-    cudaError_t e = cudaStreamEndCapture(G->stream, &g);
-    bool ok = s == MN_OK && e == cudaSuccess && g;
-    if (ok && cudaGraphInstantiate(&G->graph, g, 0) != cudaSuccess) {
-        G->graph = NULL;
-        ok = false;
-    }
-    if (g) (void)cudaGraphDestroy(g);
-    if (!ok) (void)cudaGetLastError();
     return ok;
 }
 
