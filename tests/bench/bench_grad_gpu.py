@@ -211,8 +211,11 @@ def median(xs):
 def run_mnemo(binary, exp, up, save, args):
     """One process of bench_grad_run.lua: its MNEMO_GRAD values by key, or
     the failure's text."""
-    p = subprocess.run([binary, "-q", os.path.join(HERE, "bench_grad_run.lua"), exp, up, "cuda",
-                        str(args.repeat), save, args.precision], capture_output=True, text=True, timeout=900)
+    try:
+        p = subprocess.run([binary, "-q", os.path.join(HERE, "bench_grad_run.lua"), exp, up, "cuda",
+                            str(args.repeat), save, args.precision], capture_output=True, text=True, timeout=900)
+    except (OSError, subprocess.TimeoutExpired) as e:  # a --mnemo that is no binary, or a hung run
+        return str(e)
     got = {}
     for line in p.stdout.splitlines():
         parts = line.split()
