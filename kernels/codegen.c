@@ -76,17 +76,94 @@ static void put_comment_expr(text *t, const char *label, mn_expr *e)
     free(s);
 }
 
+/* ---- the rule's constants at run time ----
+ * A constant (a built-in part's parameter: huber's delta, lp's p, the clip's
+ * m; or a named constant of a custom part) is not printed into the source as
+ * a literal: the kernels read it from mn_rule_k, which the engine sets before
+ * each run (mn_cuda_rule_constants, kernels/cuda_module.c). So the source,
+ * its cache key and its compiled kernel are the same for every value, and a
+ * sweep over one compiles once. Values 0, 1 and -1 are bound into the source
+ * as before: the simplifier drops terms for them (x * 0, x * 1, pow(x, 0)),
+ * which changes what is computed where x is not finite; a sweep through
+ * them compiles those once more. */
+
+static bool binds_into_source(double value) { return value == 0.0 || value == 1.0 || value == -1.0; }
+
+/* The constants one hook may read: the selected part's parameter, or, for a
+ * custom part, the rule's named constants; each with its slot in mn_rule_k. */
+typedef struct {
+    int n;
+    const char *name[MN_MAX_CONSTS];
+    int slot[MN_MAX_CONSTS];
+    double value[MN_MAX_CONSTS];
+} hook_consts;
+
+static void hook_consts_of(const mn_rule *r, const mn_part_set *set, int choice, hook_consts *hc)
+{
+    hc->n = 0;
+    const char *pname = NULL;
+    double pvalue = 0;
+    mn_part_param pp = mn_rule_part_param(r, set, choice, &pname, &pvalue);
+    if (pp != MN_PARAM_NONE) {
+        hc->name[0] = pname;
+        hc->slot[0] = (int)pp - 1;
+        hc->value[0] = pvalue;
+        hc->n = 1;
+        return;
+    }
+    const mn_part *part = mn_rule_part(r, set, choice);
+    if (!part || !(part->flags & MN_PART_CUSTOM)) return;
+    for (int i = 0; i < r->nconsts; i++) {
+        hc->name[hc->n] = r->const_names[i];
+        hc->slot[hc->n] = MN_RULE_PARAM_SLOTS + i;
+        hc->value[hc->n++] = r->const_values[i];
+    }
+}
+
+void mn_cuda_rule_constants(const mn_rule *r, mn_rule_constants *k)
+{
+    memset(k, 0, sizeof *k);
+    const struct { const mn_part_set *set; int choice; } parts[] = {
+        {&mn_loss_set, r->loss}, {&mn_clip_set, r->clip}, {&mn_activation_set, r->activation}};
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) {
+        double v = 0;
+        mn_part_param pp = mn_rule_part_param(r, parts[i].set, parts[i].choice, NULL, &v);
+        if (pp != MN_PARAM_NONE) k->d[(int)pp - 1] = v;
+    }
+    for (int i = 0; i < r->nconsts && i < MN_MAX_CONSTS; i++) k->d[MN_RULE_PARAM_SLOTS + i] = r->const_values[i];
+    for (int i = 0; i < MN_RULE_CONSTANT_SLOTS; i++) k->f[i] = (float)k->d[i];
+}
+
 /* One hook: "__device__ __forceinline__ TYPE NAME(PARAMS) { return EXPR; }",
- * EXPR the bound expression in C. Takes the reference e. */
-static mn_status put_hook(text *t, const mn_rule *r, const char *type, const char *name, const char *params,
-                          mn_expr *e, const char *const *vars, int nvars, bool single)
+ * EXPR the expression in C with the constants of hc read from mn_rule_k
+ * (MN_KF(slot) in float, MN_KD(slot) in double; slots marked in used) or
+ * bound (binds_into_source). Takes the reference e. */
+static mn_status put_hook(text *t, const hook_consts *hc, bool used[MN_RULE_CONSTANT_SLOTS], const char *type,
+                          const char *name, const char *params, mn_expr *e, const char *const *vars, int nvars,
+                          bool single)
 {
     if (!e) return MN_ERR_ARG; /* the constructor recorded why */
-    const char *const *cn = (const char *const *)r->const_names;
-    mn_expr *bound = mn_expr_bind(e, cn, r->const_values, r->nconsts);
+    const char *bound_names[MN_MAX_CONSTS], *all_vars[4 + MN_MAX_CONSTS], *c_names[4 + MN_MAX_CONSTS];
+    double bound_values[MN_MAX_CONSTS];
+    char slot_text[MN_MAX_CONSTS][24];
+    int nbound = 0, nall = 0;
+    for (int i = 0; i < nvars; i++, nall++) all_vars[nall] = c_names[nall] = vars[i];
+    for (int j = 0; j < hc->n; j++) {
+        if (binds_into_source(hc->value[j])) {
+            bound_names[nbound] = hc->name[j];
+            bound_values[nbound++] = hc->value[j];
+            continue;
+        }
+        snprintf(slot_text[j], sizeof slot_text[j], "MN_K%s(%d)", single ? "F" : "D", hc->slot[j]);
+        all_vars[nall] = hc->name[j];
+        c_names[nall++] = slot_text[j];
+    }
+    mn_expr *bound = mn_expr_bind(e, bound_names, bound_values, nbound);
     mn_expr_unref(e);
     if (!bound) return MN_ERR_OOM;
-    char *c = mn_expr_to_c(bound, vars, vars, nvars, cn, r->const_values, r->nconsts, single);
+    for (int j = 0; j < hc->n; j++)
+        if (!binds_into_source(hc->value[j]) && mn_expr_uses(bound, hc->name[j])) used[hc->slot[j]] = true;
+    char *c = mn_expr_to_c(bound, all_vars, c_names, nall, NULL, NULL, 0, single);
     mn_expr_unref(bound);
     if (!c) return mn_fail_context(MN_ERR_ARG, "%s: ", name);
     putf(t, "__device__ __forceinline__ %s %s(%s)\n{\n", type, name, params);
@@ -103,22 +180,47 @@ static const char *const act_vars[] = {"z"};
 static const char *const scale_vars[] = {"n"};
 static const char *const elem_vars[] = {"g"};
 
-static mn_status put_hooks(text *t, const mn_rule *r)
+/* The constants of the rule's three expression parts. */
+typedef struct {
+    hook_consts loss, act, clip;
+    bool used[MN_RULE_CONSTANT_SLOTS];
+} rule_consts;
+
+static void rule_consts_init(const mn_rule *r, rule_consts *rc)
 {
-    put(t, "\n/* ---- hooks from the rule's expressions (constants bound) ---- */\n");
-    MN_TRY(put_hook(t, r, "float", "mn_hook_loss", "float y, float v, float r", mn_rule_loss_expr(r), loss_vars, 3,
-                    true));
-    MN_TRY(put_hook(t, r, "float", "mn_hook_loss_grad", "float y, float v, float r", mn_rule_loss_grad_expr(r),
+    memset(rc, 0, sizeof *rc);
+    hook_consts_of(r, &mn_loss_set, r->loss, &rc->loss);
+    hook_consts_of(r, &mn_activation_set, r->activation, &rc->act);
+    hook_consts_of(r, &mn_clip_set, r->clip, &rc->clip);
+}
+
+static mn_status put_hooks(text *t, const mn_rule *r, rule_consts *rc)
+{
+    put(t, "\n/* ---- hooks from the rule's expressions ---- */\n");
+    mn_expr *f = mn_rule_loss_expr_open(r);
+    mn_expr *df = mn_loss_grad_of(f);
+    mn_status s = put_hook(t, &rc->loss, rc->used, "float", "mn_hook_loss", "float y, float v, float r", f,
+                           loss_vars, 3, true);
+    if (s != MN_OK) {
+        mn_expr_unref(df);
+        return s;
+    }
+    MN_TRY(put_hook(t, &rc->loss, rc->used, "float", "mn_hook_loss_grad", "float y, float v, float r", df,
                     loss_vars, 3, true));
-    MN_TRY(put_hook(t, r, "float", "mn_hook_act", "float z", mn_rule_activation_expr(r), act_vars, 1, true));
-    MN_TRY(put_hook(t, r, "float", "mn_hook_act_grad", "float z", mn_rule_activation_grad_expr(r), act_vars, 1,
-                    true));
+    MN_TRY(put_hook(t, &rc->act, rc->used, "float", "mn_hook_act", "float z", mn_rule_activation_expr(r), act_vars,
+                    1, true));
+    MN_TRY(put_hook(t, &rc->act, rc->used, "float", "mn_hook_act_grad", "float z", mn_rule_activation_grad_expr(r),
+                    act_vars, 1, true));
     /* The scale of a norm-type clip is one number per step: double, as the
      * CPU engine computes it, so a huge norm does not overflow to Inf. */
     bool scale = mn_rule_clip_scales(r), elem = mn_rule_clip_elementwise(r); /* the clip's kind, rule.def */
-    if (scale) MN_TRY(put_hook(t, r, "double", "mn_hook_clip_scale", "double n", mn_rule_clip_expr(r), scale_vars, 1, false));
+    if (scale)
+        MN_TRY(put_hook(t, &rc->clip, rc->used, "double", "mn_hook_clip_scale", "double n", mn_rule_clip_expr_open(r),
+                        scale_vars, 1, false));
     else put(t, "__device__ __forceinline__ double mn_hook_clip_scale(double n) { (void)n; return 1.0; }\n");
-    if (elem) MN_TRY(put_hook(t, r, "float", "mn_hook_clip_elem", "float g", mn_rule_clip_expr(r), elem_vars, 1, true));
+    if (elem)
+        MN_TRY(put_hook(t, &rc->clip, rc->used, "float", "mn_hook_clip_elem", "float g", mn_rule_clip_expr_open(r),
+                        elem_vars, 1, true));
     else put(t, "__device__ __forceinline__ float mn_hook_clip_elem(float g) { return g; }\n");
     return MN_OK;
 }
@@ -133,37 +235,43 @@ static mn_expr *diff_of(mn_expr *e, const char *var)
  * expression programs (model/mlp_grad_cpu.c, model/grad_cpu.c): the loss's
  * f', df/dv, f'' and d2f/dydv (r = y - v counted through), phi' and phi''
  * of the activation, and the clip's derivative in n or g. */
-static mn_status put_grad_hooks(text *t, const mn_rule *r)
+static mn_status put_grad_hooks(text *t, const mn_rule *r, rule_consts *rc)
 {
     put(t, "\n/* ---- the backward's hooks (double, as the CPU's programs) ---- */\n");
     mn_expr *ld[4];
-    MN_TRY(mn_loss_derivative_exprs(r, ld));
+    mn_expr *f = mn_rule_loss_expr_open(r);
+    mn_status ds = mn_loss_derivative_exprs(f, ld);
+    mn_expr_unref(f);
+    MN_TRY(ds);
     static const char *const lnames[] = {"mn_ghook_loss_dy", "mn_ghook_loss_dv", "mn_ghook_loss_dyy", "mn_ghook_loss_dyv"};
     mn_status s = MN_OK;
     for (int i = 0; i < 4; i++) {
-        if (s == MN_OK) s = put_hook(t, r, "double", lnames[i], "double y, double v, double r", ld[i], loss_vars, 3, false);
+        if (s == MN_OK)
+            s = put_hook(t, &rc->loss, rc->used, "double", lnames[i], "double y, double v, double r", ld[i], loss_vars,
+                         3, false);
         else mn_expr_unref(ld[i]);
     }
     MN_TRY(s);
     mn_expr *dphi = mn_rule_activation_grad_expr(r);
     mn_expr *ddphi = diff_of(dphi, "z");
-    s = put_hook(t, r, "double", "mn_ghook_act_d", "double z", dphi, act_vars, 1, false);
-    if (s == MN_OK) s = put_hook(t, r, "double", "mn_ghook_act_dd", "double z", ddphi, act_vars, 1, false);
+    s = put_hook(t, &rc->act, rc->used, "double", "mn_ghook_act_d", "double z", dphi, act_vars, 1, false);
+    if (s == MN_OK) s = put_hook(t, &rc->act, rc->used, "double", "mn_ghook_act_dd", "double z", ddphi, act_vars, 1, false);
     else mn_expr_unref(ddphi);
     MN_TRY(s);
     if (mn_rule_clip_scales(r)) {
-        mn_expr *e = mn_rule_clip_expr(r);
+        mn_expr *e = mn_rule_clip_expr_open(r);
         mn_expr *de = diff_of(e, "n");
         mn_expr_unref(e);
-        MN_TRY(put_hook(t, r, "double", "mn_ghook_clip_dscale", "double n", de, scale_vars, 1, false));
+        MN_TRY(put_hook(t, &rc->clip, rc->used, "double", "mn_ghook_clip_dscale", "double n", de, scale_vars, 1, false));
     } else {
         put(t, "__device__ __forceinline__ double mn_ghook_clip_dscale(double n) { (void)n; return 0.0; }\n");
     }
     if (mn_rule_clip_elementwise(r)) {
-        mn_expr *e = mn_rule_clip_expr(r);
+        mn_expr *e = mn_rule_clip_expr_open(r);
         mn_expr *de = diff_of(e, "g");
-        s = put_hook(t, r, "double", "mn_ghook_clip_elem", "double g", e, elem_vars, 1, false);
-        if (s == MN_OK) s = put_hook(t, r, "double", "mn_ghook_clip_delem", "double g", de, elem_vars, 1, false);
+        s = put_hook(t, &rc->clip, rc->used, "double", "mn_ghook_clip_elem", "double g", e, elem_vars, 1, false);
+        if (s == MN_OK)
+            s = put_hook(t, &rc->clip, rc->used, "double", "mn_ghook_clip_delem", "double g", de, elem_vars, 1, false);
         else mn_expr_unref(de);
         MN_TRY(s);
     } else {
@@ -171,6 +279,34 @@ static mn_status put_grad_hooks(text *t, const mn_rule *r)
         put(t, "__device__ __forceinline__ double mn_ghook_clip_delem(double g) { (void)g; return 1.0; }\n");
     }
     return MN_OK;
+}
+
+/* What a slot holds, for the source's comment. */
+static void put_slot_name(text *t, const mn_rule *r, int slot)
+{
+    static const char *const fields[] = {"huber's delta (loss_delta)", "lp's p (loss_p)", "the clip's m (clip_max)"};
+    if (slot < MN_RULE_PARAM_SLOTS) putf(t, " *   %d: %s\n", slot, fields[slot]);
+    else putf(t, " *   %d: the rule's constant %s\n", slot, r->const_names[slot - MN_RULE_PARAM_SLOTS]);
+}
+
+/* The device copy of the constants and its setter, where a hook reads one. */
+static void put_constants_block(text *t, const mn_rule *r, const rule_consts *rc)
+{
+    bool any = false;
+    for (int i = 0; i < MN_RULE_CONSTANT_SLOTS; i++) any |= rc->used[i];
+    if (!any) return;
+    put(t, "\n/* ---- the rule's constants, read at run time (kernels/codegen.c): the engine\n"
+           " * launches " MN_SET_CONSTANTS_KERNEL " with their values before each run, so that\n"
+           " * this source serves every value. Slots read here:\n");
+    for (int i = 0; i < MN_RULE_CONSTANT_SLOTS; i++)
+        if (rc->used[i]) put_slot_name(t, r, i);
+    put(t, " */\n");
+    putf(t, "struct mn_rule_constants { double d[%d]; float f[%d]; };\n", MN_RULE_CONSTANT_SLOTS,
+         MN_RULE_CONSTANT_SLOTS);
+    put(t, "__device__ mn_rule_constants mn_rule_k;\n");
+    put(t, "extern \"C\" __global__ void " MN_SET_CONSTANTS_KERNEL "(mn_rule_constants k) { mn_rule_k = k; }\n");
+    put(t, "#define MN_KD(i) __ldg(&mn_rule_k.d[i])\n#define MN_KF(i) __ldg(&mn_rule_k.f[i])\n");
+    put(t, "#define MN_RULE_CONSTANTS 1 /* this source has them (tests/emu sets them too) */\n");
 }
 
 static mn_status build(text *t, const mn_rule *r, const mn_dims *d, mn_precision p, const char *const *templates,
@@ -198,11 +334,12 @@ static mn_status build(text *t, const mn_rule *r, const mn_dims *d, mn_precision
     putf(t, " *   loss %s, features %s, tokens %s; step %d, refresh %d, retrieve %s\n", mn_loss_name(r->loss),
          mn_part_name(&mn_reduce_set, r->feature_reduce), mn_part_name(&mn_reduce_set, r->token_reduce), r->step,
          mn_rule_refresh(r), mn_part_name(&mn_retrieve_set, r->retrieve));
-    putf(t, " *   clip %s (max %g, scope %s); precision %s\n", mn_clip_name(r->clip), r->clip_max,
+    /* no constant's value in the source: it is read at run time (above put_hook) */
+    putf(t, " *   clip %s (scope %s); precision %s\n", mn_clip_name(r->clip),
          mn_part_name(&mn_scope_set, r->clip_scope), mn_precision_name(p));
-    put_comment_expr(t, "loss", mn_rule_loss_expr(r));
+    put_comment_expr(t, "loss", mn_rule_loss_expr_open(r));
     put_comment_expr(t, "activation", r->layers > 1 ? mn_rule_activation_expr(r) : NULL);
-    put_comment_expr(t, "clip", r->clip != MN_CLIP_NONE ? mn_rule_clip_expr(r) : NULL);
+    put_comment_expr(t, "clip", r->clip != MN_CLIP_NONE ? mn_rule_clip_expr_open(r) : NULL);
     put(t, " */\n");
 
     putf(t, "#define MN_LAYERS %d\n#define MN_BIAS %d\n#define MN_RESIDUAL %d\n", r->layers, r->bias ? 1 : 0,
@@ -237,8 +374,19 @@ static mn_status build(text *t, const mn_rule *r, const mn_dims *d, mn_precision
     put(t, "#undef MN_EXPR_PRELUDE\n");
     put(t, mn_expr_c_prelude(false));
     if (defines) put(t, defines);
-    MN_TRY(put_hooks(t, r));
-    if (grad) MN_TRY(put_grad_hooks(t, r));
+    /* the hooks first, so that the constants block holds only the slots they read */
+    rule_consts rc;
+    rule_consts_init(r, &rc);
+    text hooks = {0};
+    mn_status hs = put_hooks(&hooks, r, &rc);
+    if (hs == MN_OK && grad) hs = put_grad_hooks(&hooks, r, &rc);
+    if (hs == MN_OK && hooks.failed) hs = mn_fail(MN_ERR_OOM, "cuda source: out of memory");
+    if (hs == MN_OK) {
+        put_constants_block(t, r, &rc);
+        put(t, hooks.s);
+    }
+    free(hooks.s);
+    MN_TRY(hs);
     /* The parameter layout (model/param_layout.h) that every template uses. */
     const char *layout = embedded("param_layout");
     if (!layout) return mn_fail(MN_ERR_UNSUPPORTED, "cuda source: param_layout.h is not in this build");

@@ -32,6 +32,22 @@ char *mn_cuda_grad_source(const mn_rule *r, const mn_dims *d);
 char *mn_cuda_grad_source_for(const mn_rule *r, const mn_dims *d, mn_precision p, const char *const *templates,
                               const char *defines);
 
+/* The rule's constants as the kernels read them at run time: slot P - 1
+ * holds part parameter P (huber's delta, lp's p, the clip's m: MN_PARAMS in
+ * model/rule.def), slot MN_RULE_PARAM_SLOTS + i the rule's constant i;
+ * d in double, f the same rounded to float. A source whose hooks read one
+ * has the kernel MN_SET_CONSTANTS_KERNEL(mn_rule_constants), which the
+ * engine launches before each run (kernels/cuda_module.h); values 0, 1 and
+ * -1 are bound into the source instead (kernels/codegen.c says why). */
+#define MN_RULE_PARAM_SLOTS (MN_PARAM_COUNT - 1)
+#define MN_RULE_CONSTANT_SLOTS (MN_RULE_PARAM_SLOTS + MN_MAX_CONSTS)
+typedef struct mn_rule_constants {
+    double d[MN_RULE_CONSTANT_SLOTS];
+    float f[MN_RULE_CONSTANT_SLOTS];
+} mn_rule_constants;
+void mn_cuda_rule_constants(const mn_rule *r, mn_rule_constants *k);
+#define MN_SET_CONSTANTS_KERNEL "mn_set_rule_constants"
+
 /* Names of the kernels in that source (extern "C", unmangled). */
 #define MN_RULE_STEP_KERNEL "mn_rule_step_kernel"
 #define MN_RULE_READ_KERNEL "mn_rule_read_kernel"

@@ -3,6 +3,7 @@
 #include "cuda.h"
 #include "cuda_check.h"
 #include "nvrtc.h"
+#include "codegen.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +67,8 @@ mn_status mn_cuda_module_get(const char *src, const char *const *names, mn_cuda_
     for (int i = 0; names[i] && s == MN_OK; i++)
         s = i < MN_MODULE_MAX_KERNELS ? MN_CUDA_ST(cudaLibraryGetKernel(&m->k[i], lib, names[i]))
                                       : mn_fail(MN_ERR_ARG, "cuda module: more than %d kernels", MN_MODULE_MAX_KERNELS);
+    if (s == MN_OK && strstr(src, MN_SET_CONSTANTS_KERNEL "("))
+        s = MN_CUDA_ST(cudaLibraryGetKernel(&m->set_constants, lib, MN_SET_CONSTANTS_KERNEL));
     if (s != MN_OK) {
         (void)cudaLibraryUnload(lib);
         free(m);
@@ -74,5 +77,17 @@ mn_status mn_cuda_module_get(const char *src, const char *const *names, mn_cuda_
     m->next = modules;
     modules = m;
     *out = m;
+    return MN_OK;
+}
+
+mn_status mn_cuda_module_set_constants(const mn_cuda_module *m, const mn_rule *r, cudaStream_t stream)
+{
+    if (!m->set_constants) return MN_OK;
+    mn_rule_constants k;
+    mn_cuda_rule_constants(r, &k);
+    void *args[1] = {&k}; /* copied at the launch: k may go */
+    dim3 one = {1, 1, 1};
+    MN_CUDA_CHECK(cudaLaunchKernel((const void *)m->set_constants, one, one, args, 0, stream));
+    MN_CUDA_CHECK_LAUNCH();
     return MN_OK;
 }

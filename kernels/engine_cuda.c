@@ -272,6 +272,7 @@ static mn_status cuda_segment_run(mn_memory_state *st, const mn_segment_inputs *
     }
     mn_cuda_module *mod;
     MN_TRY(rule_module(&st->rule, &st->dims, st->precision, &pl, &mod));
+    MN_TRY(mn_cuda_module_set_constants(mod, &st->rule, (cudaStream_t)mn_cuda_get_stream()));
     mn_rule_kargs a;
     void *work = NULL;
     size_t work_bytes = 0;
@@ -345,6 +346,7 @@ static mn_status cuda_read(const mn_memory_state *st, const mn_tensor *q, mn_ten
     if (pl.path == MN_PATH_LARGE) return mn_cuda_large_read(st, q, y);
     mn_cuda_module *mod;
     MN_TRY(rule_module(&st->rule, &st->dims, st->precision, NULL, &mod));
+    MN_TRY(mn_cuda_module_set_constants(mod, &st->rule, (cudaStream_t)mn_cuda_get_stream()));
     mn_rule_kargs a;
     void *work = NULL;
     size_t work_bytes = 0;

@@ -240,7 +240,8 @@ static mn_status run_init(run *R, const mn_memory_state *st, long long rows, boo
     a->memories = R->M;
     a->steps_done = st->steps_done;
     MN_TRY(module_for(r, d, R->prec, &R->mod));
-    return shared_init();
+    MN_TRY(shared_init());
+    return mn_cuda_module_set_constants(R->mod, r, dev.stream);
 }
 
 static void *take(char *base, size_t *off, size_t bytes)

@@ -140,6 +140,7 @@ static mn_status kernel_for(const mn_rule *r, const mn_dims *d, mn_precision pre
     mn_status s = mn_cuda_module_get(src, names, &gk->mod);
     free(src);
     MN_TRY(s);
+    MN_TRY(mn_cuda_module_set_constants(gk->mod, r, (cudaStream_t)mn_cuda_get_stream()));
     if (gk->smem > 48 * 1024)
         MN_CUDA_CHECK(cudaKernelSetAttributeForDevice(gk->mod->k[0], cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                       (int)gk->smem, 0));

@@ -690,11 +690,15 @@ mn_status mn_cuda_large_backward(const mn_large_grad_io *io, mn_precision prec, 
     G.blas = (cublasHandle_t)mn_large_stepper_blas(G.sp);
     G.a.skipped = mn_large_stepper_skipped(G.sp);
     G.work_bytes = carve(&G, NULL);
-    s = mn_cuda_alloc(G.work_bytes, &G.work);
-    if (s != MN_OK) {
-        G.work = NULL;
-        s = mn_fail_context(s, "cuda large backward: %.1f MB of checkpoints and buffers (checkpoints every %lld steps): ",
-                            (double)G.work_bytes / 1e6, G.K);
+    G.work = NULL;
+    s = mn_cuda_module_set_constants(G.mod, &io->st->rule, G.stream);
+    if (s == MN_OK) {
+        s = mn_cuda_alloc(G.work_bytes, &G.work);
+        if (s != MN_OK) {
+            G.work = NULL;
+            s = mn_fail_context(s, "cuda large backward: %.1f MB of checkpoints and buffers (checkpoints every %lld steps): ",
+                                (double)G.work_bytes / 1e6, G.K);
+        }
     }
     if (s == MN_OK) {
         carve(&G, G.work);

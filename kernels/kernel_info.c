@@ -71,7 +71,10 @@ int mn_ptxas_parse(const char *log, mn_kernel_info *out, int max, int *arch)
             const char *name = p + strlen("Compiling entry function '");
             const char *q = memchr(name, '\'', len - (size_t)(name - line));
             size_t nlen = q ? (size_t)(q - name) : len - (size_t)(name - line);
-            cur = n < max ? &out[n++] : NULL;
+            /* the constants' setter (kernels/codegen.c) is one thread's copy,
+             * the engine's plumbing rather than the rule's kernel: not listed */
+            bool setter = nlen == strlen(MN_SET_CONSTANTS_KERNEL) && !strncmp(name, MN_SET_CONSTANTS_KERNEL, nlen);
+            cur = !setter && n < max ? &out[n++] : NULL;
             if (cur) info_init(cur, name, nlen);
             const char *sm = find_in(line, len, "'sm_");
             if (arch && *arch == 0 && sm) *arch = atoi(sm + 4);

@@ -116,9 +116,10 @@ mn_status mn_sum_to_shape(mn_tensor *out, const mn_tensor *full, int ndim, const
 /* The pointwise parts of the loss as programs in (y, v, r): f' = df/dy,
  * df/dv, d2f/dy2 and d2f/dydv (r = y - v counted through), from the rule's
  * loss expression, so a custom loss gets its second derivative for free. */
-/* The expressions of those four parts (new references in out: fy, fv, fyy,
- * fyv), the CPU's programs and the CUDA backward's hooks alike. */
-mn_status mn_loss_derivative_exprs(const mn_rule *r, mn_expr *out[4]);
+/* The expressions of those four parts of a loss f (borrowed; new references
+ * in out: fy, fv, fyy, fyv), the CPU's programs and the CUDA backward's
+ * hooks alike. */
+mn_status mn_loss_derivative_exprs(const mn_expr *f, mn_expr *out[4]);
 
 typedef struct mn_loss_programs {
     mn_expr_program *fy, *fv, *fyy, *fyv;

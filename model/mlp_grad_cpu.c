@@ -84,14 +84,12 @@ static mn_status compile_in(const mn_rule *r, mn_expr *e, const char *const *var
     return mn_expr_compile(e, vars, nvars, (const char *const *)r->const_names, r->const_values, r->nconsts, out);
 }
 
-mn_status mn_loss_derivative_exprs(const mn_rule *r, mn_expr *out[4])
+mn_status mn_loss_derivative_exprs(const mn_expr *f, mn_expr *out[4])
 {
     out[0] = out[1] = out[2] = out[3] = NULL;
-    mn_expr *f = mn_rule_loss_expr(r);
     if (!f) return MN_ERR_ARG;
     mn_expr *fy = total_diff(f, "y", 1), *fv = total_diff(f, "v", -1);
     mn_expr *fyy = fy ? total_diff(fy, "y", 1) : NULL, *fyv = fy ? total_diff(fy, "v", -1) : NULL;
-    mn_expr_unref(f);
     out[0] = fy;
     out[1] = fv;
     out[2] = fyy;
@@ -109,7 +107,10 @@ static mn_status loss_programs_init(mn_loss_programs *lp, const mn_rule *r, int6
     static const char *const vars[] = {"y", "v", "r"};
     lp->feature_scale = r->feature_reduce == MN_REDUCE_MEAN ? 1.0 / (double)dv : 1.0;
     mn_expr *d[4];
-    MN_TRY(mn_loss_derivative_exprs(r, d));
+    mn_expr *f = mn_rule_loss_expr(r);
+    mn_status ds = mn_loss_derivative_exprs(f, d);
+    mn_expr_unref(f);
+    MN_TRY(ds);
     mn_status st = compile_in(r, d[0], vars, 3, &lp->fy);
     if (st == MN_OK) st = compile_in(r, d[1], vars, 3, &lp->fv);
     if (st == MN_OK) st = compile_in(r, d[2], vars, 3, &lp->fyy);

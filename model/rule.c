@@ -335,8 +335,9 @@ double mn_outer_default(int j) { return j >= 0 && j < MN_OUTER_COUNT ? outer_def
 /* ---- expression forms ---- */
 
 /* The selected part's expression: the rule's own for a custom part, else the
- * built-in text parsed with its parameter bound to the rule's value. */
-static mn_expr *part_expr(const mn_rule *r, const mn_part_set *set, int value, mn_expr *custom)
+ * built-in text parsed with its parameter bound to the rule's value (or,
+ * open, left as the parameter's name). */
+static mn_expr *part_expr(const mn_rule *r, const mn_part_set *set, int value, mn_expr *custom, bool open)
 {
     const mn_part *part = mn_rule_part(r, set, value);
     if (!part) {
@@ -347,7 +348,7 @@ static mn_expr *part_expr(const mn_rule *r, const mn_part_set *set, int value, m
     if (!part->expr) return NULL;
     mn_expr *e;
     if (mn_expr_parse(part->expr, &e) != MN_OK) return NULL; /* a bad row: test_rule_table catches it */
-    if (part->param == MN_PARAM_NONE) return e;
+    if (part->param == MN_PARAM_NONE || open) return e;
     const part_param *pp = &part_params[part->param];
     const char *names[1] = {pp->name};
     double values[1] = {*(const double *)((const char *)r + pp->offset)};
@@ -356,16 +357,25 @@ static mn_expr *part_expr(const mn_rule *r, const mn_part_set *set, int value, m
     return bound;
 }
 
-mn_expr *mn_rule_loss_expr(const mn_rule *r) { return part_expr(r, &mn_loss_set, r->loss, r->loss_expr); }
-
-/* df/dy with r = y - v: the partial in y plus the partial in r. */
-mn_expr *mn_rule_loss_grad_expr(const mn_rule *r)
+mn_part_param mn_rule_part_param(const mn_rule *r, const mn_part_set *set, int value, const char **name,
+                                 double *param_value)
 {
-    mn_expr *f = mn_rule_loss_expr(r);
+    const mn_part *part = mn_rule_part(r, set, value);
+    if (!part || (part->flags & MN_PART_CUSTOM) || part->param == MN_PARAM_NONE) return MN_PARAM_NONE;
+    const part_param *pp = &part_params[part->param];
+    if (name) *name = pp->name;
+    if (param_value) *param_value = *(const double *)((const char *)r + pp->offset);
+    return part->param;
+}
+
+mn_expr *mn_rule_loss_expr(const mn_rule *r) { return part_expr(r, &mn_loss_set, r->loss, r->loss_expr, false); }
+mn_expr *mn_rule_loss_expr_open(const mn_rule *r) { return part_expr(r, &mn_loss_set, r->loss, r->loss_expr, true); }
+
+mn_expr *mn_loss_grad_of(const mn_expr *f)
+{
     if (!f) return NULL;
     mn_expr *dy = mn_expr_diff(f, "y");
     mn_expr *dr = mn_expr_diff(f, "r");
-    mn_expr_unref(f);
     mn_expr *sum = mn_expr_binary(MN_EX_ADD, dy, dr);
     if (!sum) return NULL;
     mn_expr *simple = mn_expr_simplify(sum);
@@ -373,9 +383,18 @@ mn_expr *mn_rule_loss_grad_expr(const mn_rule *r)
     return simple;
 }
 
+/* df/dy with r = y - v: the partial in y plus the partial in r. */
+mn_expr *mn_rule_loss_grad_expr(const mn_rule *r)
+{
+    mn_expr *f = mn_rule_loss_expr(r);
+    mn_expr *d = mn_loss_grad_of(f);
+    mn_expr_unref(f);
+    return d;
+}
+
 mn_expr *mn_rule_activation_expr(const mn_rule *r)
 {
-    return part_expr(r, &mn_activation_set, r->activation, r->activation_expr);
+    return part_expr(r, &mn_activation_set, r->activation, r->activation_expr, false);
 }
 
 mn_expr *mn_rule_activation_grad_expr(const mn_rule *r)
@@ -387,7 +406,8 @@ mn_expr *mn_rule_activation_grad_expr(const mn_rule *r)
     return d;
 }
 
-mn_expr *mn_rule_clip_expr(const mn_rule *r) { return part_expr(r, &mn_clip_set, r->clip, r->clip_expr); }
+mn_expr *mn_rule_clip_expr(const mn_rule *r) { return part_expr(r, &mn_clip_set, r->clip, r->clip_expr, false); }
+mn_expr *mn_rule_clip_expr_open(const mn_rule *r) { return part_expr(r, &mn_clip_set, r->clip, r->clip_expr, true); }
 
 bool mn_rule_clip_scales(const mn_rule *r) { return (mn_clip_set.parts[r->clip].flags & MN_PART_SCALE) != 0; }
 bool mn_rule_clip_elementwise(const mn_rule *r) { return (mn_clip_set.parts[r->clip].flags & MN_PART_ELEM) != 0; }

@@ -177,6 +177,20 @@ mn_expr *mn_rule_loss_grad_expr(const mn_rule *r);
 mn_expr *mn_rule_activation_expr(const mn_rule *r);
 mn_expr *mn_rule_activation_grad_expr(const mn_rule *r);
 mn_expr *mn_rule_clip_expr(const mn_rule *r); /* NULL for clip none */
+/* df/dy of a loss f(y, v, r), r = y - v counted through (new reference; NULL in, NULL out). */
+mn_expr *mn_loss_grad_of(const mn_expr *f);
+/* The loss and the clip with the selected built-in part's parameter (huber's
+ * delta, lp's p, the clip's m) left as its name rather than bound to the
+ * rule's value, for a generator that binds it late: the CUDA source reads it
+ * at run time, so that a sweep over it reuses one compiled kernel
+ * (kernels/codegen.c). A custom part's expression is the same in both forms. */
+mn_expr *mn_rule_loss_expr_open(const mn_rule *r);
+mn_expr *mn_rule_clip_expr_open(const mn_rule *r);
+/* The parameter of the part that choice value selects in set: its enum
+ * (MN_PARAM_NONE for custom parts and parts without one), its name in the
+ * part's expression and the rule's value (either pointer may be NULL). */
+mn_part_param mn_rule_part_param(const mn_rule *r, const mn_part_set *set, int value, const char **name,
+                                 double *param_value);
 /* The clip's kind (rule.def): a scale of G by expr(n), or expr(g) per element. */
 bool mn_rule_clip_scales(const mn_rule *r);
 bool mn_rule_clip_elementwise(const mn_rule *r);

@@ -32,6 +32,9 @@ extern pthread_barrier_t mn_shim_block_barrier;
 extern pthread_barrier_t mn_shim_warp_barrier[32];
 extern double mn_shim_warp_buffer[32][32];
 
+/* the read-only cache's load: a plain load here */
+template <class T> static inline T __ldg(const T *p) { return *p; }
+
 static inline void __syncthreads() { pthread_barrier_wait(&mn_shim_block_barrier); }
 static inline void __syncwarp() { pthread_barrier_wait(&mn_shim_warp_barrier[threadIdx.x >> 5]); }
 

@@ -191,6 +191,11 @@ int main(int argc, char **argv)
         if (!rownorm_pass({false, center, sum, x.data(), scale[i].data(), NULL, krows, MN_DK})) return 4;
         nhat[i] = x;
     }
+#if MN_RULE_CONSTANTS
+    /* what the engine's setter launch does before a run: the values
+     * test_grad_emulated.c appended to the source */
+    mn_set_rule_constants(mn_emu_constants);
+#endif
     for (long long m = 0; m < memories; m++) {
         blockIdx.x = (unsigned)m;
         pthread_t t[MN_RULE_THREADS];

@@ -166,6 +166,8 @@ want paths && for path in general fused large; do
     # glu runs on the general and large paths (forced large: every case without out_norm,
     # and hidden-256 memories); forced fused, it is refused by name
     run_one "lua/test_glu.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_glu.lua
+    # constants read at run time: one module, three runs with two values
+    run_one "lua/test_constants.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_constants.lua
 done
 # The backward on the GPU against the cpu's: every case on the general
 # backward forced, and in tf32 and bf16 (the fused backward where planned)
@@ -173,6 +175,9 @@ want paths && {
     run_one "lua/test_grad_cuda.lua (general backward)" env MNEMO_CUDA_BACKWARD=general "$MNEMO" tests/lua/test_grad_cuda.lua
     # the large backward forced: every case without out_norm, glu or newton_schulz
     run_one "lua/test_grad_cuda.lua (large backward)" env MNEMO_CUDA_BACKWARD=large "$MNEMO" tests/lua/test_grad_cuda.lua
+    for backward in general large; do
+        run_one "lua/test_constants.lua ($backward backward)" env MNEMO_CUDA_BACKWARD=$backward "$MNEMO" tests/lua/test_constants.lua
+    done
     for prec in tf32 bf16; do
         run_one "lua/test_grad_cuda.lua ($prec)" env MNEMO_GRAD_PRECISION=$prec "$MNEMO" tests/lua/test_grad_cuda.lua
     done

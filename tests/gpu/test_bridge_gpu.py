@@ -12,7 +12,10 @@
   - torch.compile(fullgraph=True) of a small model that calls the op
     (torch >= 2.4: the custom op mnemo::run and its fake implementation),
     forward and backward against eager;
-  - CUDA-graph capture and replay of the op's forward.
+  - CUDA-graph capture and replay of the op's forward; a captured graph
+    keeps its rule's constants (clip_max, huber's delta, read by the kernels
+    at run time) when a rule with other values ran on the same kernels in
+    between.
 Run by tests/gpu/run_gpu_tests.sh; needs libmnemo_torch.so built with CUDA
 (make python; tests/gpu/pack.sh carries it). Prints PASS/FAIL/SKIP lines."""
 
@@ -55,15 +58,16 @@ def main():
     print("# %s, torch %s, custom op: %s, %s" % (mt.lib_path, torch.__version__, mt.HAVE_CUSTOM_OP,
                                                  torch.cuda.get_device_name()))
     torch.manual_seed(0)
-    rule = mt.Rule({"layers": 2, "hidden": 16, "step": 4, "activation": "gelu", "clip": "norm", "clip_max": 1.0})
+    # clip_max not 1: the kernels read it at run time (1 would be folded into the source)
+    rule = mt.Rule({"layers": 2, "hidden": 16, "step": 4, "activation": "gelu", "clip": "norm", "clip_max": 0.83})
     B, H, T, dk, dv = 2, 4, 37, 16, 16
     cpu = {"k": torch.randn(B, H, T, dk) * 0.5, "v": torch.randn(B, H, T, dv) * 0.5,
            "q": torch.randn(B, H, T, dk) * 0.5, "theta": torch.full((H, 1), 0.05),
            "eta": torch.full((1,), 0.7), "alpha": torch.full((B, H, 1), 0.01),
            "W1": torch.randn(16, dk) * 0.2, "W2": torch.randn(dv, 16) * 0.2}
 
-    def call(x):
-        return mt.run(rule, x["k"], x["v"], x["theta"], q=x["q"], eta=x["eta"], alpha=x["alpha"],
+    def call(x, r=None):
+        return mt.run(r or rule, x["k"], x["v"], x["theta"], q=x["q"], eta=x["eta"], alpha=x["alpha"],
                       params={"W1": x["W1"], "W2": x["W2"]})
 
     # ---- cuda against cpu, forward and backward ----
@@ -242,6 +246,36 @@ def main():
         report(rel(y_static, want) < 1e-6, "bridge_gpu/cuda_graph", "replay differs: rel %.2g" % rel(y_static, want))
     except Exception as e:
         report(False, "bridge_gpu/cuda_graph", "%s: %s" % (type(e).__name__, str(e).splitlines()[0]))
+
+    # ---- a captured graph keeps its constants ----
+    # Two rules that differ only in clip_max and delta share one kernel; the
+    # graph of the first, replayed after the second ran eagerly, must give
+    # the first's result (its setter launch was captured with its values).
+    try:
+        def huber(clip_max, delta):
+            return mt.Rule({"layers": 2, "hidden": 16, "step": 4, "activation": "gelu", "loss": "huber",
+                            "loss_delta": delta, "clip": "norm", "clip_max": clip_max})
+        ra, rb = huber(0.0731, 0.213), huber(2.9, 1.7)
+        static = {n: t.cuda() for n, t in cpu.items()}
+        static["theta"] = torch.full((H, 1), 0.6, device="cuda")  # steps large enough for the clip to bite
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                call(static, ra)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y_static = call(static, ra).y
+        y_b = call(dict(static), rb).y
+        g.replay()
+        torch.cuda.synchronize()
+        want = call(dict(static), ra).y
+        apart = rel(y_b, want)
+        report(rel(y_static, want) < 1e-6 and apart > 1e-2, "bridge_gpu/cuda_graph_constants",
+               "replay against eager %.2g, the other rule's y %.2g apart" % (rel(y_static, want), apart))
+    except Exception as e:
+        report(False, "bridge_gpu/cuda_graph_constants", "%s: %s" % (type(e).__name__, str(e).splitlines()[0]))
     return 1 if failures else 0
 
 

@@ -408,35 +408,109 @@ static void test_qk_norm_backward(void)
     mn_rule_free(&plain);
 }
 
-/* Constants are literals in the hooks; the source follows every input. */
+/* The body of hook name ("mn_hook_loss(float y") in src, up to its "}". */
+static char *hook_body(const char *src, const char *name)
+{
+    const char *h = src ? strstr(src, name) : NULL;
+    const char *b = h ? strstr(h, "return ") : NULL;
+    const char *e = b ? strchr(b, '}') : NULL;
+    if (!e) return NULL;
+    char *out = malloc((size_t)(e - b) + 1);
+    if (!out) return NULL;
+    memcpy(out, b, (size_t)(e - b));
+    out[e - b] = 0;
+    return out;
+}
+
+/* Constants are read at run time (slots of mn_rule_k), so the source follows
+ * every input but their values; 0, 1 and -1 are bound into it. */
 static void test_source_contents(void)
 {
     mn_rule r;
-    const rule_case *c = &cases[5]; /* loss w*(y - v)^2 + c3*abs(r)^3 */
+    const rule_case *c = &cases[5]; /* loss w*(y - v)^2 + c3*abs(r)^3; w, c3, a, m, delta: slots 3..7 */
     mn_status s = make_rule(c, &r);
     mn_dims d = dims_of(c);
     char *src = s == MN_OK ? mn_cuda_rule_source(&r, &d, MN_PREC_FP32) : NULL;
-    const char *hook = src ? strstr(src, "mn_hook_loss(float y") : NULL;
-    const char *body = hook ? strstr(hook, "return ") : NULL;
-    CHECK("codegen/constants_folded", body && strstr(body, "0.7f") && strstr(body, "0.1f") &&
-                                          strncmp(body, "return w", 8) != 0);
+    char *body = hook_body(src, "mn_hook_loss(float y");
+    CHECK("codegen/constants_read_at_run_time", body && strstr(body, "MN_KF(3) * ") && strstr(body, "MN_KF(4) * ") &&
+                                                    !strstr(body, "0.7f") && !strstr(body, "0.1f"));
+    free(body);
+    body = hook_body(src, "mn_hook_clip_scale(double n"); /* the custom clip's m is the rule's constant m */
+    CHECK("codegen/constants_read_in_double", body && strstr(body, "MN_KD(6)") && !strstr(body, "0.25"));
+    free(body);
+    CHECK("codegen/constants_block", src && strstr(src, "__device__ mn_rule_constants mn_rule_k;") &&
+                                         strstr(src, "void " MN_SET_CONSTANTS_KERNEL "(mn_rule_constants k)") &&
+                                         strstr(src, " *   3: the rule's constant w\n") &&
+                                         !strstr(src, " *   7: the rule's constant delta")); /* unused: no slot */
     char *tf = s == MN_OK ? mn_cuda_rule_source(&r, &d, MN_PREC_TF32) : NULL;
     mn_dims d2 = d;
     d2.dk += 1;
     char *wider = s == MN_OK ? mn_cuda_rule_source(&r, &d2, MN_PREC_FP32) : NULL;
     char *again = s == MN_OK ? mn_cuda_rule_source(&r, &d, MN_PREC_FP32) : NULL;
     mn_rule_set_const(&r, "w", 0.75);
+    mn_rule_set_const(&r, "m", 4.5);
     char *other = s == MN_OK ? mn_cuda_rule_source(&r, &d, MN_PREC_FP32) : NULL;
+    mn_rule_set_const(&r, "w", 1.0);
+    char *one = s == MN_OK ? mn_cuda_rule_source(&r, &d, MN_PREC_FP32) : NULL;
+    mn_rule_set_const(&r, "w", 0.0);
+    char *zero = s == MN_OK ? mn_cuda_rule_source(&r, &d, MN_PREC_FP32) : NULL;
     CHECK("codegen/source_deterministic", src && again && strcmp(src, again) == 0);
     CHECK("codegen/source_follows_precision", src && tf && strcmp(src, tf) != 0 && strstr(tf, "#define MN_PREC 1"));
     CHECK("codegen/source_follows_dims", src && wider && strcmp(src, wider) != 0);
-    CHECK("codegen/source_follows_constants", src && other && strcmp(src, other) != 0 && strstr(other, "0.75f"));
+    CHECK("codegen/source_ignores_constant_values", src && other && strcmp(src, other) == 0);
+    body = hook_body(one, "mn_hook_loss(float y"); /* 1 * (y - v)^2: the factor goes */
+    CHECK("codegen/constant_one_bound", one && strcmp(one, src) != 0 && body && !strstr(body, "MN_KF(3)") &&
+                                            strstr(body, "MN_KF(4)") && strncmp(body, "return mn_f_pow(y - v", 21) == 0);
+    free(body);
+    body = hook_body(zero, "mn_hook_loss(float y"); /* the w term drops out */
+    CHECK("codegen/constant_zero_bound", body && !strstr(body, "MN_KF(3)") && !strstr(body, "y - v") &&
+                                             strstr(body, "MN_KF(4)"));
+    free(body);
     free(src);
     free(tf);
     free(wider);
     free(again);
     free(other);
+    free(one);
+    free(zero);
     mn_rule_free(&r);
+
+    /* A built-in part's parameter: huber's delta at slot 0 and the clip's m
+     * at slot 2 in float and double; the values the engine passes. */
+    mn_rule h;
+    mn_rule_init(&h);
+    h.loss = MN_LOSS_HUBER;
+    h.loss_delta = 0.3;
+    h.clip = MN_CLIP_NORM;
+    h.clip_max = 2.5;
+    mn_dims dh = {1, 1, 4, 8, 8, 0, 1};
+    char *hs = mn_cuda_rule_source(&h, &dh, MN_PREC_FP32);
+    h.loss_delta = 7;
+    h.clip_max = 0.125;
+    char *hs2 = mn_cuda_rule_source(&h, &dh, MN_PREC_FP32);
+    CHECK("codegen/parameters_read_at_run_time", hs && hs2 && strcmp(hs, hs2) == 0 && strstr(hs, "MN_KF(0)") &&
+                                                     strstr(hs, "MN_KD(2) / n") && !strstr(hs, "0.3f") &&
+                                                     !strstr(hs, "2.5") && !strstr(hs, "MN_KF(1)"));
+    mn_rule_constants k;
+    mn_cuda_rule_constants(&h, &k);
+    CHECK("codegen/parameter_values", k.d[0] == 7 && k.d[1] == 0 && k.d[2] == 0.125 && k.f[2] == 0.125f &&
+                                          k.d[MN_RULE_PARAM_SLOTS] == 0);
+    h.loss = MN_LOSS_LP;
+    h.loss_p = 1.1;
+    mn_cuda_rule_constants(&h, &k);
+    CHECK("codegen/parameter_values_lp", k.d[0] == 0 && k.d[1] == 1.1 && k.f[1] == (float)1.1);
+    free(hs);
+    free(hs2);
+    mn_rule_free(&h);
+    mn_rule cr;
+    if (make_rule(c, &cr) == MN_OK) {
+        mn_cuda_rule_constants(&cr, &k);
+        CHECK("codegen/constant_values", k.d[3] == 0.7 && k.d[4] == 0.1 && k.d[6] == 0.25 && k.d[7] == 0.3 &&
+                                             k.f[4] == 0.1f && k.d[0] == 0 && k.d[2] == 0);
+        mn_rule_free(&cr);
+    } else {
+        CHECK("codegen/constant_values", false);
+    }
 
     /* a rule that does not validate has no source, and says why */
     mn_rule bad;

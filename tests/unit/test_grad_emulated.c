@@ -270,6 +270,18 @@ static bool prepare(const variant *va, const emu_options *o, const char *dir, ch
     snprintf(path, sizeof path, "%s/grad.cu", dir);
     FILE *f = src ? fopen(path, "w") : NULL;
     bool ok = f && fputs(src, f) >= 0;
+    if (ok && strstr(src, "#define MN_RULE_CONSTANTS 1")) {
+        /* the rule's constants, as the engine's setter launch passes them
+         * (grad_emu.cpp hands them to the source's setter); hex: exact */
+        mn_rule_constants k;
+        mn_cuda_rule_constants(&r, &k);
+        ok = fputs("\nstatic const mn_rule_constants mn_emu_constants = {{", f) >= 0;
+        for (int i = 0; i < MN_RULE_CONSTANT_SLOTS && ok; i++) ok = fprintf(f, "%s%a", i ? ", " : "", k.d[i]) > 0;
+        ok = ok && fputs("}, {", f) >= 0;
+        for (int i = 0; i < MN_RULE_CONSTANT_SLOTS && ok; i++)
+            ok = fprintf(f, "%s%af", i ? ", " : "", (double)k.f[i]) > 0;
+        ok = ok && fputs("}};\n", f) >= 0;
+    }
     if (f) ok = fclose(f) == 0 && ok;
     free(src);
     if (!ok) {
