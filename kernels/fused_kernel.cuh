@@ -50,6 +50,10 @@
 #else
 #define MN_KSTEP 8
 #endif
+/* The K loops' unroll (at most; MNEMO_FUSED_KUNROLL sets it, kernels/plan.c) */
+#ifndef MN_KUNROLL
+#define MN_KUNROLL 8
+#endif
 
 /* Layer i of the model (0-based): real and padded sizes. */
 #define MN_LIN(i) mn_layer_in((i), MN_DK, MN_DH)
@@ -213,7 +217,7 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
             old[j][0] = pre(m0 + g, n);
             old[j][1] = pre(m0 + g + 8, n);
         }
-#pragma unroll(K / MN_KSTEP <= 8 ? K / MN_KSTEP : 8)
+#pragma unroll(K / MN_KSTEP <= MN_KUNROLL ? K / MN_KSTEP : MN_KUNROLL)
         for (int k0 = 0; k0 < K; k0 += MN_KSTEP) {
 #if MN_PREC == 2
             /* slots 2t, 2t+1, 2t+8, 2t+9 of the instruction hold k = 4t .. 4t+3 */
