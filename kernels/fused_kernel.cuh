@@ -50,9 +50,21 @@
 #else
 #define MN_KSTEP 8
 #endif
-/* The K loops' unroll (at most; MNEMO_FUSED_KUNROLL sets it, kernels/plan.c) */
+/* The K loops' unroll (at most; MNEMO_FUSED_KUNROLL overrides it, plan.c).
+ * Measured on an H100 (tests/bench/RESULTS.md, 2026-11-26): the backward
+ * is fastest not unrolled (P1 fp32 74.0 -> 54.9 ms: unrolled, ptxas gave it
+ * a 2.4 KB stack frame; tf32 50.2 -> 47.9 ms) and compiles 1-2 s sooner;
+ * the forward in fp32 at 4 (P1 -5%, M1 -13%), in tf32 and bf16 at 8 (M1's
+ * tf32 forward is 16% slower at 4). The order of the products' sums is the
+ * same at every unroll: the results are too. */
 #ifndef MN_KUNROLL
+#if defined(MN_FUSED_GRAD)
+#define MN_KUNROLL 1
+#elif MN_PREC == 0
+#define MN_KUNROLL 4
+#else
 #define MN_KUNROLL 8
+#endif
 #endif
 
 /* Layer i of the model (0-based): real and padded sizes. */

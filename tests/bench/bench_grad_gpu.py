@@ -328,16 +328,16 @@ def main():
             print("   mnemo failed %s" % failed)
             continue
         for b in builds:
-            fw, bw = median(timings[b]["forward"]), median(timings[b]["backward"])
+            t_fw, t_bw = median(timings[b]["forward"]), median(timings[b]["backward"])  # not bw: the bandwidth
             if b == builds[0]:
-                row["mnemo_fwd"], row["mnemo_bwd"], row["mnemo"] = fw, bw, fw + bw
+                row["mnemo_fwd"], row["mnemo_bwd"], row["mnemo"] = t_fw, t_bw, t_fw + t_bw
                 print("   mnemo: forward %.2f ms + backward %.2f ms (backward: %s; its bytes %.1f MB)"
-                      % (1e3 * fw, 1e3 * bw, row["plan"], row["mnemo_mem"] / 2**20))
+                      % (1e3 * t_fw, 1e3 * t_bw, row["plan"], row["mnemo_mem"] / 2**20))
             else:
                 with h5py.File(save, "r") as f, h5py.File(save + ".other", "r") as o:
                     agree = rel(o["gk"][()], f["gk"][()]), rel(o["gW1"][()], f["gW1"][()])
                 print("   mnemo %s: forward %.2f ms + backward %.2f ms (%d runs each), against the first: "
-                      "dk %.1e dW1 %.1e" % ((b, 1e3 * fw, 1e3 * bw, len(timings[b]["forward"])) + agree))
+                      "dk %.1e dW1 %.1e" % ((b, 1e3 * t_fw, 1e3 * t_bw, len(timings[b]["forward"])) + agree))
         if args.mnemo_only:
             rows.append(row)
             continue

@@ -5,6 +5,7 @@
 -- REPEATS times under mnemo.profile; prints the plan and the median GPU time
 -- of the step kernel and of the whole rule:run, per case and precision.
 --   mnemo tests/bench/probe_fused.lua [PRECISIONS=fp32,tf32,bf16] [CASES=P1,P1-lin,P1-c16,P2] [REPEATS=5] [T]
+-- (M1 is a case too: B=32, H=16, T=1024, MLP 64-128-64, c=8)
 -- (T: tokens per memory instead of the case's; a short run for the profiler)
 local precs, names, repeats, T_override = ...
 precs = precs or "fp32,tf32,bf16"
@@ -21,6 +22,9 @@ local CASES = {
     refresh = 64, clip = "norm", clip_max = 1, theta = 0.01, eta = 0.9, alpha = 0.001 } },
   P2 = { B = 1, H = 1, T = 2048, dk = 512, rule = { layers = 2, hidden = 512, activation = "gelu", step = 2048,
     refresh = 2048, clip = "norm", clip_max = 1, theta = 0.01, eta = 0.9, alpha = 0.001 } },
+  -- issue 14's many small memories with short steps (bench_gpu.py's M1)
+  M1 = { B = 32, H = 16, T = 1024, dk = 64, rule = { layers = 2, hidden = 128, activation = "gelu", step = 8,
+    refresh = 8, clip = "norm", clip_max = 1, theta = 0.01, eta = 0.9, alpha = 0.001 } },
 }
 
 local function median(xs)
