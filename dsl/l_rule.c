@@ -17,6 +17,7 @@
 #include "../kernels/codegen.h"
 #include "../kernels/cuda.h"
 #include "../kernels/plan.h"
+#include "../kernels/grad_large.h"
 #endif
 
 #include <stdio.h>
@@ -387,14 +388,16 @@ static int rule_expressions(lua_State *L)
     return 1;
 }
 
-/* rule:source([{dk=, dv=, hidden=, precision=}]): the CUDA source the GPU
- * engine compiles for this rule at those sizes (default dk 64, dv = dk,
- * hidden = the rule's or 64, fp32). Needs no GPU. */
+/* rule:source([{dk=, dv=, hidden=, precision=, backward=}]): the CUDA source
+ * the GPU engine compiles for this rule at those sizes (default dk 64, dv =
+ * dk, hidden = the rule's or 64, fp32), or with backward = true that of the
+ * backward the plan picks for a run of it. Needs no GPU. */
 static int rule_source(lua_State *L)
 {
     const mn_rule *r = &check_rule(L, 1)->rule;
     mn_dims d = {1, 1, 1, 64, 0, 0, 1};
     mn_precision prec = MN_PREC_FP32;
+    bool backward = false;
     if (!lua_isnoneornil(L, 2)) {
         luaL_checktype(L, 2, LUA_TTABLE);
         d.dk = l_rule_field_int(L, 2, "dk", 64);
@@ -403,13 +406,27 @@ static int rule_source(lua_State *L)
         lua_getfield(L, 2, "precision");
         if (!lua_isnil(L, -1) && mn_precision_lookup(luaL_checkstring(L, -1), &prec) != MN_OK) l_raise(L);
         lua_pop(L, 1);
+        lua_getfield(L, 2, "backward");
+        backward = lua_toboolean(L, -1);
+        lua_pop(L, 1);
     }
     if (d.dv == 0) d.dv = d.dk;
     if (d.dh == 0) d.dh = r->hidden > 0 ? r->hidden : 64;
 #ifdef MN_HAVE_CUDA
     mn_cuda_plan pl;
-    if (mn_cuda_plan_rule(r, &d, prec, 1, mn_cuda_arch(), mn_cuda_smem_optin(), &pl) != MN_OK) return l_raise(L);
-    char *src = mn_cuda_plan_source(r, &d, prec, &pl);
+    char *src = NULL;
+    if (backward) {
+        char why[256];
+        if (!mn_cuda_backward_covers(r, why, sizeof why))
+            return luaL_error(L, "source: the backward of this rule runs on the cpu (%s)", why);
+        if (mn_cuda_plan_backward(r, &d, prec, mn_cuda_arch(), mn_cuda_smem_optin(), &pl) != MN_OK) return l_raise(L);
+        src = pl.path == MN_PATH_FUSED   ? mn_cuda_fused_grad_source(r, &d, prec, &pl)
+              : pl.path == MN_PATH_LARGE ? mn_cuda_large_grad_source(r, &d, prec)
+                                         : mn_cuda_grad_source(r, &d);
+    } else {
+        if (mn_cuda_plan_rule(r, &d, prec, 1, mn_cuda_arch(), mn_cuda_smem_optin(), &pl) != MN_OK) return l_raise(L);
+        src = mn_cuda_plan_source(r, &d, prec, &pl);
+    }
     if (!src) return l_raise(L);
     lua_pushstring(L, src);
     free(src);

@@ -34,6 +34,8 @@ if not has_cuda_build then
   T.skip("grad_cuda/plan", "this build has no CUDA")
 elseif backward_env == "cpu" then
   T.eq("grad_cuda/plan/MNEMO_CUDA_BACKWARD=cpu", m.rule {}:plan { dk = 8 }.backward_why, "MNEMO_CUDA_BACKWARD=cpu")
+  T.raises("grad_cuda/plan/MNEMO_CUDA_BACKWARD=cpu/no_backward_source",
+           function() return m.rule {}:source { backward = true } end, "the backward of this rule runs on the cpu")
 else
   -- which CUDA backward the plan names (kernels/plan.h mn_cuda_plan_backward):
   -- the fused one where the forward is fused (any refresh), else the general one
@@ -84,6 +86,12 @@ else
     end
     local p = c[1]:plan { dk = 8 }
     T.eq("grad_cuda/plan/" .. name .. "/backward", p.backward, want .. " (cuda)")
+    -- rule:source{backward = true}: the source of that backward's kernels
+    local entry = ({ fused = ") mn_fused_grad_kernel(", general = ") mn_grad_kernel(",
+                     large = ") mn_lgrad_update_kernel(" })[want]
+    local ok_src, bsrc = pcall(c[1].source, c[1], { dk = 8, backward = true })
+    T.ok("grad_cuda/plan/" .. name .. "/backward_source", ok_src and bsrc:find(entry, 1, true) ~= nil and
+         bsrc ~= c[1]:source { dk = 8 }, ok_src and ("no '%s' in it"):format(entry) or tostring(bsrc))
     T.ok("grad_cuda/plan/" .. name .. "/printed", tostring(p):find("backward: " .. want .. " (cuda)", 1, true) ~= nil,
          tostring(p))
     if want == "fused" then
@@ -93,6 +101,10 @@ else
       T.ok("grad_cuda/plan/" .. name .. "/why", p.backward_why:find(c[3], 1, true) ~= nil, p.backward_why)
     end
     ::next_rule::
+  end
+  if backward_env ~= "cpu" then
+    T.raises("grad_cuda/plan/backward_source_bad_option", function() return m.rule {}:source { backward = true,
+             precision = "fp64" } end, "fp64")
   end
   -- every option at once: the GPU's general backward runs them all (no
   -- option sends a backward to the cpu any more), out_norm named as why not fused
