@@ -1,0 +1,98 @@
+"""ncu_lines.py: a generated kernel's stall samples by line of its source
+(and by the function that line is in), for tuning the fused kernels. Nsight
+Compute's CUDA source view of an NVRTC kernel has no metrics, so this joins
+its SASS view with nvdisasm's line table of the same CUBIN:
+  mnemo -e 'io.write(RULE:source{...})' > mnemo_rule.cu    (the kernel's source)
+  build the CUBIN of that source with the engine's options (-lineinfo)
+  nvdisasm -g -c KERNEL.cubin > KERNEL.sass
+  ncu --section SourceCounters -k regex:KERNEL -o REP <program>
+  ncu --import REP.ncu-rep --page source --csv --print-source sass > SASS.csv
+  python3 tests/bench/ncu_lines.py SASS.csv KERNEL.sass mnemo_rule.cu [N]
+The SASS of the CUBIN and of the profiled kernel must be the same (same
+source, options and NVRTC): the script counts the instructions whose
+opcodes differ and says so. Prints stall samples and instructions
+executed, in % of the kernel's, by function and by line (N lines, 30)."""
+import bisect
+import collections
+import csv
+import re
+import sys
+
+
+def line_table(path):
+    """offset -> (source line, opcode) from nvdisasm -g -c output."""
+    table, line = {}, None
+    for text in open(path):
+        m = re.search(r'//## File ".*", line (\d+)', text)
+        if m:
+            line = int(m.group(1))
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", text)
+        if m:
+            ins = m.group(2).split()
+            op = ins[1] if ins and ins[0].startswith("@") and len(ins) > 1 else (ins[0] if ins else "?")
+            table[int(m.group(1), 16)] = (line, op)
+    return table
+
+
+def samples(path):
+    """(address, opcode, stall samples, instructions executed) from ncu's SASS csv."""
+    rows = list(csv.reader(open(path, newline="")))
+    hi = next(i for i, r in enumerate(rows) if "Address" in r and "Source" in r)
+    head = rows[hi]
+    ia, isrc = head.index("Address"), head.index("Source")
+    isamp = next(i for i, c in enumerate(head) if c.startswith("Warp Stall Sampling (All"))
+    iex = head.index("Instructions Executed")
+    out = []
+    for r in rows[hi + 1:]:
+        try:
+            ins = r[isrc].split()
+            op = ins[1] if ins and ins[0].startswith("@") and len(ins) > 1 else (ins[0] if ins else "?")
+            out.append((int(r[ia], 16), op, float(r[isamp].replace(",", "")), float(r[iex].replace(",", "") or 0)))
+        except (ValueError, IndexError):
+            continue
+    return out
+
+
+def main():
+    if len(sys.argv) < 4:
+        sys.exit(__doc__)
+    table, data = line_table(sys.argv[2]), samples(sys.argv[1])
+    src = open(sys.argv[3]).read().split("\n")
+    n = int(sys.argv[4]) if len(sys.argv) > 4 else 30
+    if not data or not table:
+        sys.exit("ncu_lines: no instructions in %s or %s" % (sys.argv[1], sys.argv[2]))
+    base = min(a for a, _, _, _ in data)
+    differ = sum(1 for a, op, _, _ in data if a - base in table and table[a - base][1].split(".")[0] != op.split(".")[0])
+    if differ:
+        print("ncu_lines: %d of %d instructions differ from the CUBIN's: not the same kernel?" % (differ, len(data)))
+    stall, done = collections.Counter(), collections.Counter()
+    for a, _, s, e in data:
+        line = table.get(a - base, (None, ""))[0]
+        stall[line] += s
+        done[line] += e
+    total_s, total_e = sum(stall.values()) or 1.0, sum(done.values()) or 1.0
+    funcs = []
+    for i, text in enumerate(src, 1):
+        m = re.match(r"^(?:template.*)?(?:__device__|extern|static|inline|MN_DEVICE_FN).*?\b(mn_\w+)\s*\(", text)
+        if m:
+            funcs.append((i, m.group(1)))
+    starts = [f[0] for f in funcs]
+    fs, fe = collections.Counter(), collections.Counter()
+    for line, s in stall.items():
+        j = bisect.bisect_right(starts, line) - 1 if line else -1
+        name = funcs[j][1] if j >= 0 else "?"
+        fs[name] += s
+        fe[name] += done[line]
+    print("stall samples %d, instructions executed %d (warp level)" % (total_s, total_e))
+    print("stall%   exec%   function")
+    for name, s in fs.most_common(20):
+        print("%6.2f%% %6.2f%%  %s" % (100 * s / total_s, 100 * fe[name] / total_e, name))
+    print("stall%   exec%   line  source")
+    for line, s in stall.most_common(n):
+        text = src[line - 1].strip() if line and line <= len(src) else ""
+        print("%6.2f%% %6.2f%% %5s  %s" % (100 * s / total_s, 100 * done[line] / total_e, line, text[:110]))
+
+
+if __name__ == "__main__":
+    main()
