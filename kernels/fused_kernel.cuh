@@ -465,10 +465,18 @@ template <int N> __device__ void mn_block_sums(double *v)
 #pragma unroll
         for (int i = 0; i < N; i++) part[i][warp] = v[i];
     __syncthreads();
+    /* The warps' partials summed by a butterfly over each group of
+     * MN_FWARPS lanes (a power of two): at every stage a lane and its partner
+     * add the same two numbers, and addition commutes, so every thread ends
+     * with the same bits. Four shuffle stages for 16 warps rather than 16
+     * dependent adds in each thread (ncu on M1: this loop's line had 4.7% of
+     * the fused forward's stalls). */
+    static_assert((MN_FWARPS & (MN_FWARPS - 1)) == 0 && MN_FWARPS <= 32, "MN_FWARPS: a power of two up to 32");
 #pragma unroll
     for (int i = 0; i < N; i++) {
-        double t = 0.0;
-        for (int w = 0; w < MN_FWARPS; w++) t += part[i][w]; /* the same order in every thread */
+        double t = part[i][lane & (MN_FWARPS - 1)];
+#pragma unroll
+        for (int off = MN_FWARPS / 2; off > 0; off >>= 1) t += __shfl_xor_sync(0xffffffffu, t, off);
         v[i] = t;
     }
 }
