@@ -214,8 +214,8 @@ void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len)
                         "#define MN_PDH %d\n#define MN_FUSED_PAD %d\n#define MN_RULE_THREADS %d\n",
                         pl->rows, pl->threads, pl->pdk, pl->pdv, pl->pdh, PAD, pl->threads);
     /* an experiment's knob: the unroll of the products' K loops (1, 2, 4 or
-     * 8, fused_kernel.cuh's default); it trades NVRTC time and stack for
-     * overlap of the loads with the tensor cores */
+     * 8) in place of fused_kernel.cuh's measured defaults; it trades NVRTC
+     * time and stack for overlap of the loads with the tensor cores */
     const char *ku = getenv("MNEMO_FUSED_KUNROLL");
     if (used > 0 && (size_t)used < len && ku &&
         (!strcmp(ku, "1") || !strcmp(ku, "2") || !strcmp(ku, "4") || !strcmp(ku, "8")))
