@@ -348,11 +348,10 @@ static mn_expr *part_expr(const mn_rule *r, const mn_part_set *set, int value, m
     if (!part->expr) return NULL;
     mn_expr *e;
     if (mn_expr_parse(part->expr, &e) != MN_OK) return NULL; /* a bad row: test_rule_table catches it */
-    if (part->param == MN_PARAM_NONE || open) return e;
-    const part_param *pp = &part_params[part->param];
-    const char *names[1] = {pp->name};
-    double values[1] = {*(const double *)((const char *)r + pp->offset)};
-    mn_expr *bound = mn_expr_bind(e, names, values, 1);
+    const char *name = NULL;
+    double param_value = 0;
+    if (open || mn_rule_part_param(r, set, value, &name, &param_value) == MN_PARAM_NONE) return e;
+    mn_expr *bound = mn_expr_bind(e, &name, &param_value, 1);
     mn_expr_unref(e);
     return bound;
 }
