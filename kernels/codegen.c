@@ -89,10 +89,13 @@ static void put_comment_expr(text *t, const char *label, mn_expr *e)
 
 static bool binds_into_source(double value) { return value == 0.0 || value == 1.0 || value == -1.0; }
 
-/* The constants one hook may read: the selected part's parameter, or, for a
- * custom part, the rule's named constants; each with its slot in mn_rule_k. */
+/* The constants one hook may read: the selected part's parameter (param,
+ * the part list's what: "loss", "clip"), or, for a custom part, the rule's
+ * named constants; each with its slot in mn_rule_k. */
 typedef struct {
     int n;
+    bool param;
+    const char *what;
     const char *name[MN_MAX_CONSTS];
     int slot[MN_MAX_CONSTS];
     double value[MN_MAX_CONSTS];
@@ -101,12 +104,14 @@ typedef struct {
 static void hook_consts_of(const mn_rule *r, const mn_part_set *set, int choice, hook_consts *hc)
 {
     hc->n = 0;
+    hc->what = set->what;
     const char *pname = NULL;
     double pvalue = 0;
     mn_part_param pp = mn_rule_part_param(r, set, choice, &pname, &pvalue);
-    if (pp != MN_PARAM_NONE) {
+    hc->param = pp != MN_PARAM_NONE;
+    if (hc->param) {
         hc->name[0] = pname;
-        hc->slot[0] = (int)pp - 1;
+        hc->slot[0] = MN_PARAM_SLOT(pp);
         hc->value[0] = pvalue;
         hc->n = 1;
         return;
@@ -115,7 +120,7 @@ static void hook_consts_of(const mn_rule *r, const mn_part_set *set, int choice,
     if (!part || !(part->flags & MN_PART_CUSTOM)) return;
     for (int i = 0; i < r->nconsts; i++) {
         hc->name[hc->n] = r->const_names[i];
-        hc->slot[hc->n] = MN_RULE_PARAM_SLOTS + i;
+        hc->slot[hc->n] = MN_CONST_SLOT(i);
         hc->value[hc->n++] = r->const_values[i];
     }
 }
@@ -128,9 +133,9 @@ void mn_cuda_rule_constants(const mn_rule *r, mn_rule_constants *k)
     for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) {
         double v = 0;
         mn_part_param pp = mn_rule_part_param(r, parts[i].set, parts[i].choice, NULL, &v);
-        if (pp != MN_PARAM_NONE) k->d[(int)pp - 1] = v;
+        if (pp != MN_PARAM_NONE) k->d[MN_PARAM_SLOT(pp)] = v;
     }
-    for (int i = 0; i < r->nconsts && i < MN_MAX_CONSTS; i++) k->d[MN_RULE_PARAM_SLOTS + i] = r->const_values[i];
+    for (int i = 0; i < r->nconsts && i < MN_MAX_CONSTS; i++) k->d[MN_CONST_SLOT(i)] = r->const_values[i];
     for (int i = 0; i < MN_RULE_CONSTANT_SLOTS; i++) k->f[i] = (float)k->d[i];
 }
 
@@ -281,16 +286,21 @@ static mn_status put_grad_hooks(text *t, const mn_rule *r, rule_consts *rc)
     return MN_OK;
 }
 
-/* What a slot holds, for the source's comment. */
-static void put_slot_name(text *t, const mn_rule *r, int slot)
+/* What a slot holds, for the source's comment: the hooks' own names for it. */
+static void put_slot_name(text *t, const rule_consts *rc, int slot)
 {
-    static const char *const fields[] = {"huber's delta (loss_delta)", "lp's p (loss_p)", "the clip's m (clip_max)"};
-    if (slot < MN_RULE_PARAM_SLOTS) putf(t, " *   %d: %s\n", slot, fields[slot]);
-    else putf(t, " *   %d: the rule's constant %s\n", slot, r->const_names[slot - MN_RULE_PARAM_SLOTS]);
+    const hook_consts *parts[] = {&rc->loss, &rc->act, &rc->clip};
+    for (size_t p = 0; p < sizeof parts / sizeof *parts; p++)
+        for (int j = 0; j < parts[p]->n; j++)
+            if (parts[p]->slot[j] == slot) {
+                if (parts[p]->param) putf(t, " *   %d: the %s's parameter %s\n", slot, parts[p]->what, parts[p]->name[j]);
+                else putf(t, " *   %d: the rule's constant %s\n", slot, parts[p]->name[j]);
+                return;
+            }
 }
 
 /* The device copy of the constants and its setter, where a hook reads one. */
-static void put_constants_block(text *t, const mn_rule *r, const rule_consts *rc)
+static void put_constants_block(text *t, const rule_consts *rc)
 {
     bool any = false;
     for (int i = 0; i < MN_RULE_CONSTANT_SLOTS; i++) any |= rc->used[i];
@@ -299,7 +309,7 @@ static void put_constants_block(text *t, const mn_rule *r, const rule_consts *rc
            " * launches " MN_SET_CONSTANTS_KERNEL " with their values before each run, so that\n"
            " * this source serves every value. Slots read here:\n");
     for (int i = 0; i < MN_RULE_CONSTANT_SLOTS; i++)
-        if (rc->used[i]) put_slot_name(t, r, i);
+        if (rc->used[i]) put_slot_name(t, rc, i);
     put(t, " */\n");
     putf(t, "struct mn_rule_constants { double d[%d]; float f[%d]; };\n", MN_RULE_CONSTANT_SLOTS,
          MN_RULE_CONSTANT_SLOTS);
@@ -382,7 +392,7 @@ static mn_status build(text *t, const mn_rule *r, const mn_dims *d, mn_precision
     if (hs == MN_OK && grad) hs = put_grad_hooks(&hooks, r, &rc);
     if (hs == MN_OK && hooks.failed) hs = mn_fail(MN_ERR_OOM, "cuda source: out of memory");
     if (hs == MN_OK) {
-        put_constants_block(t, r, &rc);
+        put_constants_block(t, &rc);
         put(t, hooks.s);
     }
     free(hooks.s);

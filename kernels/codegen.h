@@ -41,6 +41,8 @@ char *mn_cuda_grad_source_for(const mn_rule *r, const mn_dims *d, mn_precision p
  * -1 are bound into the source instead (kernels/codegen.c says why). */
 #define MN_RULE_PARAM_SLOTS (MN_PARAM_COUNT - 1)
 #define MN_RULE_CONSTANT_SLOTS (MN_RULE_PARAM_SLOTS + MN_MAX_CONSTS)
+#define MN_PARAM_SLOT(param) ((int)(param) - 1)          /* param: an mn_part_param other than NONE */
+#define MN_CONST_SLOT(i) (MN_RULE_PARAM_SLOTS + (i))     /* the rule's constant i */
 typedef struct mn_rule_constants {
     double d[MN_RULE_CONSTANT_SLOTS];
     float f[MN_RULE_CONSTANT_SLOTS];
