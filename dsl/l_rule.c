@@ -17,7 +17,6 @@
 #include "../kernels/codegen.h"
 #include "../kernels/cuda.h"
 #include "../kernels/plan.h"
-#include "../kernels/grad_large.h"
 #endif
 
 #include <stdio.h>
@@ -420,9 +419,7 @@ static int rule_source(lua_State *L)
         if (!mn_cuda_backward_covers(r, why, sizeof why))
             return luaL_error(L, "source: the backward of this rule runs on the cpu (%s)", why);
         if (mn_cuda_plan_backward(r, &d, prec, mn_cuda_arch(), mn_cuda_smem_optin(), &pl) != MN_OK) return l_raise(L);
-        src = pl.path == MN_PATH_FUSED   ? mn_cuda_fused_grad_source(r, &d, prec, &pl)
-              : pl.path == MN_PATH_LARGE ? mn_cuda_large_grad_source(r, &d, prec)
-                                         : mn_cuda_grad_source(r, &d);
+        src = mn_cuda_plan_backward_source(r, &d, prec, &pl);
     } else {
         if (mn_cuda_plan_rule(r, &d, prec, 1, mn_cuda_arch(), mn_cuda_smem_optin(), &pl) != MN_OK) return l_raise(L);
         src = mn_cuda_plan_source(r, &d, prec, &pl);

@@ -2,6 +2,7 @@
 #include "plan.h"
 #include "codegen.h"
 #include "engine_large.h"
+#include "grad_large.h"
 #include "rule_kernel.cuh" /* its first part is C: the workspace layout, and param_layout.h */
 
 #include <stdio.h>
@@ -359,6 +360,13 @@ char *mn_cuda_fused_grad_source(const mn_rule *r, const mn_dims *d, mn_precision
     snprintf(defs + used, sizeof defs - used, "#define MN_GRAD_SOURCE 1\n#define MN_FUSED_GRAD 1\n%s",
              getenv("MNEMO_FG_PROFILE") ? "#define MN_FG_PROFILE 1\n" : "");
     return mn_cuda_grad_source_for(r, d, p, parts, defs);
+}
+
+char *mn_cuda_plan_backward_source(const mn_rule *r, const mn_dims *d, mn_precision p, const mn_cuda_plan *pl)
+{
+    if (pl->path == MN_PATH_FUSED) return mn_cuda_fused_grad_source(r, d, p, pl);
+    if (pl->path == MN_PATH_LARGE) return mn_cuda_large_grad_source(r, d, p);
+    return mn_cuda_grad_source(r, d);
 }
 
 /* Appends "what: its backward runs on the cpu" to the "; "-separated list in why. */

@@ -85,6 +85,10 @@ long mn_fused_padded_floats(const mn_rule *r, const mn_dims *d);
 /* The fused backward's CUDA source for the plan (caller frees; NULL with
  * the error set). */
 char *mn_cuda_fused_grad_source(const mn_rule *r, const mn_dims *d, mn_precision p, const mn_cuda_plan *pl);
+/* The source of the backward that plan (mn_cuda_plan_backward's) names:
+ * fused, large or general, as mn_cuda_plan_source gives the forward's
+ * (caller frees; NULL with the error set). */
+char *mn_cuda_plan_backward_source(const mn_rule *r, const mn_dims *d, mn_precision p, const mn_cuda_plan *pl);
 #define MN_FUSED_GRAD_KERNEL_NAME "mn_fused_grad_kernel"
 
 /* Whether the backward of a run (SPEC.md section 7) of this rule runs on
