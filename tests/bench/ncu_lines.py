@@ -14,9 +14,12 @@ opcodes differ and says so. Prints stall samples and instructions
 executed, in % of the kernel's, by function and by line (N lines, 30)."""
 import bisect
 import collections
-import csv
+import os
 import re
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ncu_top import opcode, sass_rows  # noqa: E402  (ncu's SASS csv, read once)
 
 
 def line_table(path):
@@ -29,35 +32,15 @@ def line_table(path):
             continue
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", text)
         if m:
-            ins = m.group(2).split()
-            op = ins[1] if ins and ins[0].startswith("@") and len(ins) > 1 else (ins[0] if ins else "?")
-            table[int(m.group(1), 16)] = (line, op)
+            table[int(m.group(1), 16)] = (line, opcode(m.group(2)))
     return table
-
-
-def samples(path):
-    """(address, opcode, stall samples, instructions executed) from ncu's SASS csv."""
-    rows = list(csv.reader(open(path, newline="")))
-    hi = next(i for i, r in enumerate(rows) if "Address" in r and "Source" in r)
-    head = rows[hi]
-    ia, isrc = head.index("Address"), head.index("Source")
-    isamp = next(i for i, c in enumerate(head) if c.startswith("Warp Stall Sampling (All"))
-    iex = head.index("Instructions Executed")
-    out = []
-    for r in rows[hi + 1:]:
-        try:
-            ins = r[isrc].split()
-            op = ins[1] if ins and ins[0].startswith("@") and len(ins) > 1 else (ins[0] if ins else "?")
-            out.append((int(r[ia], 16), op, float(r[isamp].replace(",", "")), float(r[iex].replace(",", "") or 0)))
-        except (ValueError, IndexError):
-            continue
-    return out
 
 
 def main():
     if len(sys.argv) < 4:
         sys.exit(__doc__)
-    table, data = line_table(sys.argv[2]), samples(sys.argv[1])
+    table = line_table(sys.argv[2])
+    data = [(int(a, 16), opcode(t), s, e) for s, a, t, e in sass_rows(sys.argv[1])]
     src = open(sys.argv[3]).read().split("\n")
     n = int(sys.argv[4]) if len(sys.argv) > 4 else 30
     if not data or not table:
