@@ -58,7 +58,7 @@ static void set_dim3(lua_State *L, const char *key, const unsigned v[3])
 
 /* The fields of one kernel into the table on top of the stack. Sizes ptxas
  * did not report stay nil. */
-static void put_kernel(lua_State *L, const mn_kernel_info *k, long long grid)
+static void put_kernel(lua_State *L, const mn_kernel_info *k, long long grid, int cluster)
 {
     set_str(L, "name", k->name);
     if (k->registers >= 0) set_int(L, "registers", k->registers);
@@ -76,8 +76,13 @@ static void put_kernel(lua_State *L, const mn_kernel_info *k, long long grid)
     set_int(L, "max_warps_per_sm", k->max_warps_per_sm);
     set_num(L, "fraction", k->occupancy);
     set_int(L, "sms", k->sms);
-    /* a persistent block per memory: B*H blocks fill the GPU in waves */
+    /* a persistent block per memory: B*H blocks fill the GPU in waves; a
+     * cluster kernel's wave is the clusters resident at once */
     long long per_wave = (long long)k->blocks_per_sm * k->sms;
+    if (k->active_clusters > 0) {
+        set_int(L, "clusters", k->active_clusters);
+        per_wave = (long long)k->active_clusters * cluster;
+    }
     if (per_wave > 0) set_int(L, "waves", (grid + per_wave - 1) / per_wave);
     lua_setfield(L, -2, "occupancy");
     lua_createtable(L, 0, 4);
@@ -139,10 +144,12 @@ static int kernel_info_tostring(lua_State *L)
     lua_getfield(L, 1, "cached");
     bool cached = lua_toboolean(L, -1);
     lua_pop(L, 2);
-    long long grid = field_int(L, 1, "grid");
-    ADD("rule kernels for sm_%lld (dk %lld, dv %lld, %s; %lld block%s = B*H): %scompiled in %.0f ms",
+    long long grid = field_int(L, 1, "grid"), cluster = field_int(L, 1, "cluster");
+    char per[48] = "B*H";
+    if (cluster > 1) snprintf(per, sizeof per, "B*H x a cluster of %lld", cluster);
+    ADD("rule kernels for sm_%lld (dk %lld, dv %lld, %s; %lld block%s = %s): %scompiled in %.0f ms",
         field_int(L, 1, "arch"), field_int(L, 1, "dk"), field_int(L, 1, "dv"), field_str(L, 1, "precision", "?"),
-        grid, grid == 1 ? "" : "s", cached ? "cached, " : "", ms);
+        grid, grid == 1 ? "" : "s", per, cached ? "cached, " : "", ms);
     ADD("\n%-22s %5s %7s %7s %7s %7s %6s %6s  %s", "kernel", "regs", "smem B", "stack B", "spill>", "spill<", "bounds",
         "block", "occupancy");
     lua_getfield(L, 1, "kernels");
@@ -157,6 +164,14 @@ static int kernel_info_tostring(lua_State *L)
             snprintf(occ, sizeof occ, "%lld blocks/SM, %.0f%% of warps", (long long)lua_tointeger(L, -2),
                      100.0 * lua_tonumber(L, -1));
             lua_pop(L, 2);
+            if (lua_getfield(L, -1, "clusters") == LUA_TNUMBER) { /* and the waves they make */
+                size_t used = strlen(occ);
+                lua_getfield(L, -2, "waves");
+                snprintf(occ + used, sizeof occ - used, "; %lld clusters at once, %lld waves",
+                         (long long)lua_tointeger(L, -2), (long long)lua_tointeger(L, -1));
+                lua_pop(L, 1);
+            }
+            lua_pop(L, 1);
         }
         lua_pop(L, 1);
         ADD("\n%-22s %5s %7s %7s %7s %7s %6s %6s  %s", field_str(L, k, "name", "?"),
@@ -286,6 +301,7 @@ int l_rule_plan(lua_State *L, const mn_rule *r, int opts)
     set_int(L, "memories", d.B * d.H);
     if (pl.path == MN_PATH_FUSED) {
         set_int(L, "rows", pl.rows);
+        set_int(L, "cluster", pl.cluster);
         set_int(L, "threads", pl.threads);
         set_int(L, "smem_bytes", pl.smem_bytes);
         set_str(L, "kernel", MN_FUSED_STEP_KERNEL);
@@ -335,11 +351,13 @@ int l_rule_kernel_info(lua_State *L, const mn_rule *r, int opts)
     mn_kernel_set kset, *set = &kset;
     if (mn_cuda_rule_kernel_info(r, &d, prec, arch, set) != MN_OK)
         return luaL_error(L, "kernel_info: %s", mn_last_error());
-    /* the step kernel at the top (a run spends its time there), all in kernels */
-    long long grid = d.B * d.H;
+    /* the step kernel at the top (a run spends its time there), all in kernels;
+     * a block per memory, or a cluster of them */
+    int cluster = set->cluster > 1 ? set->cluster : 1;
+    long long grid = d.B * d.H * cluster;
     lua_createtable(L, 0, 24);
     for (int i = 0; i < set->n; i++)
-        if (!strcmp(set->k[i].name, set->step_kernel)) put_kernel(L, &set->k[i], grid);
+        if (!strcmp(set->k[i].name, set->step_kernel)) put_kernel(L, &set->k[i], grid, cluster);
     set_str(L, "path", set->path);
     set_int(L, "arch", set->arch);
     set_num(L, "compile_ms", set->compile_ms);
@@ -350,6 +368,7 @@ int l_rule_kernel_info(lua_State *L, const mn_rule *r, int opts)
     set_int(L, "dv", d.dv);
     if (r->layers > 1) set_int(L, "hidden", d.dh);
     set_int(L, "grid", grid);
+    set_int(L, "cluster", cluster);
     set_str(L, "precision", mn_precision_name(prec));
     lua_createtable(L, set->n, 0);
     int at = 1;
@@ -357,7 +376,7 @@ int l_rule_kernel_info(lua_State *L, const mn_rule *r, int opts)
         for (int i = 0; i < set->n; i++) {
             if ((strcmp(set->k[i].name, set->step_kernel) == 0) != (pass == 0)) continue;
             lua_createtable(L, 0, 12);
-            put_kernel(L, &set->k[i], grid);
+            put_kernel(L, &set->k[i], grid, cluster);
             lua_rawseti(L, -2, at++);
         }
     lua_setfield(L, -2, "kernels");

@@ -57,7 +57,7 @@ static mn_status rule_module(const mn_rule *r, const mn_dims *d, mn_precision p,
 
 /* ---- inspection: attributes and occupancy of a rule's kernels ---- */
 
-static mn_status kernel_occupancy(cudaKernel_t kernel, int threads, long smem, mn_kernel_info *k)
+static mn_status kernel_occupancy(cudaKernel_t kernel, int threads, long smem, int cluster, mn_kernel_info *k)
 {
     /* a cudaKernel_t passes for a function symbol in these two calls */
     struct cudaFuncAttributes fa;
@@ -76,6 +76,15 @@ static mn_status kernel_occupancy(cudaKernel_t kernel, int threads, long smem, m
     k->max_warps_per_sm = threads_per_sm / 32;
     k->occupancy = k->max_warps_per_sm > 0 ? (double)k->warps_per_sm / k->max_warps_per_sm : 0.0;
     k->sms = mn_cuda_sm_count();
+    k->active_clusters = 0;
+    if (cluster > 1) {
+        /* a cluster's blocks share a GPC: fewer than sms / cluster may fit at once */
+        cudaLaunchConfig_t cfg = {0};
+        cfg.gridDim = (dim3){(unsigned)cluster, 1, 1};
+        cfg.blockDim = (dim3){(unsigned)threads, 1, 1};
+        cfg.dynamicSmemBytes = (size_t)smem;
+        MN_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&k->active_clusters, (const void *)kernel, &cfg));
+    }
     return MN_OK;
 }
 
@@ -93,7 +102,8 @@ mn_status mn_cuda_rule_kernel_occupancy(const mn_rule *r, const mn_dims *d, mn_p
         {MN_FUSED_STEP_KERNEL, pl.path == MN_PATH_FUSED ? m->k[K_STEP] : NULL, pl.threads, pl.smem_bytes}};
     for (size_t i = 0; i < sizeof ks / sizeof *ks; i++) {
         mn_kernel_info *k = mn_kernel_set_find(set, ks[i].name);
-        if (k && ks[i].k) MN_TRY(kernel_occupancy(ks[i].k, ks[i].threads, ks[i].smem, k));
+        int cluster = i == 2 && pl.cluster > 1 ? pl.cluster : 1;
+        if (k && ks[i].k) MN_TRY(kernel_occupancy(ks[i].k, ks[i].threads, ks[i].smem, cluster, k));
     }
     return MN_OK;
 }
@@ -178,7 +188,7 @@ static mn_status prepare(const mn_memory_state *st, int64_t memories, const mn_c
 {
     const mn_rule *r = &st->rule;
     const mn_dims *d = &st->dims;
-    if (memories > 2147483647LL)
+    if (memories * (pl && pl->cluster > 1 ? pl->cluster : 1) > 2147483647LL)
         return mn_fail(MN_ERR_UNSUPPORTED, "cuda engine: %lld memories (B x H) exceed one launch's grid",
                        (long long)memories);
     memset(a, 0, sizeof *a);
@@ -208,8 +218,19 @@ static mn_status prepare(const mn_memory_state *st, int64_t memories, const mn_c
         a->ln_b = f32(&st->outer[1]);
         mn_rule_layout_out_norm(&lo, d->dv, mn_rule_chunk_rows(r->step));
     }
-    a->work_floats = pl && pl->path == MN_PATH_FUSED ? mn_fused_work_floats(r, d) : lo.total;
-    *work_bytes = sizeof(float) * (size_t)a->work_floats * (size_t)memories;
+    /* the fused kernel's workspace is a block's: in a cluster, of its slice */
+    int64_t blocks = memories;
+    if (pl && pl->path == MN_PATH_FUSED) {
+        mn_dims slice = *d;
+        if (pl->cluster > 1) {
+            slice.dh = d->dh / pl->cluster;
+            blocks *= pl->cluster;
+        }
+        a->work_floats = mn_fused_work_floats(r, &slice);
+    } else {
+        a->work_floats = lo.total;
+    }
+    *work_bytes = sizeof(float) * (size_t)a->work_floats * (size_t)blocks;
     return mn_cuda_alloc(*work_bytes, work);
 }
 
@@ -220,9 +241,10 @@ static mn_status prepare(const mn_memory_state *st, int64_t memories, const mn_c
  * run. With profiling on, events either side time it (the wait is there
  * anyway). */
 static mn_status launch(const mn_cuda_module *m, cudaKernel_t kernel, const char *kname, int threads, long smem,
-                        int64_t memories, mn_rule_kargs *a)
+                        int64_t blocks, mn_rule_kargs *a)
 {
-    dim3 grid = {(unsigned)memories, 1, 1}, block = {(unsigned)threads, 1, 1};
+    /* a cluster kernel's cluster size is compiled in (__cluster_dims__): blocks is a multiple of it */
+    dim3 grid = {(unsigned)blocks, 1, 1}, block = {(unsigned)threads, 1, 1};
     void *args[1] = {a};
     cudaStream_t stream = (cudaStream_t)mn_cuda_get_stream();
     enum cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -327,7 +349,8 @@ static mn_status cuda_segment_run(mn_memory_state *st, const mn_segment_inputs *
     }
     if (s == MN_OK)
         s = pl.path == MN_PATH_FUSED
-                ? launch(mod, mod->k[K_STEP], MN_FUSED_STEP_KERNEL, pl.threads, pl.smem_bytes, memories, &a)
+                ? launch(mod, mod->k[K_STEP], MN_FUSED_STEP_KERNEL, pl.threads, pl.smem_bytes,
+                         memories * (pl.cluster > 1 ? pl.cluster : 1), &a)
                 : launch(mod, mod->k[K_STEP], MN_RULE_STEP_KERNEL, MN_RULE_THREADS, 0, memories, &a);
     if (ns_work) mn_cuda_free(ns_work, ns_bytes);
     mn_cuda_free(work, work_bytes);

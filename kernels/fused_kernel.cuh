@@ -42,6 +42,29 @@
 #define MN_LDH (MN_PDH + MN_FUSED_PAD)
 #define MN_LDV (MN_PDV + MN_FUSED_PAD)
 #define MN_P_AT_W (MN_REFRESH == MN_STEP) /* the gradient point is always the current W */
+
+/* A memory over a cluster (sm_90): where a 2-layer memory's weights do not
+ * fit one block's shared memory, kernels/plan.c splits it by hidden units
+ * over a cluster of MN_CLUSTER blocks. Block rank c holds rows c Hs .. (c +
+ * 1) Hs - 1 of W1 and b1 and the same columns of W2 (Hs = MN_DH_FULL /
+ * MN_CLUSTER), so everything below that is shaped by MN_DH is the slice's:
+ * the first layer and the activation are whole in each block, the output
+ * layer's product is a partial sum over the block's hidden units, summed
+ * across the cluster through distributed shared memory (mn_cl_rows_reduce),
+ * as are the gradient's and the weights' squared norms (mn_cl_sums). b2,
+ * the residual and every output to global memory belong to rank 0. Only
+ * the global tensors (W, S, the anchor: mn_memory_params, before this
+ * point) keep the whole hidden width. */
+#ifndef MN_CLUSTER
+#define MN_CLUSTER 1
+#endif
+#if MN_CLUSTER > 1
+static_assert(MN_LAYERS == 2 && !MN_PRECOND && !MN_OUT_NORM && !MN_GLU, "a cluster splits a plain 2-layer memory");
+static_assert(MN_DH_FULL % MN_CLUSTER == 0, "whole slices");
+#undef MN_DH
+#define MN_DH (MN_DH_FULL / MN_CLUSTER)
+#endif
+#define MN_MEMORY ((long long)(blockIdx.x / MN_CLUSTER)) /* the memory this block works on */
 /* every parameter's rows (and sizes) a multiple of 4 floats: the update goes by float4 */
 #define MN_VEC4 (MN_DK % 4 == 0 && MN_DV % 4 == 0 && (MN_LAYERS == 1 || MN_DH % 4 == 0))
 
@@ -132,6 +155,76 @@ __device__ __forceinline__ void mn_mma_bf16(float *c, unsigned a0, unsigned a1, 
 }
 
 #endif /* !MN_EMULATED */
+
+#if MN_CLUSTER > 1
+/* ---- the cluster: rank, barrier, loads from a peer block's shared memory ---- */
+__device__ __forceinline__ unsigned mn_cl_rank()
+{
+    unsigned r;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+/* Every thread of every block of the cluster: the writes to shared memory
+ * before it are seen by the loads after it, in any block. */
+__device__ __forceinline__ void mn_cl_sync()
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+/* p (in this block's shared memory) in block rank's, as ld.shared::cluster takes it */
+__device__ __forceinline__ unsigned mn_cl_addr(const void *p, unsigned rank)
+{
+    unsigned local, remote;
+    asm("{ .reg .u64 t;\n\tcvta.to.shared.u64 t, %1;\n\tcvt.u32.u64 %0, t; }" : "=r"(local) : "l"(p));
+    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    return remote;
+}
+
+__device__ __forceinline__ float mn_cl_load(const float *p, unsigned rank)
+{
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(mn_cl_addr(p, rank)) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ float2 mn_cl_load2(const float *p, unsigned rank)
+{
+    float2 v;
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(mn_cl_addr(p, rank))
+                 : "memory");
+    return v;
+}
+
+__device__ __forceinline__ double mn_cl_loadd(const double *p, unsigned rank)
+{
+    double v;
+    asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(mn_cl_addr(p, rank)) : "memory");
+    return v;
+}
+#define MN_CL_LEAD (mn_cl_rank() == 0)
+#else
+#define MN_CL_LEAD true
+#endif
+
+/* Element e (flat, in the block's slice) of parameter p, as an offset into
+ * the memory's global tensor once mn_cl_params has moved its pointer to the
+ * slice: W2's slice is columns, so its rows are MN_DH_FULL apart there. */
+__device__ __forceinline__ int mn_gel(int p, int e)
+{
+#if MN_CLUSTER > 1
+    if (p == MN_PER) return (e / MN_DH) * MN_DH_FULL + e % MN_DH;
+#endif
+    (void)p;
+    return e;
+}
+
+/* Whether this block updates (and counts in the norms) parameter p: in a
+ * cluster, b2 is rank 0's. */
+__device__ __forceinline__ bool mn_owns(int p, bool lead)
+{
+    return MN_CLUSTER == 1 || !MN_BIAS || p != MN_PER + 1 || lead;
+}
 
 /* Elements (i, j) and (i, j + 1) of a row-major matrix with leading
  * dimension ld (one 8-byte load), or of its transpose (two loads); four
@@ -314,6 +407,77 @@ __device__ __forceinline__ void mn_rows_store(float *dst, const float (&x)[MN_NX
     }
 }
 
+#if MN_CLUSTER > 1
+/* The chunk's output rows from the cluster's partial sums, each block's in
+ * its y buffer: summed in rank order (so every block gets the same bits)
+ * and handed to epi_y pair by pair, as mn_gemm's epilogue would hand them.
+ * The first barrier publishes the parts, the second keeps every block's
+ * buffer until all have read it (epi_y may write there). */
+template <class EpiY> __device__ __forceinline__ void mn_cl_rows_reduce(const float *y, EpiY epi_y)
+{
+    constexpr int PAIRS = MN_FR * MN_PDV / 2, NP = (PAIRS + MN_FT - 1) / MN_FT;
+    float2 sum[NP];
+    mn_cl_sync();
+#pragma unroll
+    for (int u = 0; u < NP; u++) {
+        const int e = threadIdx.x + u * MN_FT, r = e / (MN_PDV / 2), j = 2 * (e % (MN_PDV / 2));
+        if (e >= PAIRS) break;
+        float2 t = mn_cl_load2(y + r * MN_LDV + j, 0);
+#pragma unroll
+        for (unsigned c = 1; c < MN_CLUSTER; c++) {
+            const float2 o = mn_cl_load2(y + r * MN_LDV + j, c);
+            t.x += o.x, t.y += o.y;
+        }
+        sum[u] = t;
+    }
+    mn_cl_sync();
+#pragma unroll
+    for (int u = 0; u < NP; u++) {
+        const int e = threadIdx.x + u * MN_FT, r = e / (MN_PDV / 2), j = 2 * (e % (MN_PDV / 2));
+        if (e >= PAIRS) break;
+        epi_y(r, j, sum[u].x, sum[u].y);
+    }
+}
+#endif
+
+/* Sums of v[0..n) over the cluster (every thread holds its block's, as
+ * mn_block_sums leaves them), into v for every thread; in rank order, so
+ * every block gets the same bits. Nothing without a cluster. */
+template <int N> __device__ __forceinline__ void mn_cl_sums(double *v)
+{
+#if MN_CLUSTER > 1
+    __shared__ double mine[N];
+    if (threadIdx.x == 0)
+#pragma unroll
+        for (int i = 0; i < N; i++) mine[i] = v[i];
+    mn_cl_sync();
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        double t = mn_cl_loadd(&mine[i], 0);
+#pragma unroll
+        for (unsigned c = 1; c < MN_CLUSTER; c++) t += mn_cl_loadd(&mine[i], c);
+        v[i] = t;
+    }
+    mn_cl_sync(); /* every block has read mine before it changes */
+#else
+    (void)v;
+#endif
+}
+
+/* The memory's global parameter pointers (mn_memory_params) moved to this
+ * block's slice: W1's and b1's rows, W2's columns (mn_gel). */
+__device__ __forceinline__ void mn_cl_params(float **p)
+{
+#if MN_CLUSTER > 1
+    const long long c = mn_cl_rank();
+    p[0] += c * MN_DH * MN_DK;
+    if (MN_BIAS) p[1] += c * MN_DH;
+    p[MN_PER] += c * MN_DH;
+#else
+    (void)p;
+#endif
+}
+
 /* y = M(x; P) for the chunk in fb.x (cr real rows): z and h kept (hidden
  * layer), y element (r, j) handed to epi_y with the bias (and residual)
  * added; with out_norm, o (the bias added, not the residual: the callers
@@ -349,14 +513,22 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
     /* the output layer: its input (h, or x for a linear memory) has the
      * leading dimension of the layer's padded weights */
     constexpr int OUT = MN_LAYERS - 1;
+    const bool lead = MN_CL_LEAD; /* in a cluster, b2 and the residual are added once, by rank 0 */
     mn_gemm<MN_FR, MN_PDV, MN_LPIN(OUT), false, false>(MN_LAYERS == 2 ? fb.h : fb.x, MN_LLD(OUT), P.w[OUT],
                                                         MN_LLD(OUT), [&](int r, int j, float a0, float a1) {
         float y0 = a0, y1 = a1;
-        if (MN_BIAS) y0 += P.b[OUT][j], y1 += P.b[OUT][j + 1];
+        if (MN_BIAS && lead) y0 += P.b[OUT][j], y1 += P.b[OUT][j + 1];
         /* with out_norm the residual comes after the norm (mn_fused_norm_row's callers) */
-        if (MN_RESIDUAL && !MN_OUT_NORM) y0 += fb.x[r * MN_LDK + j], y1 += fb.x[r * MN_LDK + j + 1];
+        if (MN_RESIDUAL && !MN_OUT_NORM && lead) y0 += fb.x[r * MN_LDK + j], y1 += fb.x[r * MN_LDK + j + 1];
+#if MN_CLUSTER > 1
+        *reinterpret_cast<float2 *>(fb.y + r * MN_LDV + j) = make_float2(y0, y1); /* this block's part */
+#else
         epi_y(r, j, y0, y1);
+#endif
     });
+#if MN_CLUSTER > 1
+    mn_cl_rows_reduce(fb.y, epi_y);
+#endif
     __syncthreads();
 }
 
@@ -382,7 +554,8 @@ __device__ void mn_fused_norm_rows(const mn_fbuf &fb, int rows, const float *ln_
 
 /* y_row = M(x_row; P) for one row, on the CUDA cores (the last token of a
  * step under retrieve = after). x_row is in shared memory (dk floats), out
- * in global memory. Each output is a dot product split over a group of
+ * in global memory. bias and x_res may be null: none added (a cluster's
+ * ranks but 0). Each output is a dot product split over a group of
  * lanes (a power of two, up to a warp) and summed by shuffles, so a layer of
  * few outputs still keeps every thread busy. */
 template <int NI, int NO>
@@ -402,9 +575,9 @@ __device__ __forceinline__ void mn_row_layer(const float *w, int ld, const float
 #pragma unroll
         for (int off = GS / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off, GS);
         if (o < NO && lane == 0) {
-            if (MN_BIAS) acc += bias[o];
+            if (MN_BIAS && bias) acc += bias[o];
             if (last) {
-                if (MN_RESIDUAL && !MN_OUT_NORM) acc += x_res[o];
+                if (MN_RESIDUAL && !MN_OUT_NORM && x_res) acc += x_res[o];
                 out[o] = acc;
             } else {
                 out[o] = mn_hook_act(acc);
@@ -422,7 +595,22 @@ __device__ void mn_fused_row(const mn_pset &P, const mn_fbuf &fb, const float *x
     float *o = out;
     (void)ln_g, (void)ln_b;
 #endif
-#if MN_LAYERS == 2
+#if MN_LAYERS == 2 && MN_CLUSTER > 1
+    /* each block's part of the output into fb.ys, summed over the cluster by rank 0 */
+    const bool lead = MN_CL_LEAD;
+    mn_row_layer<MN_DK, MN_DH>(P.w[0], MN_LLD(0), P.b[0], x_row, false, x_row, fb.hs);
+    __syncthreads();
+    mn_row_layer<MN_DH, MN_DV>(P.w[1], MN_LLD(1), lead ? P.b[1] : 0, fb.hs, true, lead ? x_row : 0, fb.ys);
+    mn_cl_sync();
+    if (lead)
+        for (int j = threadIdx.x; j < MN_DV; j += MN_FT) {
+            float t = mn_cl_load(fb.ys + j, 0);
+#pragma unroll
+            for (unsigned c = 1; c < MN_CLUSTER; c++) t += mn_cl_load(fb.ys + j, c);
+            o[j] = t;
+        }
+    mn_cl_sync();
+#elif MN_LAYERS == 2
     mn_row_layer<MN_DK, MN_DH>(P.w[0], MN_LLD(0), P.b[0], x_row, false, x_row, fb.hs);
     __syncthreads();
     mn_row_layer<MN_DH, MN_DV>(P.w[1], MN_LLD(1), P.b[1], fb.hs, true, x_row, o);
@@ -481,7 +669,9 @@ template <int N> __device__ void mn_block_sums(double *v)
     }
 }
 
-/* Copy parameters: global unpadded [numel] per parameter <-> a padded pset. */
+/* Copy parameters: global unpadded [numel] per parameter <-> a padded pset
+ * (in a cluster, the block's slice: src and dst moved by mn_cl_params; b2
+ * written back by rank 0). */
 __device__ void mn_pset_from(const mn_pset &dst, float *const *src)
 {
 #pragma unroll
@@ -490,7 +680,7 @@ __device__ void mn_pset_from(const mn_pset &dst, float *const *src)
         const float *w = src[i * MN_PER];
         for (int e = threadIdx.x; e < pout * ld; e += MN_FT) {
             const int o = e / ld, j = e % ld;
-            dst.w[i][e] = (o < no && j < ni) ? w[o * ni + j] : 0.0f;
+            dst.w[i][e] = (o < no && j < ni) ? w[mn_gel(i * MN_PER, o * ni + j)] : 0.0f;
         }
         (void)pin;
         if (MN_BIAS) {
@@ -506,8 +696,8 @@ __device__ void mn_pset_to(float *const *dst, const mn_pset &src)
     for (int i = 0; i < MN_LAYERS; i++) {
         const int ni = MN_LIN(i), no = MN_LOUT(i), ld = MN_LLD(i);
         float *w = dst[i * MN_PER];
-        for (int e = threadIdx.x; e < no * ni; e += MN_FT) w[e] = src.w[i][(e / ni) * ld + e % ni];
-        if (MN_BIAS) {
+        for (int e = threadIdx.x; e < no * ni; e += MN_FT) w[mn_gel(i * MN_PER, e)] = src.w[i][(e / ni) * ld + e % ni];
+        if (MN_BIAS && mn_owns(i * MN_PER + 1, MN_CL_LEAD)) {
             float *b = dst[i * MN_PER + 1];
             for (int o = threadIdx.x; o < no; o += MN_FT) b[o] = src.b[i][o];
         }

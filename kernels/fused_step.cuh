@@ -14,9 +14,10 @@
 __device__ void mn_fused_padding_tail(const mn_rule_kargs &a, const mn_pset &Wp, float *const *A, long long sl,
                                       float *y_out, float *loss_out)
 {
-    const long long m = blockIdx.x, n = a.n, nsteps = a.nsteps;
+    const long long m = MN_MEMORY, n = a.n, nsteps = a.nsteps;
     const int tid = threadIdx.x;
-    mn_zero_padding(y_out, loss_out, sl * MN_STEP, n);
+    const bool lead = MN_CL_LEAD;
+    if (lead) mn_zero_padding(y_out, loss_out, sl * MN_STEP, n);
     bool anchor = false;
     if (!MN_P_AT_W && MN_REFRESH > 0)
         for (long long s = sl; s < nsteps; s++)
@@ -24,12 +25,15 @@ __device__ void mn_fused_padding_tail(const mn_rule_kargs &a, const mn_pset &Wp,
     double wsq = 0.0;
 #pragma unroll
     for (int p = 0; p < MN_NPARAMS; p++)
-        for (int e = tid; e < (int)MN_NUMEL(p); e += MN_FT) {
-            const float w = *mn_pset_el(Wp, p, e);
-            if (anchor) A[p][e] = w;
-            wsq += (double)w * w;
-        }
+        if (mn_owns(p, lead))
+            for (int e = tid; e < (int)MN_NUMEL(p); e += MN_FT) {
+                const float w = *mn_pset_el(Wp, p, e);
+                if (anchor) A[p][mn_gel(p, e)] = w;
+                wsq += (double)w * w;
+            }
     mn_block_sums<1>(&wsq);
+    mn_cl_sums<1>(&wsq);
+    if (lead)
     for (long long s = sl + tid; s < nsteps; s += MN_FT) {
         const long long o = m * nsteps + s;
         mn_padding_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, o);
@@ -37,11 +41,18 @@ __device__ void mn_fused_padding_tail(const mn_rule_kargs &a, const mn_pset &Wp,
     }
 }
 
-extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(const mn_rule_kargs a)
+#if MN_CLUSTER > 1
+#define MN_CLUSTER_DIMS __cluster_dims__(MN_CLUSTER, 1, 1)
+#else
+#define MN_CLUSTER_DIMS
+#endif
+
+extern "C" __global__ void __launch_bounds__(MN_FT, 1) MN_CLUSTER_DIMS mn_fused_step_kernel(const mn_rule_kargs a)
 {
     extern __shared__ float4 mn_smem4[];
-    const long long m = blockIdx.x, n = a.n, nsteps = a.nsteps;
+    const long long m = MN_MEMORY, n = a.n, nsteps = a.nsteps;
     const int tid = threadIdx.x;
+    const bool lead = MN_CL_LEAD; /* writes the memory's outputs (every block, without a cluster) */
 
     /* shared memory: P, then the chunk buffers (kernels/plan.c counts the same) */
     float *sp = (float *)mn_smem4;
@@ -71,7 +82,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
     fb.lrow = sp;
 
     /* workspace: G per parameter, then W padded when P is the anchor */
-    float *work = a.work + m * a.work_floats;
+    float *work = a.work + (long long)blockIdx.x * a.work_floats; /* a block's own, in a cluster too */
     float *G[MN_NPARAMS];
     {
         long long off = 0;
@@ -94,6 +105,9 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
     mn_memory_params(a.W, m, W);
     mn_memory_params(a.S, m, Sm);
     mn_memory_params(a.A, m, A);
+    mn_cl_params(W);
+    mn_cl_params(Sm);
+    mn_cl_params(A);
     const float *k = a.k + m * n * MN_DK, *v = a.v + m * n * MN_DV;
     const float *q = a.q ? a.q + m * n * MN_DK : 0;
     const float *theta = a.theta + m * n, *eta = a.eta + m * nsteps, *alpha = a.alpha + m * nsteps;
@@ -132,8 +146,9 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
             }
 #pragma unroll
             for (int p = 0; p < MN_NPARAMS; p++)
-                for (long long e = tid; e < MN_NUMEL(p); e += MN_FT)
-                    A[p][e] = *mn_pset_el(Wp, p, (int)e);
+                if (mn_owns(p, lead))
+                    for (long long e = tid; e < MN_NUMEL(p); e += MN_FT)
+                        A[p][mn_gel(p, (int)e)] = *mn_pset_el(Wp, p, (int)e);
             __syncthreads();
             at_current = true;
         }
@@ -236,7 +251,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                 if (r < cr && j < MN_DV) {
                     const float yy = fb.y[r * MN_LDV + j], vv = vl[u], rr = yy - vv;
                     const float wt = (float)((double)th[u] * tscale);
-                    if (y_here && r0 + r < before_rows) y_out[(t + r) * MN_DV + j] = yy;
+                    if (y_here && lead && r0 + r < before_rows) y_out[(t + r) * MN_DV + j] = yy;
                     fb.y[r * MN_LDV + j] = mn_hook_loss(yy, vv, rr);
                     d = (float)((double)wt * R * (double)mn_hook_loss_grad(yy, vv, rr));
                 }
@@ -247,7 +262,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                 double acc = 0.0;
                 for (int j = 0; j < MN_DV; j++) acc += fb.y[r * MN_LDV + j];
                 const float l = (float)(R * acc);
-                loss_out[t + r] = l;
+                if (lead) loss_out[t + r] = l;
                 fb.lrow[r] = l;
             }
 #endif
@@ -282,17 +297,21 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                 mn_fused_norm_rows(fb, ret_rows, MN_LN_G, MN_LN_B, yo);
 #else
                 mn_fused_forward<false>(Wp, fb, cr, [&](int r, int j, float y0, float y1) {
-                    if (r < ret_rows && j < MN_DV) yo[r * MN_DV + j] = y0;
-                    if (r < ret_rows && j + 1 < MN_DV) yo[r * MN_DV + j + 1] = y1;
+                    if (lead && r < ret_rows && j < MN_DV) yo[r * MN_DV + j] = y0;
+                    if (lead && r < ret_rows && j + 1 < MN_DV) yo[r * MN_DV + j + 1] = y1;
                 });
 #endif
             }
         }
 
-        if (grows < rows) mn_zero_padding(y_out, loss_out, t0 + grows, t0 + rows);
+        if (grows < rows && lead) mn_zero_padding(y_out, loss_out, t0 + grows, t0 + rows);
 
         /* the step's gradient norm, clip and update */
+#pragma unroll
+        for (int p = 0; p < MN_NPARAMS; p++)
+            if (!mn_owns(p, lead)) ss[p] = 0.0; /* b2's gradient: rank 0's alone */
         mn_block_sums<MN_NPARAMS>(ss);
+        mn_cl_sums<MN_NPARAMS>(ss);
         mn_step_control ctl = mn_step_control_of<MN_NPARAMS>(ss);
         double wsq = 0.0;
         if (ctl.finite) {
@@ -327,6 +346,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
              * before any store: the loop is bound by memory latency */
 #pragma unroll
             for (int p = 0; p < MN_NPARAMS; p++) {
+                if (!mn_owns(p, lead)) continue;
                 const float fs = (float)scale[p];
                 const int numel = (int)MN_NUMEL(p);
                 float *Gp = G[p], *Sp = Sm[p];
@@ -334,12 +354,12 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                     /* restrict: G, S and W never alias, so the unrolled
                      * iterations' loads may all be issued first */
                     const float4 *__restrict__ G4 = reinterpret_cast<const float4 *>(Gp);
-                    float4 *__restrict__ S4 = reinterpret_cast<float4 *>(Sp);
                     const int n4 = numel / 4;
 #pragma unroll 2
                     for (int e4 = tid; e4 < n4; e4 += MN_FT) {
                         float4 *__restrict__ W4 = reinterpret_cast<float4 *>(mn_pset_el(Wp, p, 4 * e4));
-                        const float4 gv = G4[e4], sv = S4[e4], wv = *W4;
+                        float4 *__restrict__ S4 = reinterpret_cast<float4 *>(Sp + mn_gel(p, 4 * e4));
+                        const float4 gv = G4[e4], sv = *S4, wv = *W4;
                         const float g[4] = {gv.x, gv.y, gv.z, gv.w}, wo[4] = {wv.x, wv.y, wv.z, wv.w};
                         float sn[4] = {sv.x, sv.y, sv.z, sv.w}, wn[4], q = 0.0f;
 #pragma unroll
@@ -347,7 +367,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                             wn[i] = mn_update_elem(g[i], fs, e_s, keep, &sn[i], wo[i]);
                             q += wn[i] * wn[i];
                         }
-                        S4[e4] = make_float4(sn[0], sn[1], sn[2], sn[3]);
+                        *S4 = make_float4(sn[0], sn[1], sn[2], sn[3]);
                         *W4 = make_float4(wn[0], wn[1], wn[2], wn[3]);
                         wsq += (double)q;
                     }
@@ -359,7 +379,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                         for (int u = 0; u < U; u++) {
                             const int e = base + u * MN_FT;
                             gv[u] = e < numel ? Gp[e] : 0.0f;
-                            sv[u] = e < numel ? Sp[e] : 0.0f;
+                            sv[u] = e < numel ? Sp[mn_gel(p, e)] : 0.0f;
                             wv[u] = e < numel ? *mn_pset_el(Wp, p, e) : 0.0f;
                         }
 #pragma unroll
@@ -367,7 +387,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
                             const int e = base + u * MN_FT;
                             if (e >= numel) break;
                             const float w = mn_update_elem(gv[u], fs, e_s, keep, &sv[u], wv[u]);
-                            Sp[e] = sv[u];
+                            Sp[mn_gel(p, e)] = sv[u];
                             *mn_pset_el(Wp, p, e) = w;
                             wsq += (double)w * w;
                         }
@@ -379,13 +399,15 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
         } else {
 #pragma unroll
             for (int p = 0; p < MN_NPARAMS; p++)
-                for (int e = tid; e < (int)MN_NUMEL(p); e += MN_FT) {
-                    const float w = *mn_pset_el(Wp, p, e);
-                    wsq += (double)w * w;
-                }
+                if (mn_owns(p, lead))
+                    for (int e = tid; e < (int)MN_NUMEL(p); e += MN_FT) {
+                        const float w = *mn_pset_el(Wp, p, e);
+                        wsq += (double)w * w;
+                    }
         }
         mn_block_sums<1>(&wsq); /* its barriers also publish the new W */
-        if (tid == 0) {
+        mn_cl_sums<1>(&wsq);
+        if (tid == 0 && lead) {
             const long long o = m * nsteps + sl;
             mn_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, o, step_lsum, grows, ctl);
             a.weight_norm[o] = (float)sqrt(wsq);
@@ -404,6 +426,9 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_step_kernel(cons
     }
     __syncthreads();
     mn_pset_to(W, Wp);
+#if MN_CLUSTER > 1
+    mn_cl_sync(); /* no block leaves while a peer may still read its shared memory */
+#endif
 #undef MN_LN_G
 #undef MN_LN_B
 }

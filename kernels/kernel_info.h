@@ -37,6 +37,7 @@ typedef struct mn_kernel_info {
     int warps_per_sm, max_warps_per_sm;
     double occupancy;     /* warps_per_sm / max_warps_per_sm */
     int sms;              /* multiprocessors of the device */
+    int active_clusters;  /* a cluster kernel: clusters resident on the device at once (its wave), else 0 */
 } mn_kernel_info;
 
 /* The kernels of one compiled module. */
@@ -47,6 +48,7 @@ typedef struct mn_kernel_set {
     bool cached;          /* this request compiled nothing (memory or disk) */
     char step_kernel[48]; /* the kernel that walks the steps on the rule's path (kernels/plan.h) */
     char path[16];        /* general, fused or large */
+    int cluster;          /* fused: blocks a memory (a cluster on sm_90; kernels/plan.h), else 1 */
     int n;
     mn_kernel_info k[MN_KERNEL_INFO_MAX];
 } mn_kernel_set;

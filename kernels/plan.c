@@ -51,7 +51,11 @@ long mn_fused_smem_bytes(const mn_rule *r, const mn_dims *d, int rows)
     return f * (long)sizeof(float);
 }
 
-static int fused_fit(const mn_rule *r, const mn_dims *d, long limit, int threads, char *why, size_t wlen,
+/* Whether the fused kernel holds one memory of the rule at the dims, in one
+ * block or, cluster > 1, split by hidden units over that many blocks (the
+ * dims' hidden the whole memory's): the rows per chunk and the shared
+ * memory of a block if so, why not if not. */
+static int fused_fit(const mn_rule *r, const mn_dims *d, int cluster, long limit, int threads, char *why, size_t wlen,
                      int *rows_out, long *smem_out)
 {
     if (r->layers > 2) {
@@ -71,12 +75,18 @@ static int fused_fit(const mn_rule *r, const mn_dims *d, long limit, int threads
     }
     long first = up16(r->step < 64 ? r->step : 64);
     /* the kernel's static shared memory: the block sums' partials (and
-     * newton_schulz's, mn_ns_block_sum's 32 doubles), and a little */
+     * newton_schulz's, mn_ns_block_sum's 32 doubles; a cluster's sums,
+     * mn_cl_sums's), and a little */
     long fixed = 64 + 8L * r->layers * (r->bias ? 2 : 1) * (threads / 32);
     if (r->precondition != MN_PRECOND_NONE) fixed += 8L * 32;
+    mn_dims slice = *d;
+    if (cluster > 1) {
+        slice.dh = d->dh / cluster;
+        fixed += 8L * (r->layers * (r->bias ? 2 : 1) + 1);
+    }
     for (int rows = 64; rows >= 16; rows /= 2) {
         if (rows > first) continue;
-        long need = mn_fused_smem_bytes(r, d, rows);
+        long need = mn_fused_smem_bytes(r, &slice, rows);
         if (need + fixed <= limit) {
             *rows_out = rows;
             *smem_out = need;
@@ -86,6 +96,40 @@ static int fused_fit(const mn_rule *r, const mn_dims *d, long limit, int threads
     snprintf(why, wlen, "the weights and 16 rows of activations need %ld KB of shared memory, the device has %ld KB",
              mn_fused_smem_bytes(r, d, 16) / 1024, limit / 1024);
     return 0;
+}
+
+/* The cluster sizes tried, smallest first: 8 is the portable maximum. */
+#define MAX_CLUSTER 8
+
+/* Splits a 2-layer memory that one block cannot hold over a cluster
+ * (sm_90): the smallest cluster whose blocks take chunks of at least 32
+ * rows (or the step's, if shorter), else the smallest that fits at all; 0
+ * if none does. MNEMO_FUSED_CLUSTER=N (1, 2, 4 or 8), an experiment's and
+ * the tests' knob, asks for N blocks a memory wherever a cluster can run the
+ * rule, even one that fits a block (1: never a cluster). */
+static int cluster_fit(const mn_rule *r, const mn_dims *d, int arch, long limit, int threads, bool one_fits,
+                       int *rows_out, long *smem_out)
+{
+    const char *knob = getenv("MNEMO_FUSED_CLUSTER");
+    int want = 0;
+    if (knob && (!strcmp(knob, "1") || !strcmp(knob, "2") || !strcmp(knob, "4") || !strcmp(knob, "8"))) want = atoi(knob);
+    if (want == 1 || (one_fits && want == 0)) return 0;
+    /* what the cluster kernel splits: the plain 2-layer memory (fused_kernel.cuh) */
+    if (arch < 90 || r->layers != 2 || r->glu || r->out_norm != MN_NORM_NONE || r->precondition != MN_PRECOND_NONE)
+        return 0;
+    char why[256];
+    long first = up16(r->step < 64 ? r->step : 64), enough = first < 32 ? first : 32;
+    int best = 0, best_rows = 0;
+    long best_smem = 0;
+    for (int c = want ? want : 2; c <= (want ? want : MAX_CLUSTER); c *= 2) {
+        int rows = 0;
+        long smem = 0;
+        if (d->dh % c || !fused_fit(r, d, c, limit, threads, why, sizeof why, &rows, &smem)) continue;
+        if (!best || (best_rows < enough && rows >= enough)) best = c, best_rows = rows, best_smem = smem;
+        if (rows >= enough) break;
+    }
+    if (best) *rows_out = best_rows, *smem_out = best_smem;
+    return best;
 }
 
 /* The opt-in shared memory per block of an sm, when no device says. */
@@ -127,10 +171,22 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
     out->pdk = (int)up16(d->dk);
     out->pdv = (int)up16(d->dv);
     out->pdh = r->layers > 1 ? (int)up16(d->dh) : 0;
+    out->cluster = 1;
     char nofuse[256];
     int rows = 0;
     long smem = 0;
-    int fused = fused_fit(r, d, smem_limit, out->threads, nofuse, sizeof nofuse, &rows, &smem);
+    int fused = fused_fit(r, d, 1, smem_limit, out->threads, nofuse, sizeof nofuse, &rows, &smem);
+    {
+        int crows = 0;
+        long csmem = 0;
+        int c = cluster_fit(r, d, arch, smem_limit, out->threads, fused, &crows, &csmem);
+        if (c > 1) {
+            fused = 1, rows = crows, smem = csmem;
+            out->cluster = c;
+            out->dh = (int)d->dh;
+            out->pdh = (int)up16(d->dh / c);
+        }
+    }
     if (fused && arch < 80) { /* mma.sync on tf32 and bf16 operands came with sm_80 */
         snprintf(nofuse, sizeof nofuse, "sm_%d: the fused path's tensor-core products need sm_80 or newer", arch);
         fused = 0;
@@ -180,6 +236,13 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
         } else {
             return mn_fail(MN_ERR_ARG, "MNEMO_CUDA_PATH=%s: expected general, fused, large or auto", force);
         }
+    } else if (fused && out->cluster > 1) {
+        out->path = MN_PATH_FUSED;
+        snprintf(out->why, sizeof out->why,
+                 "2 layers, dk=%lld, dv=%lld, hidden %lld split over a cluster of %d blocks: each keeps %lld hidden "
+                 "unit%s' weights in shared memory (%ld KB with %d-row chunks)",
+                 (long long)d->dk, (long long)d->dv, (long long)d->dh, out->cluster, (long long)d->dh / out->cluster,
+                 d->dh / out->cluster == 1 ? "" : "s", smem / 1024, rows);
     } else if (fused) {
         out->path = MN_PATH_FUSED;
         snprintf(out->why, sizeof out->why,
@@ -203,6 +266,9 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
     if (out->path == MN_PATH_FUSED) {
         out->rows = rows;
         out->smem_bytes = smem;
+    } else {
+        out->cluster = 1;
+        out->pdh = r->layers > 1 ? (int)up16(d->dh) : 0;
     }
     (void)memories;
     return MN_OK;
@@ -214,6 +280,9 @@ void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len)
                         "#define MN_FUSED_ROWS %d\n#define MN_FUSED_THREADS %d\n#define MN_PDK %d\n#define MN_PDV %d\n"
                         "#define MN_PDH %d\n#define MN_FUSED_PAD %d\n#define MN_RULE_THREADS %d\n",
                         pl->rows, pl->threads, pl->pdk, pl->pdv, pl->pdh, PAD, pl->threads);
+    if (used > 0 && (size_t)used < len && pl->cluster > 1)
+        used += snprintf(buf + used, len - (size_t)used, "#define MN_CLUSTER %d\n#define MN_DH_FULL %d\n", pl->cluster,
+                         pl->dh);
     /* an experiment's knob: the unroll of the products' K loops (1, 2, 4 or
      * 8) in place of fused_kernel.cuh's measured defaults; it trades NVRTC
      * time and stack for overlap of the loads with the tensor cores */
@@ -238,7 +307,7 @@ char *mn_cuda_plan_source(const mn_rule *r, const mn_dims *d, mn_precision p, co
 {
     if (pl->path == MN_PATH_FUSED) {
         static const char *const fused[] = {"update_math", "rule_kernel", "fused_norm", "fused_kernel", "fused_step", NULL};
-        char defs[256];
+        char defs[384];
         mn_fused_defines(pl, defs, sizeof defs);
         return mn_cuda_source_for(r, d, p, fused, defs);
     }
@@ -317,6 +386,18 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
                  "steps recomputed",
                  fwd.why);
         return MN_OK;
+    } else if (fwd.path == MN_PATH_FUSED && fwd.cluster > 1) {
+        /* the fused backward holds a whole memory in one block */
+        if (!force_fused) {
+            out->path = MN_PATH_LARGE;
+            snprintf(out->why, sizeof out->why,
+                     "the forward splits each memory over a cluster of %d blocks, the fused backward holds one in a "
+                     "block: the large backward, cuBLAS products batched over the memories",
+                     fwd.cluster);
+            return MN_OK;
+        }
+        snprintf(why, sizeof why, "the forward splits each memory over a cluster of %d blocks, the fused backward holds "
+                 "one in a block", fwd.cluster);
     } else if (fwd.path != MN_PATH_FUSED) {
         snprintf(why, sizeof why, "the forward takes the %s path (%.250s)%s%s%s", mn_cuda_path_name(fwd.path), fwd.why,
                  nolarge[0] ? "; " : "", nolarge, nolarge[0] ? ": the general backward runs it" : "");

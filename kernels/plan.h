@@ -3,7 +3,12 @@
  *            point's weights in shared memory for the whole segment, the
  *            products on tensor cores (kernels/fused_kernel.cuh); layers 1
  *            and 2, dk, dv <= 128, hidden <= 4 max(dk, dv), and the weights
- *            plus one chunk's activations must fit in shared memory.
+ *            plus one chunk's activations must fit in shared memory. On
+ *            sm_90 a plain 2-layer memory that one block cannot hold is
+ *            split by hidden units over a cluster of 2, 4 or 8 blocks
+ *            (plan.cluster), which sum the output layer's parts through
+ *            distributed shared memory; its backward is the large one (or
+ *            the general one).
  *   large:   one big memory (a dimension >= 256): cuBLAS products and fused
  *            elementwise kernels, each step replayed from a CUDA graph
  *            (kernels/engine_large.c).
@@ -29,7 +34,9 @@ typedef struct mn_cuda_plan {
     int rows;             /* fused: token rows per chunk (a multiple of 16) */
     int threads;          /* fused: threads per block */
     long smem_bytes;      /* fused: dynamic shared memory per block */
-    int pdk, pdv, pdh;    /* fused: dk, dv, dh padded to multiples of 16 */
+    int pdk, pdv, pdh;    /* fused: dk, dv, dh padded to multiples of 16 (pdh: a block's slice, padded) */
+    int cluster;          /* fused: blocks a memory, a cluster on sm_90 splitting it by hidden units; 1: one */
+    int dh;               /* fused, cluster > 1: the whole memory's hidden width */
     char why[384];        /* one line: why this path */
 } mn_cuda_plan;
 

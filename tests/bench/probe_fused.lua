@@ -5,7 +5,8 @@
 -- REPEATS times under mnemo.profile; prints the plan and the median GPU time
 -- of the step kernel and of the whole rule:run, per case and precision.
 --   mnemo tests/bench/probe_fused.lua [PRECISIONS=fp32,tf32,bf16] [CASES=P1,P1-lin,P1-c16,P2] [REPEATS=5] [T]
--- (M1 is a case too: B=32, H=16, T=1024, MLP 64-128-64, c=8)
+-- (M1 is a case too: B=32, H=16, T=1024, MLP 64-128-64, c=8; and H1, H2:
+-- head-128 MLPs 128-256-128 and 128-512-128, c=64)
 -- (T: tokens per memory instead of the case's; a short run for the profiler)
 local precs, names, repeats, T_override = ...
 precs = precs or "fp32,tf32,bf16"
@@ -25,6 +26,11 @@ local CASES = {
   -- issue 14's many small memories with short steps (bench_gpu.py's M1)
   M1 = { B = 32, H = 16, T = 1024, dk = 64, rule = { layers = 2, hidden = 128, activation = "gelu", step = 8,
     refresh = 8, clip = "norm", clip_max = 1, theta = 0.01, eta = 0.9, alpha = 0.001 } },
+  -- head-128 memories (bench_gpu.py's H1, H2): a cluster of 2 and 4 blocks on sm_90
+  H1 = { B = 8, H = 8, T = 4096, dk = 128, rule = { layers = 2, hidden = 256, activation = "gelu", step = 64,
+    refresh = 64, clip = "norm", clip_max = 1, theta = 0.01, eta = 0.9, alpha = 0.001 } },
+  H2 = { B = 8, H = 8, T = 2048, dk = 128, rule = { layers = 2, hidden = 512, activation = "gelu", step = 64,
+    refresh = 64, clip = "norm", clip_max = 1, theta = 0.01, eta = 0.9, alpha = 0.001 } },
 }
 
 local function median(xs)
