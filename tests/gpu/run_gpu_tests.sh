@@ -25,7 +25,7 @@
 #     layers; fused with qk_norm; large),
 #   - one mid-size run timed on cuda and cpu, and compared.
 # Logs go to $OUT (default: a temporary folder): summary.log (every
-# PASS/FAIL/SKIP line), conformance_{fp32,tf32,bf16,long,general,large,general_*,large_*,backward_*}.log,
+# PASS/FAIL/SKIP line), conformance_{fp32,tf32,bf16,long,general,large,general_*,large_*,backward_*,cluster*}.log,
 # gpu_logs.tgz
 # with the rest (few files: the device tool brings back at most 8). Ends with
 # "N passed, N failed" (exit 1 on failure).
@@ -139,6 +139,18 @@ if want conformance && [ -n "$PYTHON" ]; then
         conformance "backward_$prec" 1 MNEMO_DEVICE=cuda MNEMO_PRECISION=$prec MNEMO_CONFORMANCE_SEED=5 \
             MNEMO_CONFORMANCE_COUNT=${BACKWARD_CONFORMANCE_COUNT:-24}
     done
+    # the configurations a cluster of 2 and of 4 blocks runs, split so
+    # (MNEMO_CONFORMANCE_CLUSTER: only those, with MNEMO_FUSED_CLUSTER; about
+    # one in twelve of the generator's): the fused kernel's cluster form on
+    # the reference's small rules; their backward is the large one
+    for cl in 2 4; do
+        conformance "cluster$cl" 2 MNEMO_CONFORMANCE_CLUSTER=$cl MNEMO_DEVICE=cuda MNEMO_PRECISION=fp32 \
+            MNEMO_CONFORMANCE_SEED=13 MNEMO_CONFORMANCE_COUNT=${CLUSTER_CONFORMANCE_COUNT:-600}
+        for prec in tf32 bf16; do
+            conformance "cluster${cl}_$prec" 1 MNEMO_CONFORMANCE_CLUSTER=$cl MNEMO_DEVICE=cuda MNEMO_PRECISION=$prec \
+                MNEMO_CUDA_BACKWARD=cpu MNEMO_CONFORMANCE_SEED=17 MNEMO_CONFORMANCE_COUNT=${CLUSTER_CONFORMANCE_COUNT:-600}
+        done
+    done
     # long sequences: steps of more than 64 tokens take the kernel's chunked path
     conformance long 1 MNEMO_CUDA_BACKWARD=cpu MNEMO_DEVICE=cuda MNEMO_PRECISION=fp32 MNEMO_CONFORMANCE_SEED=7 \
         MNEMO_CONFORMANCE_MAX_T=400 MNEMO_CONFORMANCE_COUNT=${LONG_CONFORMANCE_COUNT:-40}
@@ -168,6 +180,12 @@ want paths && for path in general fused large; do
     run_one "lua/test_glu.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_glu.lua
     # constants read at run time: one module, three runs with two values
     run_one "lua/test_constants.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_constants.lua
+done
+# The fused cases, and the constants, with every 2-layer memory a cluster
+# can run split over 2, 4 and 8 blocks (sm_90)
+want paths && for cl in 2 4 8; do
+    run_one "lua/test_fused.lua (cluster $cl)" env MNEMO_FUSED_CLUSTER=$cl "$MNEMO" tests/lua/test_fused.lua
+    run_one "lua/test_constants.lua (cluster $cl)" env MNEMO_FUSED_CLUSTER=$cl "$MNEMO" tests/lua/test_constants.lua
 done
 # The backward on the GPU against the cpu's: every case on the general
 # backward forced, and in tf32 and bf16 (the fused backward where planned)

@@ -53,6 +53,12 @@ Environment (all optional):
                               the list is k modulo n (0 <= k < n), so that
                               n processes share one run (each is CPU-bound
                               on the reference); labels are unchanged
+  MNEMO_CONFORMANCE_CLUSTER   N (2, 4 or 8; cuda): only the configurations
+                              that the fused kernel splits over a cluster of
+                              N blocks when asked (2 layers, a hidden width
+                              divisible by N, no glu, out_norm or
+                              precondition), run with MNEMO_FUSED_CLUSTER=N;
+                              the others are left out, not counted
   MNEMO_DEVICE                cpu (default) or cuda
   MNEMO_PRECISION             fp32 (default), tf32 or bf16; sets the bounds of
                               SPEC.md section 3 (outputs 1e-5, 5e-3, 3e-2;
@@ -447,6 +453,15 @@ def parse_shard(text):
     return (k, n) if 0 <= k < n else None
 
 
+def cluster_splits(rule, n):
+    """Whether MNEMO_FUSED_CLUSTER=n splits this rule over a cluster
+    (kernels/plan.c's cluster_fit: the plain 2-layer memory, hidden
+    divisible by n; the sizes fit shared memory at these widths)."""
+    return (rule.get("layers") == 2 and not rule.get("glu") and not rule.get("out_norm")
+            and rule.get("precondition", "none") in ("none", None) and rule.get("hidden")
+            and rule["hidden"] % n == 0)
+
+
 def main():
     binary = os.environ.get("MNEMO", os.path.join(os.getcwd(), "mnemo"))
     if not os.path.exists(binary):
@@ -483,10 +498,15 @@ def main():
         cases = ([(seed, i, max_t, 1, v2) for i in range(count)]
                  + [(seed, i, max_t, KINK_WIDTH, v2) for i in range(wide)] + regressions())
         jobs = []
+        cluster = env_int("MNEMO_CONFORMANCE_CLUSTER", 0)
+        if cluster > 1:
+            os.environ["MNEMO_FUSED_CLUSTER"] = str(cluster)  # the mnemo runs below inherit it
         for n, (s, i, mt, w, with_v2) in enumerate(cases):
             if n % shard[1] != shard[0]:
                 continue
             cfg = gen_experiments.make_config(s, i, mt, min_width=w, v2=with_v2)
+            if cluster > 1 and not cluster_splits(cfg["rule"], cluster):
+                continue
             name = "case_%04d" % n
             exp = os.path.join(work, name + ".exp.h5")
             gen_experiments.write_config(exp, cfg)
