@@ -302,6 +302,7 @@ int l_rule_plan(lua_State *L, const mn_rule *r, int opts)
     if (pl.path == MN_PATH_FUSED) {
         set_int(L, "rows", pl.rows);
         set_int(L, "cluster", pl.cluster);
+        set_int(L, "blocks_per_sm", pl.min_blocks);
         set_int(L, "threads", pl.threads);
         set_int(L, "smem_bytes", pl.smem_bytes);
         set_str(L, "kernel", MN_FUSED_STEP_KERNEL);

@@ -65,6 +65,9 @@ static_assert(MN_DH_FULL % MN_CLUSTER == 0, "whole slices");
 #define MN_DH (MN_DH_FULL / MN_CLUSTER)
 #endif
 #define MN_MEMORY ((long long)(blockIdx.x / MN_CLUSTER)) /* the memory this block works on */
+#ifndef MN_FUSED_MINB
+#define MN_FUSED_MINB 1 /* blocks an SM the step kernel is compiled to share (kernels/plan.c) */
+#endif
 /* every parameter's rows (and sizes) a multiple of 4 floats: the update goes by float4 */
 #define MN_VEC4 (MN_DK % 4 == 0 && MN_DV % 4 == 0 && (MN_LAYERS == 1 || MN_DH % 4 == 0))
 

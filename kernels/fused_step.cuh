@@ -47,7 +47,7 @@ __device__ void mn_fused_padding_tail(const mn_rule_kargs &a, const mn_pset &Wp,
 #define MN_CLUSTER_DIMS
 #endif
 
-extern "C" __global__ void __launch_bounds__(MN_FT, 1) MN_CLUSTER_DIMS mn_fused_step_kernel(const mn_rule_kargs a)
+extern "C" __global__ void __launch_bounds__(MN_FT, MN_FUSED_MINB) MN_CLUSTER_DIMS mn_fused_step_kernel(const mn_rule_kargs a)
 {
     extern __shared__ float4 mn_smem4[];
     const long long m = MN_MEMORY, n = a.n, nsteps = a.nsteps;

@@ -266,6 +266,12 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
     if (out->path == MN_PATH_FUSED) {
         out->rows = rows;
         out->smem_bytes = smem;
+        /* Two blocks an SM where both fit (the SM has 1 KB more than a
+         * block may opt into, and keeps 1 KB a block): at 256 threads and
+         * at most 128 registers a thread each, two memories' barriers and
+         * latencies interleave on one SM instead of one memory's 16 warps. */
+        out->min_blocks = 1;
+        if (out->threads == 256 && out->cluster == 1 && 2 * (smem + 2048) <= smem_limit + 1024) out->min_blocks = 2;
     } else {
         out->cluster = 1;
         out->pdh = r->layers > 1 ? (int)up16(d->dh) : 0;
@@ -280,6 +286,8 @@ void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len)
                         "#define MN_FUSED_ROWS %d\n#define MN_FUSED_THREADS %d\n#define MN_PDK %d\n#define MN_PDV %d\n"
                         "#define MN_PDH %d\n#define MN_FUSED_PAD %d\n#define MN_RULE_THREADS %d\n",
                         pl->rows, pl->threads, pl->pdk, pl->pdv, pl->pdh, PAD, pl->threads);
+    if (used > 0 && (size_t)used < len && pl->min_blocks > 1)
+        used += snprintf(buf + used, len - (size_t)used, "#define MN_FUSED_MINB %d\n", pl->min_blocks);
     if (used > 0 && (size_t)used < len && pl->cluster > 1)
         used += snprintf(buf + used, len - (size_t)used, "#define MN_CLUSTER %d\n#define MN_DH_FULL %d\n", pl->cluster,
                          pl->dh);
@@ -420,6 +428,7 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
         return MN_OK;
     }
     *out = fwd;
+    out->min_blocks = 1; /* the forward's: the backward's block is compiled for one an SM */
     out->forced = force_fused;
     out->rows = rows;
     out->smem_bytes = smem;

@@ -36,6 +36,7 @@ typedef struct mn_cuda_plan {
     long smem_bytes;      /* fused: dynamic shared memory per block */
     int pdk, pdv, pdh;    /* fused: dk, dv, dh padded to multiples of 16 (pdh: a block's slice, padded) */
     int cluster;          /* fused: blocks a memory, a cluster on sm_90 splitting it by hidden units; 1: one */
+    int min_blocks;       /* fused: blocks an SM the forward is compiled to share (__launch_bounds__), 1 or 2 */
     int dh;               /* fused, cluster > 1: the whole memory's hidden width */
     char why[384];        /* one line: why this path */
 } mn_cuda_plan;
