@@ -52,14 +52,16 @@
  * layer's product is a partial sum over the block's hidden units, summed
  * across the cluster through distributed shared memory (mn_cl_rows_reduce),
  * as are the gradient's and the weights' squared norms (mn_cl_sums). b2,
- * the residual and every output to global memory belong to rank 0. Only
+ * the residual and every output to global memory belong to rank 0. Every
+ * block then holds the whole output rows: out_norm's row math runs in each
+ * as it does in one block. Only
  * the global tensors (W, S, the anchor: mn_memory_params, before this
  * point) keep the whole hidden width. */
 #ifndef MN_CLUSTER
 #define MN_CLUSTER 1
 #endif
 #if MN_CLUSTER > 1
-static_assert(MN_LAYERS == 2 && !MN_PRECOND && !MN_OUT_NORM && !MN_GLU, "a cluster splits a plain 2-layer memory");
+static_assert(MN_LAYERS == 2 && !MN_PRECOND && !MN_GLU, "a cluster splits a 2-layer memory without gates or newton_schulz");
 static_assert(MN_DH_FULL % MN_CLUSTER == 0, "whole slices");
 #undef MN_DH
 #define MN_DH (MN_DH_FULL / MN_CLUSTER)
@@ -542,7 +544,7 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
 __device__ void mn_fused_norm_rows(const mn_fbuf &fb, int rows, const float *ln_g, const float *ln_b, float *yo)
 {
     const int lane = threadIdx.x & 31;
-    for (int r = threadIdx.x >> 5; r < rows; r += MN_FWARPS) {
+    for (int r = threadIdx.x >> 5; r < rows && MN_CL_LEAD; r += MN_FWARPS) {
         float nh[MN_NCW];
         mn_fused_norm_row(fb.y + r * MN_LDV, nh);
 #pragma unroll
@@ -599,20 +601,24 @@ __device__ void mn_fused_row(const mn_pset &P, const mn_fbuf &fb, const float *x
     (void)ln_g, (void)ln_b;
 #endif
 #if MN_LAYERS == 2 && MN_CLUSTER > 1
-    /* each block's part of the output into fb.ys, summed over the cluster by rank 0 */
+    /* each block's part of the output into fb.ys, summed over the cluster by
+     * rank 0, which keeps the sums in registers until every block has read
+     * the parts (with out_norm, o is fb.ys itself) */
     const bool lead = MN_CL_LEAD;
+    static_assert(MN_DV <= MN_FT, "a thread per output column");
     mn_row_layer<MN_DK, MN_DH>(P.w[0], MN_LLD(0), P.b[0], x_row, false, x_row, fb.hs);
     __syncthreads();
     mn_row_layer<MN_DH, MN_DV>(P.w[1], MN_LLD(1), lead ? P.b[1] : 0, fb.hs, true, lead ? x_row : 0, fb.ys);
     mn_cl_sync();
-    if (lead)
-        for (int j = threadIdx.x; j < MN_DV; j += MN_FT) {
-            float t = mn_cl_load(fb.ys + j, 0);
+    const int j = threadIdx.x;
+    float t = 0.0f;
+    if (lead && j < MN_DV) {
+        t = mn_cl_load(fb.ys + j, 0);
 #pragma unroll
-            for (unsigned c = 1; c < MN_CLUSTER; c++) t += mn_cl_load(fb.ys + j, c);
-            o[j] = t;
-        }
+        for (unsigned c = 1; c < MN_CLUSTER; c++) t += mn_cl_load(fb.ys + j, c);
+    }
     mn_cl_sync();
+    if (lead && j < MN_DV) o[j] = t;
 #elif MN_LAYERS == 2
     mn_row_layer<MN_DK, MN_DH>(P.w[0], MN_LLD(0), P.b[0], x_row, false, x_row, fb.hs);
     __syncthreads();
@@ -622,7 +628,7 @@ __device__ void mn_fused_row(const mn_pset &P, const mn_fbuf &fb, const float *x
 #endif
     __syncthreads();
 #if MN_OUT_NORM
-    if (threadIdx.x < 32) {
+    if (threadIdx.x < 32 && MN_CL_LEAD) {
         float nh[MN_NCW];
         mn_fused_norm_row(fb.ys, nh);
 #pragma unroll

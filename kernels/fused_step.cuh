@@ -228,7 +228,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, MN_FUSED_MINB) MN_CLUSTER_DI
                     d[u] = 0.0f;
                     if (j < MN_DV) {
                         const float yy = mn_fused_norm_y(MN_LN_G, MN_LN_B, j, nh[u], xr), vv = vl[u], rr = yy - vv;
-                        if (y_here && r0 + r < before_rows) y_out[(t + r) * MN_DV + j] = yy;
+                        if (y_here && lead && r0 + r < before_rows) y_out[(t + r) * MN_DV + j] = yy;
                         lsum += (double)(float)mn_hook_loss(yy, vv, rr);
                         d[u] = (float)((double)wt * R * (double)mn_hook_loss_grad(yy, vv, rr));
                     }
@@ -236,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, MN_FUSED_MINB) MN_CLUSTER_DI
                 lsum = mn_warp_sum(lsum);
                 if (lane == 0) {
                     const float l = (float)(R * lsum);
-                    loss_out[t + r] = l;
+                    if (lead) loss_out[t + r] = l;
                     fb.lrow[r] = l;
                 }
                 mn_fused_norm_vjp(d, nh, sc, MN_LN_G, dyr);

@@ -114,9 +114,8 @@ static int cluster_fit(const mn_rule *r, const mn_dims *d, int arch, long limit,
     int want = 0;
     if (knob && (!strcmp(knob, "1") || !strcmp(knob, "2") || !strcmp(knob, "4") || !strcmp(knob, "8"))) want = atoi(knob);
     if (want == 1 || (one_fits && want == 0)) return 0;
-    /* what the cluster kernel splits: the plain 2-layer memory (fused_kernel.cuh) */
-    if (arch < 90 || r->layers != 2 || r->glu || r->out_norm != MN_NORM_NONE || r->precondition != MN_PRECOND_NONE)
-        return 0;
+    /* what the cluster kernel splits: a 2-layer memory without gates or newton_schulz (fused_kernel.cuh) */
+    if (arch < 90 || r->layers != 2 || r->glu || r->precondition != MN_PRECOND_NONE) return 0;
     char why[256];
     long first = up16(r->step < 64 ? r->step : 64), enough = first < 32 ? first : 32;
     int best = 0, best_rows = 0;
@@ -395,7 +394,8 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
                  fwd.why);
         return MN_OK;
     } else if (fwd.path == MN_PATH_FUSED && fwd.cluster > 1) {
-        /* the fused backward holds a whole memory in one block */
+        /* the fused backward holds a whole memory in one block (out_norm,
+         * which the large backward does not run, went to the general one above) */
         if (!force_fused) {
             out->path = MN_PATH_LARGE;
             snprintf(out->why, sizeof out->why,

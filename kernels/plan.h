@@ -7,8 +7,9 @@
  *            sm_90 a plain 2-layer memory that one block cannot hold is
  *            split by hidden units over a cluster of 2, 4 or 8 blocks
  *            (plan.cluster), which sum the output layer's parts through
- *            distributed shared memory; its backward is the large one (or
- *            the general one).
+ *            distributed shared memory (out_norm included, not glu or
+ *            newton_schulz); its backward is the large one (the general
+ *            one with out_norm).
  *   large:   one big memory (a dimension >= 256): cuBLAS products and fused
  *            elementwise kernels, each step replayed from a CUDA graph
  *            (kernels/engine_large.c).

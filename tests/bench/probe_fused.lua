@@ -31,6 +31,8 @@ local CASES = {
     refresh = 64, clip = "norm", clip_max = 1, theta = 0.01, eta = 0.9, alpha = 0.001 } },
   H2 = { B = 8, H = 8, T = 2048, dk = 128, rule = { layers = 2, hidden = 512, activation = "gelu", step = 64,
     refresh = 64, clip = "norm", clip_max = 1, theta = 0.01, eta = 0.9, alpha = 0.001 } },
+  ["H1-ln"] = { B = 8, H = 8, T = 4096, dk = 128, rule = { layers = 2, hidden = 256, activation = "gelu", step = 64,
+    refresh = 64, clip = "norm", clip_max = 1, theta = 0.01, eta = 0.9, alpha = 0.001, out_norm = "layernorm" } },
 }
 
 local function median(xs)

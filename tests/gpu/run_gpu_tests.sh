@@ -181,10 +181,11 @@ want paths && for path in general fused large; do
     # constants read at run time: one module, three runs with two values
     run_one "lua/test_constants.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_constants.lua
 done
-# The fused cases, and the constants, with every 2-layer memory a cluster
-# can run split over 2, 4 and 8 blocks (sm_90)
+# The fused cases, out_norm's and the constants with every 2-layer memory a
+# cluster can run split over 2, 4 and 8 blocks (sm_90)
 want paths && for cl in 2 4 8; do
     run_one "lua/test_fused.lua (cluster $cl)" env MNEMO_FUSED_CLUSTER=$cl "$MNEMO" tests/lua/test_fused.lua
+    run_one "lua/test_norm.lua (cluster $cl)" env MNEMO_FUSED_CLUSTER=$cl "$MNEMO" tests/lua/test_norm.lua
     run_one "lua/test_constants.lua (cluster $cl)" env MNEMO_FUSED_CLUSTER=$cl "$MNEMO" tests/lua/test_constants.lua
 done
 # The backward on the GPU against the cpu's: every case on the general

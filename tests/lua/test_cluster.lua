@@ -3,13 +3,14 @@
 -- kernels/plan.c's cluster_fit).
 --   Everywhere (a CUDA build): which rules and sizes rule:plan splits, over
 --   how many blocks, with how many rows, and why; which it never splits
---   (sm_80, out_norm, newton_schulz, glu, 1 layer, a memory one block holds);
+--   (sm_80, newton_schulz, glu, 1 layer, a memory one block holds);
 --   the backward's plan (the large one); the source names the cluster and
 --   NVRTC compiles it.
 --   On an sm_90 GPU: head-128 memories (issue 14's H1 and H2 shapes, short)
 --   and the kernel's options (bias or not, residual, q, the refresh block's
 --   anchor, retrieve before, ragged lengths, value and norm clips, mean
---   tokens, a NaN token, padded sizes) against the CPU engine in every
+--   tokens, a NaN token, padded sizes, out_norm layernorm and rmsnorm with
+--   a gain and shift given) against the CPU engine in every
 --   output and precision, at test_fused.lua's tolerances; a second run equal
 --   to the bit; a memory fed in two writes equal to one run; the backward
 --   of a cluster run against the CPU's.
@@ -56,8 +57,12 @@ else
   T.eq("cluster/plan: P1 (64-256-64) fits one block: no cluster", h1_rule():plan { dk = 64 }.cluster, 1)
   local sm80 = h1_rule():plan { dk = 128, arch = 80 }
   T.ok("cluster/plan: sm_80 has no clusters: H1 goes large", sm80.path == "large" and sm80.cluster == nil, sm80.why)
+  local on = h1_rule { out_norm = "layernorm" }:plan { dk = 128, arch = 90 }
+  T.ok("cluster/plan: out_norm is split too (before: the general path)", on.path == "fused" and on.cluster == 2,
+       on.why)
+  T.ok("cluster/plan: ... its backward is the general one (the large one does not run out_norm)",
+       on.backward == "general (cuda)", on.backward .. ": " .. on.backward_why)
   for name, extra in pairs {
-    out_norm = { out_norm = "rmsnorm" },
     newton_schulz = { precondition = "newton_schulz" },
     glu = { glu = true },
   } do
@@ -133,6 +138,10 @@ local cases = {
   { name = "padded slices 100-300-120, NaN token", extra = { hidden = 300 }, B = 1, H = 2, T = 150, dk = 100,
     dv = 120, nan_at = 70 },
   { name = "ragged lengths", extra = { step = 16 }, B = 3, H = 1, T = 120, dk = 128, lengths = { 120, 37, 0 } },
+  { name = "out_norm layernorm, residual, q given", extra = { out_norm = "layernorm", residual = true },
+    B = 1, H = 2, T = 130, dk = 128, q = true, ln = true },
+  { name = "out_norm rmsnorm, refresh block of 4 steps, H2-shaped", extra = { out_norm = "rmsnorm", hidden = 512,
+    step = 16, refresh = 64 }, B = 1, H = 2, T = 100, dk = 128, ln = true },
 }
 
 for _, c in ipairs(cases) do
@@ -143,6 +152,17 @@ for _, c in ipairs(cases) do
     T.ok("cluster/" .. c.name .. ": planned over a cluster", plan.path == "fused" and plan.cluster > 1, plan.why)
     local d = data(c.B, c.H, c.T, c.dk, dv, 11, c.q, c.nan_at)
     local args = { k = d.k, v = d.v, q = d.q, lengths = c.lengths }
+    if c.ln then
+      -- out_norm's gain and shift away from their defaults (1, 0); an init
+      -- names every weight: a first cpu run's final ones
+      m.seed(98)
+      local first = rule:run { k = d.k, v = d.v, q = d.q }
+      args.init = {}
+      for name, t in pairs(first.final) do
+        if not name:match("^S_") and not name:match("^ln_") then args.init[name] = t end
+      end
+      args.init.ln_g, args.init.ln_b = m.rand(dv) + 0.5, m.randn(dv) * 0.3
+    end
     m.seed(99)
     local ref = rule:run(args)
     for _, prec in ipairs { "fp32", "tf32", "bf16" } do

@@ -56,8 +56,8 @@ Environment (all optional):
   MNEMO_CONFORMANCE_CLUSTER   N (2, 4 or 8; cuda): only the configurations
                               that the fused kernel splits over a cluster of
                               N blocks when asked (2 layers, a hidden width
-                              divisible by N, no glu, out_norm or
-                              precondition), run with MNEMO_FUSED_CLUSTER=N;
+                              divisible by N, no glu or precondition), run
+                              with MNEMO_FUSED_CLUSTER=N;
                               the others are left out, not counted
   MNEMO_DEVICE                cpu (default) or cuda
   MNEMO_PRECISION             fp32 (default), tf32 or bf16; sets the bounds of
@@ -457,7 +457,7 @@ def cluster_splits(rule, n):
     """Whether MNEMO_FUSED_CLUSTER=n splits this rule over a cluster
     (kernels/plan.c's cluster_fit: the plain 2-layer memory, hidden
     divisible by n; the sizes fit shared memory at these widths)."""
-    return (rule.get("layers") == 2 and not rule.get("glu") and not rule.get("out_norm")
+    return (rule.get("layers") == 2 and not rule.get("glu")
             and rule.get("precondition", "none") in ("none", None) and rule.get("hidden")
             and rule["hidden"] % n == 0)
 
