@@ -61,7 +61,8 @@
 #define MN_CLUSTER 1
 #endif
 #if MN_CLUSTER > 1
-static_assert(MN_LAYERS == 2 && !MN_PRECOND && !MN_GLU, "a cluster splits a 2-layer memory without gates or newton_schulz");
+static_assert(MN_LAYERS == 2 && !MN_PRECOND && !MN_GLU,
+              "a cluster splits a 2-layer memory without gates or newton_schulz");
 static_assert(MN_DH_FULL % MN_CLUSTER == 0, "whole slices");
 #undef MN_DH
 #define MN_DH (MN_DH_FULL / MN_CLUSTER)

@@ -33,8 +33,7 @@ __device__ void mn_fused_padding_tail(const mn_rule_kargs &a, const mn_pset &Wp,
             }
     mn_block_sums<1>(&wsq);
     mn_cl_sums<1>(&wsq);
-    if (lead)
-    for (long long s = sl + tid; s < nsteps; s += MN_FT) {
+    for (long long s = sl + tid; s < nsteps && lead; s += MN_FT) {
         const long long o = m * nsteps + s;
         mn_padding_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, o);
         a.weight_norm[o] = (float)sqrt(wsq);
@@ -47,7 +46,8 @@ __device__ void mn_fused_padding_tail(const mn_rule_kargs &a, const mn_pset &Wp,
 #define MN_CLUSTER_DIMS
 #endif
 
-extern "C" __global__ void __launch_bounds__(MN_FT, MN_FUSED_MINB) MN_CLUSTER_DIMS mn_fused_step_kernel(const mn_rule_kargs a)
+extern "C" __global__ void __launch_bounds__(MN_FT, MN_FUSED_MINB) MN_CLUSTER_DIMS
+mn_fused_step_kernel(const mn_rule_kargs a)
 {
     extern __shared__ float4 mn_smem4[];
     const long long m = MN_MEMORY, n = a.n, nsteps = a.nsteps;

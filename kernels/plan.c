@@ -112,7 +112,8 @@ static int cluster_fit(const mn_rule *r, const mn_dims *d, int arch, long limit,
 {
     const char *knob = getenv("MNEMO_FUSED_CLUSTER");
     int want = 0;
-    if (knob && (!strcmp(knob, "1") || !strcmp(knob, "2") || !strcmp(knob, "4") || !strcmp(knob, "8"))) want = atoi(knob);
+    if (knob && (!strcmp(knob, "1") || !strcmp(knob, "2") || !strcmp(knob, "4") || !strcmp(knob, "8")))
+        want = atoi(knob);
     if (want == 1 || (one_fits && want == 0)) return 0;
     /* what the cluster kernel splits: a 2-layer memory without gates or newton_schulz (fused_kernel.cuh) */
     if (arch < 90 || r->layers != 2 || r->glu || r->precondition != MN_PRECOND_NONE) return 0;
@@ -404,8 +405,9 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
                      fwd.cluster);
             return MN_OK;
         }
-        snprintf(why, sizeof why, "the forward splits each memory over a cluster of %d blocks, the fused backward holds "
-                 "one in a block", fwd.cluster);
+        snprintf(why, sizeof why,
+                 "the forward splits each memory over a cluster of %d blocks, the fused backward holds one in a block",
+                 fwd.cluster);
     } else if (fwd.path != MN_PATH_FUSED) {
         snprintf(why, sizeof why, "the forward takes the %s path (%.250s)%s%s%s", mn_cuda_path_name(fwd.path), fwd.why,
                  nolarge[0] ? "; " : "", nolarge, nolarge[0] ? ": the general backward runs it" : "");
