@@ -397,17 +397,15 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
     } else if (fwd.path == MN_PATH_FUSED && fwd.cluster > 1) {
         /* the fused backward holds a whole memory in one block (out_norm,
          * which the large backward does not run, went to the general one above) */
-        if (!force_fused) {
-            out->path = MN_PATH_LARGE;
-            snprintf(out->why, sizeof out->why,
-                     "the forward splits each memory over a cluster of %d blocks, the fused backward holds one in a "
-                     "block: the large backward, cuBLAS products batched over the memories",
-                     fwd.cluster);
-            return MN_OK;
-        }
         snprintf(why, sizeof why,
                  "the forward splits each memory over a cluster of %d blocks, the fused backward holds one in a block",
                  fwd.cluster);
+        if (!force_fused) {
+            out->path = MN_PATH_LARGE;
+            snprintf(out->why, sizeof out->why, "%s: the large backward, cuBLAS products batched over the memories",
+                     why);
+            return MN_OK;
+        }
     } else if (fwd.path != MN_PATH_FUSED) {
         snprintf(why, sizeof why, "the forward takes the %s path (%.250s)%s%s%s", mn_cuda_path_name(fwd.path), fwd.why,
                  nolarge[0] ? "; " : "", nolarge, nolarge[0] ? ": the general backward runs it" : "");

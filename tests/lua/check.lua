@@ -49,6 +49,36 @@ function T.rel(a, b)
   return n > 0 and d / n or d
 end
 
+-- Every output of res against ref (mnemo.compare: the same NaN places,
+-- relative L2 error per dataset, at rtol tol): nil when all pass, else the
+-- failing rows in one line.
+function T.failing(res, ref, tol)
+  local rep = mnemo.compare(res, ref, { rtol = tol, quiet = true })
+  if rep.passed then return nil end
+  local bad = {}
+  for _, row in ipairs(rep.rows) do
+    if row.status ~= "pass" then
+      bad[#bad + 1] = ("%s %s rel %.3g"):format(row.name, tostring(row.detail), tonumber(row.rel) or -1)
+    end
+  end
+  return table.concat(bad, "; ")
+end
+
+-- The rule on cuda over k and v ([B, H, T, d]) twice from the same seed: a
+-- memory fed the first `first` tokens and then the rest in two writes, and
+-- one run of all; returns the memory's state and the run's result.
+function T.two_writes(rule, k, v, first, seed)
+  local m = mnemo
+  local n = k.shape[3]
+  m.seed(seed)
+  local one = rule:run { k = k, v = v, device = "cuda" }
+  m.seed(seed)
+  local mem = rule:memory { B = k.shape[1], H = k.shape[2], dk = k.shape[4], dv = v.shape[4], device = "cuda" }
+  mem:write { k = k:narrow(3, 1, first), v = v:narrow(3, 1, first) }
+  mem:write { k = k:narrow(3, first + 1, n - first), v = v:narrow(3, first + 1, n - first) }
+  return mem:state(), one
+end
+
 function T.skip(name, reason) print(("SKIP %s: %s"):format(name, reason)) end
 
 function T.done() os.exit(T.failures == 0 and 0 or 1) end

@@ -114,18 +114,6 @@ local function data(B, H, T_, dk, dv, seed, with_q, nan_at)
   return d
 end
 
-local function failing(res, ref, tol)
-  local rep = m.compare(res, ref, { rtol = tol, quiet = true })
-  if rep.passed then return nil end
-  local bad = {}
-  for _, row in ipairs(rep.rows) do
-    if row.status ~= "pass" then
-      bad[#bad + 1] = ("%s %s rel %.3g"):format(row.name, tostring(row.detail), tonumber(row.rel) or -1)
-    end
-  end
-  return table.concat(bad, "; ")
-end
-
 local cases = {
   { name = "H1-shaped, gelu, norm clip", extra = {}, B = 1, H = 2, T = 160, dk = 128 },
   { name = "H2-shaped (4 blocks)", extra = { hidden = 512 }, B = 1, H = 2, T = 130, dk = 128 },
@@ -169,7 +157,7 @@ for _, c in ipairs(cases) do
       args.device, args.precision = "cuda", prec
       m.seed(99)
       local res = rule:run(args)
-      local bad = failing(res, ref, TOL[prec])
+      local bad = T.failing(res, ref, TOL[prec])
       T.ok(("cluster/%s/%s: every output within %g of the cpu"):format(c.name, prec, TOL[prec]), bad == nil, bad)
       if prec == "fp32" then
         m.seed(99)
@@ -186,13 +174,7 @@ end
 do
   local rule = h1_rule { step = 16 }
   local d = data(1, 2, 96, 128, 128, 5)
-  m.seed(3)
-  local one = rule:run { k = d.k, v = d.v, device = "cuda" }
-  m.seed(3)
-  local mem = rule:memory { B = 1, H = 2, dk = 128, device = "cuda" }
-  mem:write { k = d.k:narrow(3, 1, 48), v = d.v:narrow(3, 1, 48) }
-  mem:write { k = d.k:narrow(3, 49, 48), v = d.v:narrow(3, 49, 48) }
-  local st = mem:state()
+  local st, one = T.two_writes(rule, d.k, d.v, 48, 3)
   for _, name in ipairs { "W1", "b1", "W2", "b2", "S_W2", "S_b2" } do
     local e = T.rel(st[name]:cpu(), one.final[name]:cpu())
     T.ok("cluster/memory: two writes equal one run (" .. name .. ")", e < 1e-6, tostring(e))

@@ -105,19 +105,6 @@ local cases = {
 
 local rel = T.rel
 
--- every output of res against ref (mnemo.compare: the same NaN places,
--- relative L2 error per dataset): nil when all pass, else the failing rows
-local function failing(res, ref, tol)
-  local rep = m.compare(res, ref, { rtol = tol, quiet = true })
-  if rep.passed then return nil end
-  local bad = {}
-  for _, row in ipairs(rep.rows) do
-    if row.status ~= "pass" then
-      bad[#bad + 1] = ("%s %s rel %.3g"):format(row.name, tostring(row.detail), tonumber(row.rel) or -1)
-    end
-  end
-  return table.concat(bad, "; ")
-end
 
 for _, c in ipairs(cases) do
   local ok, err = pcall(function()
@@ -131,7 +118,7 @@ for _, c in ipairs(cases) do
     for _, prec in ipairs { "fp32", "tf32", "bf16" } do
       m.seed(99)
       local res = rule:run { k = d.k, v = d.v, q = d.q, device = "cuda", precision = prec }
-      local bad = failing(res, ref, TOL[prec])
+      local bad = T.failing(res, ref, TOL[prec])
       T.ok(("fused/%s/%s: every output within %g"):format(c.name, prec, TOL[prec]), bad == nil, bad)
     end
   end)
@@ -142,13 +129,7 @@ end
 do
   local rule = m.rule { layers = 2, hidden = 32, step = 8, theta = 0.1, eta = 0.9 }
   local d = data(1, 2, 64, 16, 16, 5)
-  m.seed(3)
-  local one = rule:run { k = d.k, v = d.v, device = "cuda" }
-  m.seed(3)
-  local mem = rule:memory { B = 1, H = 2, dk = 16, device = "cuda" }
-  mem:write { k = d.k:narrow(3, 1, 24), v = d.v:narrow(3, 1, 24) }
-  mem:write { k = d.k:narrow(3, 25, 40), v = d.v:narrow(3, 25, 40) }
-  local st = mem:state()
+  local st, one = T.two_writes(rule, d.k, d.v, 24, 3)
   local e = rel(st.W1:cpu(), one.final.W1:cpu())
   T.ok("fused/memory: two writes equal one run (W1)", e < 1e-6, tostring(e))
 end
