@@ -200,6 +200,8 @@ want paths && {
     for prec in tf32 bf16; do
         run_one "lua/test_grad_cuda.lua ($prec)" env MNEMO_GRAD_PRECISION=$prec "$MNEMO" tests/lua/test_grad_cuda.lua
     done
+    # every 2-layer case's forward on a cluster of 2, its backward the large (or general) one
+    run_one "lua/test_grad_cuda.lua (cluster 2)" env MNEMO_FUSED_CLUSTER=2 "$MNEMO" tests/lua/test_grad_cuda.lua
 }
 
 # ---- the rule engine from Lua: cuda against cpu ----
