@@ -354,7 +354,7 @@ int l_rule_kernel_info(lua_State *L, const mn_rule *r, int opts)
         return luaL_error(L, "kernel_info: %s", mn_last_error());
     /* the step kernel at the top (a run spends its time there), all in kernels;
      * a block per memory, or a cluster of them */
-    int cluster = set->cluster > 1 ? set->cluster : 1;
+    const int cluster = set->cluster;
     long long grid = d.B * d.H * cluster;
     lua_createtable(L, 0, 24);
     for (int i = 0; i < set->n; i++)

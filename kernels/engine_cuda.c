@@ -96,14 +96,13 @@ mn_status mn_cuda_rule_kernel_occupancy(const mn_rule *r, const mn_dims *d, mn_p
     MN_TRY(rule_module(r, d, p, &pl, &m));
     mn_cuda_module *gm = m;
     if (pl.path == MN_PATH_FUSED) MN_TRY(rule_module(r, d, p, NULL, &gm)); /* reads run the general module */
-    const struct { const char *name; cudaKernel_t k; int threads; long smem; } ks[] = {
-        {MN_RULE_STEP_KERNEL, pl.path == MN_PATH_FUSED ? NULL : m->k[K_STEP], MN_RULE_THREADS, 0},
-        {MN_RULE_READ_KERNEL, gm->k[K_READ], MN_RULE_THREADS, 0},
-        {MN_FUSED_STEP_KERNEL, pl.path == MN_PATH_FUSED ? m->k[K_STEP] : NULL, pl.threads, pl.smem_bytes}};
+    const struct { const char *name; cudaKernel_t k; int threads; long smem; int cluster; } ks[] = {
+        {MN_RULE_STEP_KERNEL, pl.path == MN_PATH_FUSED ? NULL : m->k[K_STEP], MN_RULE_THREADS, 0, 1},
+        {MN_RULE_READ_KERNEL, gm->k[K_READ], MN_RULE_THREADS, 0, 1},
+        {MN_FUSED_STEP_KERNEL, pl.path == MN_PATH_FUSED ? m->k[K_STEP] : NULL, pl.threads, pl.smem_bytes, pl.cluster}};
     for (size_t i = 0; i < sizeof ks / sizeof *ks; i++) {
         mn_kernel_info *k = mn_kernel_set_find(set, ks[i].name);
-        int cluster = i == 2 && pl.cluster > 1 ? pl.cluster : 1;
-        if (k && ks[i].k) MN_TRY(kernel_occupancy(ks[i].k, ks[i].threads, ks[i].smem, cluster, k));
+        if (k && ks[i].k) MN_TRY(kernel_occupancy(ks[i].k, ks[i].threads, ks[i].smem, ks[i].cluster, k));
     }
     return MN_OK;
 }
@@ -188,7 +187,8 @@ static mn_status prepare(const mn_memory_state *st, int64_t memories, const mn_c
 {
     const mn_rule *r = &st->rule;
     const mn_dims *d = &st->dims;
-    if (memories * (pl && pl->cluster > 1 ? pl->cluster : 1) > 2147483647LL)
+    const int64_t blocks = memories * (pl ? pl->cluster : 1); /* the launch's */
+    if (blocks > 2147483647LL)
         return mn_fail(MN_ERR_UNSUPPORTED, "cuda engine: %lld memories (B x H) exceed one launch's grid",
                        (long long)memories);
     memset(a, 0, sizeof *a);
@@ -218,18 +218,8 @@ static mn_status prepare(const mn_memory_state *st, int64_t memories, const mn_c
         a->ln_b = f32(&st->outer[1]);
         mn_rule_layout_out_norm(&lo, d->dv, mn_rule_chunk_rows(r->step));
     }
-    /* the fused kernel's workspace is a block's: in a cluster, of its slice */
-    int64_t blocks = memories;
-    if (pl && pl->path == MN_PATH_FUSED) {
-        mn_dims slice = *d;
-        if (pl->cluster > 1) {
-            slice.dh = d->dh / pl->cluster;
-            blocks *= pl->cluster;
-        }
-        a->work_floats = mn_fused_work_floats(r, &slice);
-    } else {
-        a->work_floats = lo.total;
-    }
+    /* a workspace per block: in a cluster, of the block's slice */
+    a->work_floats = pl && pl->path == MN_PATH_FUSED ? mn_fused_work_floats(r, d, pl->cluster) : lo.total;
     *work_bytes = sizeof(float) * (size_t)a->work_floats * (size_t)blocks;
     return mn_cuda_alloc(*work_bytes, work);
 }
@@ -350,7 +340,7 @@ static mn_status cuda_segment_run(mn_memory_state *st, const mn_segment_inputs *
     if (s == MN_OK)
         s = pl.path == MN_PATH_FUSED
                 ? launch(mod, mod->k[K_STEP], MN_FUSED_STEP_KERNEL, pl.threads, pl.smem_bytes,
-                         memories * (pl.cluster > 1 ? pl.cluster : 1), &a)
+                         memories * pl.cluster, &a)
                 : launch(mod, mod->k[K_STEP], MN_RULE_STEP_KERNEL, MN_RULE_THREADS, 0, memories, &a);
     if (ns_work) mn_cuda_free(ns_work, ns_bytes);
     mn_cuda_free(work, work_bytes);

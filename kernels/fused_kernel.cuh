@@ -194,7 +194,7 @@ __device__ __forceinline__ float mn_cl_load(const float *p, unsigned rank)
     return v;
 }
 
-__device__ __forceinline__ float2 mn_cl_load2(const float *p, unsigned rank)
+__device__ __forceinline__ float2 mn_cl_load(const float2 *p, unsigned rank)
 {
     float2 v;
     asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(mn_cl_addr(p, rank))
@@ -202,11 +202,25 @@ __device__ __forceinline__ float2 mn_cl_load2(const float *p, unsigned rank)
     return v;
 }
 
-__device__ __forceinline__ double mn_cl_loadd(const double *p, unsigned rank)
+__device__ __forceinline__ double mn_cl_load(const double *p, unsigned rank)
 {
     double v;
     asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(mn_cl_addr(p, rank)) : "memory");
     return v;
+}
+
+__device__ __forceinline__ float2 mn_cl_add(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
+template <class T> __device__ __forceinline__ T mn_cl_add(T a, T b) { return a + b; }
+
+/* The sum over the cluster of *p, each block's copy at the same place in
+ * its shared memory, in rank order: every block that asks gets the same
+ * bits. */
+template <class T> __device__ __forceinline__ T mn_cl_sum(const T *p)
+{
+    T t = mn_cl_load(p, 0);
+#pragma unroll
+    for (unsigned c = 1; c < MN_CLUSTER; c++) t = mn_cl_add(t, mn_cl_load(p, c));
+    return t;
 }
 #define MN_CL_LEAD (mn_cl_rank() == 0)
 #else
@@ -428,13 +442,7 @@ template <class EpiY> __device__ __forceinline__ void mn_cl_rows_reduce(const fl
     for (int u = 0; u < NP; u++) {
         const int e = threadIdx.x + u * MN_FT, r = e / (MN_PDV / 2), j = 2 * (e % (MN_PDV / 2));
         if (e >= PAIRS) break;
-        float2 t = mn_cl_load2(y + r * MN_LDV + j, 0);
-#pragma unroll
-        for (unsigned c = 1; c < MN_CLUSTER; c++) {
-            const float2 o = mn_cl_load2(y + r * MN_LDV + j, c);
-            t.x += o.x, t.y += o.y;
-        }
-        sum[u] = t;
+        sum[u] = mn_cl_sum(reinterpret_cast<const float2 *>(y + r * MN_LDV + j));
     }
     mn_cl_sync();
 #pragma unroll
@@ -458,12 +466,7 @@ template <int N> __device__ __forceinline__ void mn_cl_sums(double *v)
         for (int i = 0; i < N; i++) mine[i] = v[i];
     mn_cl_sync();
 #pragma unroll
-    for (int i = 0; i < N; i++) {
-        double t = mn_cl_loadd(&mine[i], 0);
-#pragma unroll
-        for (unsigned c = 1; c < MN_CLUSTER; c++) t += mn_cl_loadd(&mine[i], c);
-        v[i] = t;
-    }
+    for (int i = 0; i < N; i++) v[i] = mn_cl_sum(&mine[i]);
     mn_cl_sync(); /* every block has read mine before it changes */
 #else
     (void)v;
@@ -612,12 +615,7 @@ __device__ void mn_fused_row(const mn_pset &P, const mn_fbuf &fb, const float *x
     mn_row_layer<MN_DH, MN_DV>(P.w[1], MN_LLD(1), lead ? P.b[1] : 0, fb.hs, true, lead ? x_row : 0, fb.ys);
     mn_cl_sync();
     const int j = threadIdx.x;
-    float t = 0.0f;
-    if (lead && j < MN_DV) {
-        t = mn_cl_load(fb.ys + j, 0);
-#pragma unroll
-        for (unsigned c = 1; c < MN_CLUSTER; c++) t += mn_cl_load(fb.ys + j, c);
-    }
+    const float t = lead && j < MN_DV ? mn_cl_sum(fb.ys + j) : 0.0f;
     mn_cl_sync();
     if (lead && j < MN_DV) o[j] = t;
 #elif MN_LAYERS == 2

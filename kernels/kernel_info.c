@@ -152,7 +152,7 @@ mn_status mn_cuda_rule_kernel_info(const mn_rule *r, const mn_dims *d, mn_precis
     const char *step = mn_cuda_plan_step_kernel(&pl);
     snprintf(out->step_kernel, sizeof out->step_kernel, "%s", step);
     snprintf(out->path, sizeof out->path, "%s", mn_cuda_path_name(pl.path));
-    out->cluster = pl.path == MN_PATH_FUSED && pl.cluster > 1 ? pl.cluster : 1;
+    out->cluster = pl.cluster;
     if (!mn_kernel_set_find(out, step))
         return mn_fail(MN_ERR_DEVICE, "kernel info: NVRTC's log for sm_%d names no %s (ptxas -v said nothing)", arch,
                        step);

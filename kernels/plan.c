@@ -101,6 +101,15 @@ static int fused_fit(const mn_rule *r, const mn_dims *d, int cluster, long limit
 /* The cluster sizes tried, smallest first: 8 is the portable maximum. */
 #define MAX_CLUSTER 8
 
+/* An experiment's knob that takes 1, 2, 4 or 8 (MNEMO_FUSED_CLUSTER,
+ * MNEMO_FUSED_KUNROLL): its value, or 0 when unset or anything else. */
+static int power_knob(const char *name)
+{
+    const char *v = getenv(name);
+    if (v && (!strcmp(v, "1") || !strcmp(v, "2") || !strcmp(v, "4") || !strcmp(v, "8"))) return atoi(v);
+    return 0;
+}
+
 /* Splits a 2-layer memory that one block cannot hold over a cluster
  * (sm_90): the smallest cluster whose blocks take chunks of at least 32
  * rows (or the step's, if shorter), else the smallest that fits at all; 0
@@ -110,10 +119,7 @@ static int fused_fit(const mn_rule *r, const mn_dims *d, int cluster, long limit
 static int cluster_fit(const mn_rule *r, const mn_dims *d, int arch, long limit, int threads, bool one_fits,
                        int *rows_out, long *smem_out)
 {
-    const char *knob = getenv("MNEMO_FUSED_CLUSTER");
-    int want = 0;
-    if (knob && (!strcmp(knob, "1") || !strcmp(knob, "2") || !strcmp(knob, "4") || !strcmp(knob, "8")))
-        want = atoi(knob);
+    const int want = power_knob("MNEMO_FUSED_CLUSTER");
     if (want == 1 || (one_fits && want == 0)) return 0;
     /* what the cluster kernel splits: a 2-layer memory without gates or newton_schulz (fused_kernel.cuh) */
     if (arch < 90 || r->layers != 2 || r->glu || r->precondition != MN_PRECOND_NONE) return 0;
@@ -294,14 +300,15 @@ void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len)
     /* an experiment's knob: the unroll of the products' K loops (1, 2, 4 or
      * 8) in place of fused_kernel.cuh's measured defaults; it trades NVRTC
      * time and stack for overlap of the loads with the tensor cores */
-    const char *ku = getenv("MNEMO_FUSED_KUNROLL");
-    if (used > 0 && (size_t)used < len && ku &&
-        (!strcmp(ku, "1") || !strcmp(ku, "2") || !strcmp(ku, "4") || !strcmp(ku, "8")))
-        snprintf(buf + used, len - (size_t)used, "#define MN_KUNROLL %s\n", ku);
+    const int ku = power_knob("MNEMO_FUSED_KUNROLL");
+    if (used > 0 && (size_t)used < len && ku) snprintf(buf + used, len - (size_t)used, "#define MN_KUNROLL %d\n", ku);
 }
 
-long mn_fused_work_floats(const mn_rule *r, const mn_dims *d)
+long mn_fused_work_floats(const mn_rule *r, const mn_dims *d, int cluster)
 {
+    mn_dims slice = *d; /* a block's share of the memory */
+    if (cluster > 1) slice.dh = d->dh / cluster;
+    d = &slice;
     long g = 0;
     mn_param_layout lo;
     mn_param_layout_init(&lo, r->layers, r->bias, r->glu, d->dk, d->dv, d->dh);
@@ -346,6 +353,7 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
                                 mn_cuda_plan *out)
 {
     memset(out, 0, sizeof *out);
+    out->cluster = 1;
     if (arch <= 0) arch = 90;
     if (smem_limit <= 0) smem_limit = smem_of_arch(arch);
     const char *force = getenv("MNEMO_CUDA_BACKWARD");

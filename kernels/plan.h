@@ -36,7 +36,7 @@ typedef struct mn_cuda_plan {
     int threads;          /* fused: threads per block */
     long smem_bytes;      /* fused: dynamic shared memory per block */
     int pdk, pdv, pdh;    /* fused: dk, dv, dh padded to multiples of 16 (pdh: a block's slice, padded) */
-    int cluster;          /* fused: blocks a memory, a cluster on sm_90 splitting it by hidden units; 1: one */
+    int cluster;          /* blocks a memory: fused over a cluster on sm_90 (split by hidden units), else 1 */
     int min_blocks;       /* fused: blocks an SM the forward is compiled to share (__launch_bounds__), 1 or 2 */
     int dh;               /* fused, cluster > 1: the whole memory's hidden width */
     char why[384];        /* one line: why this path */
@@ -56,9 +56,10 @@ long mn_fused_smem_bytes(const mn_rule *r, const mn_dims *d, int rows);
 mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, int64_t memories, int arch,
                             long smem_limit, mn_cuda_plan *out);
 
-/* Workspace floats per memory of the fused kernel: the step's gradient, and
+/* Workspace floats per block of the fused kernel (a memory's, or with
+ * cluster > 1 blocks a memory one block's slice): the step's gradient, and
  * W in the padded layout when the gradient point is the anchor. */
-long mn_fused_work_floats(const mn_rule *r, const mn_dims *d);
+long mn_fused_work_floats(const mn_rule *r, const mn_dims *d, int cluster);
 
 /* The CUDA source of the plan's path (caller frees; NULL with the error
  * set), and the name of the kernel that walks the steps in it. */
