@@ -64,4 +64,24 @@ void *mn_cuda_get_stream(void);
 mn_status mn_cuda_check_pending(void);
 mn_status mn_cuda_synchronize(void);
 
+/* ---- the compile tiers of generated kernels (kernels/cuda_module.c) ---- */
+
+/* How a source missing from the disk cache is compiled (MNEMO_COMPILE
+ * overrides the process's default, tiered; the PyTorch bridge's is full,
+ * so that a CUDA graph captured early holds the full kernels). */
+typedef enum { MN_COMPILE_TIERED, MN_COMPILE_FULL, MN_COMPILE_FAST } mn_compile_mode;
+void mn_cuda_set_compile_default(mn_compile_mode mode);
+
+/* Counts for mnemo.compiles(): modules first loaded from the fast tier,
+ * those moved to the full tier since, and background compiles not yet
+ * taken up (queued, compiling, or done and waiting for the next run). */
+typedef struct { int fast, upgraded, pending, failed; } mn_cuda_compile_stats;
+void mn_cuda_compile_stats_get(mn_cuda_compile_stats *s);
+
+/* Wait for every background compile and move its module to the full tier
+ * (mnemo.compile_wait(): before timing kernels). Returns the modules moved
+ * through *moved; a failed compile's error is returned after the others
+ * are taken up (the module keeps its fast kernels). */
+mn_status mn_cuda_compile_wait(int *moved);
+
 #endif

@@ -4,20 +4,45 @@
 #include "cuda_check.h"
 #include "nvrtc.h"
 #include "codegen.h"
+#include "compile_later.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static mn_cuda_module *modules;
+static mn_cuda_compile_stats stats; /* pending is counted when asked */
+static mn_compile_mode default_mode = MN_COMPILE_TIERED;
 
-/* The cache key of src for this device (kernels/nvrtc.h). */
-static mn_status source_key(const char *src, char key[33])
+void mn_cuda_set_compile_default(mn_compile_mode mode) { default_mode = mode; }
+
+/* MNEMO_COMPILE, else the process's default. */
+static mn_status compile_mode(mn_compile_mode *mode)
 {
-    MN_TRY(mn_cuda_ensure_device());
-    int arch = mn_cuda_arch();
-    char opts[256];
-    mn_cuda_cache_key(src, mn_nvrtc_options(arch, opts, sizeof opts), arch, mn_nvrtc_version(), key);
+    const char *v = getenv("MNEMO_COMPILE");
+    if (!v || !v[0]) *mode = default_mode;
+    else if (strcmp(v, "tiered") == 0) *mode = MN_COMPILE_TIERED;
+    else if (strcmp(v, "full") == 0) *mode = MN_COMPILE_FULL;
+    else if (strcmp(v, "fast") == 0) *mode = MN_COMPILE_FAST;
+    else return mn_fail(MN_ERR_ARG, "MNEMO_COMPILE=%s: expected tiered, full or fast", v);
     return MN_OK;
+}
+
+double mn_cuda_run_work(const mn_rule *r, const mn_dims *d)
+{
+    double weights = r->layers <= 1 ? (double)d->dk * d->dv
+                                    : (double)d->dk * d->dh + (r->layers - 2.0) * d->dh * d->dh + (double)d->dh * d->dv;
+    return (double)d->B * d->H * d->T * weights;
+}
+
+/* Whether the caller's stream is capturing a CUDA graph: a library is not
+ * loaded then, so the graph keeps what is loaded. */
+static bool capturing(void)
+{
+    cudaStream_t stream = (cudaStream_t)mn_cuda_get_stream();
+    enum cudaStreamCaptureStatus c = cudaStreamCaptureStatusNone;
+    if (!stream || cudaStreamIsCapturing(stream, &c) != cudaSuccess) return false;
+    return c != cudaStreamCaptureStatusNone;
 }
 
 static mn_status load(const void *cubin, cudaLibrary_t *lib)
@@ -25,37 +50,101 @@ static mn_status load(const void *cubin, cudaLibrary_t *lib)
     return MN_CUDA_ST(cudaLibraryLoadData(lib, cubin, NULL, NULL, 0, NULL, NULL, 0));
 }
 
-/* src compiled by NVRTC, or its CUBIN from the disk cache, loaded; a
- * cached CUBIN the driver refuses is compiled afresh and replaces it. */
-static mn_status library_load(const char *src, cudaLibrary_t *lib)
+/* src at tier compiled by NVRTC, or its CUBIN from the disk cache, loaded;
+ * a cached CUBIN the driver refuses is compiled afresh and replaces it. */
+static mn_status library_load(const char *src, mn_tier tier, cudaLibrary_t *lib)
 {
     int arch = mn_cuda_arch();
-    char k[33]; /* mn_nvrtc_cubin's key: the same as mn_cuda_source_key's */
+    char k[33];
     void *cubin = NULL;
     size_t size = 0;
-    mn_status s = mn_nvrtc_cubin(src, arch, false, k, &cubin, &size);
+    mn_status s = mn_nvrtc_cubin(src, arch, tier, false, k, &cubin, &size);
     if (s == MN_OK && load(cubin, lib) != MN_OK) {
         /* a cached file this driver refuses: compile afresh and replace it */
         free(cubin);
         cubin = NULL;
-        s = mn_nvrtc_cubin(src, arch, true, k, &cubin, &size);
+        s = mn_nvrtc_cubin(src, arch, tier, true, k, &cubin, &size);
         if (s == MN_OK) s = load(cubin, lib);
     }
     free(cubin);
     return s;
 }
 
-mn_status mn_cuda_module_get(const char *src, const char *const *names, mn_cuda_module **out)
+/* The kernels names[] (and the constants' setter where has_setter) of lib. */
+static mn_status kernels_of(cudaLibrary_t lib, const char *const *names, bool has_setter,
+                            cudaKernel_t k[MN_MODULE_MAX_KERNELS], cudaKernel_t *set_constants)
 {
+    for (int i = 0; names[i]; i++) {
+        if (i >= MN_MODULE_MAX_KERNELS)
+            return mn_fail(MN_ERR_ARG, "cuda module: more than %d kernels", MN_MODULE_MAX_KERNELS);
+        MN_TRY(MN_CUDA_ST(cudaLibraryGetKernel(&k[i], lib, names[i])));
+    }
+    *set_constants = NULL;
+    if (has_setter) MN_TRY(MN_CUDA_ST(cudaLibraryGetKernel(set_constants, lib, MN_SET_CONSTANTS_KERNEL)));
+    return MN_OK;
+}
+
+/* m's kernels from lib, the full tier's, in place of the fast ones. */
+static mn_status take_full(mn_cuda_module *m, cudaLibrary_t lib)
+{
+    cudaKernel_t k[MN_MODULE_MAX_KERNELS] = {0}, setter = NULL;
+    mn_status s = kernels_of(lib, m->names, m->set_constants != NULL, k, &setter);
+    if (s != MN_OK) {
+        (void)cudaLibraryUnload(lib);
+        return s;
+    }
+    m->fast_lib = m->lib; /* kept: a CUDA graph may hold its kernels */
+    m->lib = lib;
+    memcpy(m->k, k, sizeof k);
+    m->set_constants = setter;
+    m->fast = false;
+    stats.upgraded++;
+    return MN_OK;
+}
+
+/* Finish m's background compile (waiting if it is not done) and move m to
+ * the full tier. On failure m keeps its fast kernels. */
+static mn_status upgrade(mn_cuda_module *m)
+{
+    mn_compile_job *job = m->job;
+    m->job = NULL;
+    void *cubin = NULL;
+    size_t size = 0;
+    cudaLibrary_t lib;
+    mn_status s = mn_compile_job_finish(job, &cubin, &size);
+    if (s == MN_OK) s = load(cubin, &lib);
+    free(cubin);
+    if (s == MN_OK) s = take_full(m, lib);
+    if (s != MN_OK) stats.failed++;
+    return s;
+}
+
+mn_status mn_cuda_module_get(const char *src, const char *const *names, double work, mn_cuda_module **out)
+{
+    MN_TRY(mn_cuda_ensure_device());
+    mn_compile_mode mode = default_mode;
+    MN_TRY(compile_mode(&mode));
+    int arch = mn_cuda_arch();
     char key[33];
-    MN_TRY(source_key(src, key));
+    mn_nvrtc_key(src, arch, MN_TIER_FULL, key);
+    bool in_capture = capturing();
+    bool want_full = mode == MN_COMPILE_FULL || work > MN_FAST_TIER_WORK;
     for (mn_cuda_module *m = modules; m; m = m->next)
         if (strcmp(m->key, key) == 0) {
+            /* a failed full compile leaves the fast kernels: the run goes on */
+            if (m->job && !in_capture && (want_full || mn_compile_job_done(m->job))) (void)upgrade(m);
             *out = m;
             return MN_OK;
         }
+    bool fast = mode == MN_COMPILE_FAST ||
+                (mode == MN_COMPILE_TIERED && !want_full && !in_capture && !mn_nvrtc_in_cache(src, arch, MN_TIER_FULL));
+    /* queued first, so that it compiles while this thread compiles the fast
+     * tier; without a background thread, the full tier now. A job whose
+     * fast compile then fails is left to finish (it fails too) and leaks. */
+    mn_compile_job *job = fast && mode == MN_COMPILE_TIERED ? mn_compile_later(src, arch) : NULL;
+    if (fast && mode == MN_COMPILE_TIERED && !job) fast = false;
     cudaLibrary_t lib;
-    MN_TRY(library_load(src, &lib));
+    MN_TRY(library_load(src, fast ? MN_TIER_FAST : MN_TIER_FULL, &lib));
     mn_cuda_module *m = calloc(1, sizeof *m);
     if (!m) {
         (void)cudaLibraryUnload(lib);
@@ -63,21 +152,44 @@ mn_status mn_cuda_module_get(const char *src, const char *const *names, mn_cuda_
     }
     memcpy(m->key, key, sizeof m->key);
     m->lib = lib;
-    mn_status s = MN_OK;
-    for (int i = 0; names[i] && s == MN_OK; i++)
-        s = i < MN_MODULE_MAX_KERNELS ? MN_CUDA_ST(cudaLibraryGetKernel(&m->k[i], lib, names[i]))
-                                      : mn_fail(MN_ERR_ARG, "cuda module: more than %d kernels", MN_MODULE_MAX_KERNELS);
-    if (s == MN_OK && strstr(src, MN_SET_CONSTANTS_KERNEL "("))
-        s = MN_CUDA_ST(cudaLibraryGetKernel(&m->set_constants, lib, MN_SET_CONSTANTS_KERNEL));
+    m->fast = fast;
+    m->job = job;
+    for (int i = 0; names[i] && i < MN_MODULE_MAX_KERNELS; i++) m->names[i] = names[i];
+    mn_status s = kernels_of(lib, names, strstr(src, MN_SET_CONSTANTS_KERNEL "(") != NULL, m->k, &m->set_constants);
     if (s != MN_OK) {
         (void)cudaLibraryUnload(lib);
         free(m);
         return s;
     }
+    stats.fast += fast;
     m->next = modules;
     modules = m;
     *out = m;
     return MN_OK;
+}
+
+void mn_cuda_compile_stats_get(mn_cuda_compile_stats *out)
+{
+    *out = stats;
+    out->pending = 0;
+    for (mn_cuda_module *m = modules; m; m = m->next) out->pending += m->job != NULL;
+}
+
+mn_status mn_cuda_compile_wait(int *moved)
+{
+    int before = stats.upgraded;
+    mn_status first = MN_OK;
+    char message[1024] = "";
+    for (mn_cuda_module *m = modules; m; m = m->next) {
+        if (!m->job) continue;
+        mn_status s = upgrade(m);
+        if (s != MN_OK && first == MN_OK) {
+            first = s;
+            snprintf(message, sizeof message, "%s", mn_last_error());
+        }
+    }
+    if (moved) *moved = stats.upgraded - before;
+    return first == MN_OK ? MN_OK : mn_fail(first, "%s", message);
 }
 
 mn_status mn_cuda_module_set_constants(const mn_cuda_module *m, const mn_rule *r, cudaStream_t stream)

@@ -35,8 +35,8 @@ static mn_status device_plan(const mn_rule *r, const mn_dims *d, mn_precision p,
 }
 
 /* The module for a rule at the given dims and precision, on the plan's path
- * (NULL: the general path). */
-static mn_status rule_module(const mn_rule *r, const mn_dims *d, mn_precision p, const mn_cuda_plan *pl,
+ * (NULL: the general path); work picks the compile's tier (kernels/cuda_module.h). */
+static mn_status rule_module(const mn_rule *r, const mn_dims *d, mn_precision p, const mn_cuda_plan *pl, double work,
                              mn_cuda_module **out)
 {
     mn_cuda_plan general = {0};
@@ -45,7 +45,7 @@ static mn_status rule_module(const mn_rule *r, const mn_dims *d, mn_precision p,
     char *src = mn_cuda_plan_source(r, d, p, pl);
     if (!src) return MN_ERR_ARG;
     bool fused = pl->path == MN_PATH_FUSED;
-    mn_status s = mn_cuda_module_get(src, fused ? fused_kernels : general_kernels, out);
+    mn_status s = mn_cuda_module_get(src, fused ? fused_kernels : general_kernels, work, out);
     free(src);
     MN_TRY(s);
     /* past 48 KB, dynamic shared memory must be asked for */
@@ -93,9 +93,10 @@ mn_status mn_cuda_rule_kernel_occupancy(const mn_rule *r, const mn_dims *d, mn_p
     mn_cuda_module *m;
     mn_cuda_plan pl;
     MN_TRY(device_plan(r, d, p, &pl));
-    MN_TRY(rule_module(r, d, p, &pl, &m));
+    /* the full tier: the kernels runs are meant to use */
+    MN_TRY(rule_module(r, d, p, &pl, MN_WORK_FULL, &m));
     mn_cuda_module *gm = m;
-    if (pl.path == MN_PATH_FUSED) MN_TRY(rule_module(r, d, p, NULL, &gm)); /* reads run the general module */
+    if (pl.path == MN_PATH_FUSED) MN_TRY(rule_module(r, d, p, NULL, MN_WORK_FULL, &gm)); /* reads run the general module */
     const struct { const char *name; cudaKernel_t k; int threads; long smem; int cluster; } ks[] = {
         {MN_RULE_STEP_KERNEL, pl.path == MN_PATH_FUSED ? NULL : m->k[K_STEP], MN_RULE_THREADS, 0, 1},
         {MN_RULE_READ_KERNEL, gm->k[K_READ], MN_RULE_THREADS, 0, 1},
@@ -283,7 +284,7 @@ static mn_status cuda_segment_run(mn_memory_state *st, const mn_segment_inputs *
         return mn_cuda_large_segment_run(st, in, out, n, nsteps);
     }
     mn_cuda_module *mod;
-    MN_TRY(rule_module(&st->rule, &st->dims, st->precision, &pl, &mod));
+    MN_TRY(rule_module(&st->rule, &st->dims, st->precision, &pl, mn_cuda_run_work(&st->rule, &st->dims), &mod));
     MN_TRY(mn_cuda_module_set_constants(mod, &st->rule, (cudaStream_t)mn_cuda_get_stream()));
     mn_rule_kargs a;
     void *work = NULL;
@@ -358,7 +359,7 @@ static mn_status cuda_read(const mn_memory_state *st, const mn_tensor *q, mn_ten
     MN_TRY(device_plan(&st->rule, &st->dims, st->precision, &pl));
     if (pl.path == MN_PATH_LARGE) return mn_cuda_large_read(st, q, y);
     mn_cuda_module *mod;
-    MN_TRY(rule_module(&st->rule, &st->dims, st->precision, NULL, &mod));
+    MN_TRY(rule_module(&st->rule, &st->dims, st->precision, NULL, mn_cuda_run_work(&st->rule, &st->dims), &mod));
     MN_TRY(mn_cuda_module_set_constants(mod, &st->rule, (cudaStream_t)mn_cuda_get_stream()));
     mn_rule_kargs a;
     void *work = NULL;

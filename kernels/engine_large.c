@@ -100,7 +100,7 @@ static mn_status module_for(const mn_rule *r, const mn_dims *d, mn_precision p, 
 {
     char *src = mn_cuda_large_source(r, d, p);
     if (!src) return MN_ERR_ARG;
-    mn_status s = mn_cuda_module_get(src, mn_large_kernel_names, out);
+    mn_status s = mn_cuda_module_get(src, mn_large_kernel_names, mn_cuda_run_work(r, d), out);
     free(src);
     return s;
 }

@@ -137,7 +137,7 @@ static mn_status kernel_for(const mn_rule *r, const mn_dims *d, mn_precision pre
     }
     if (!src) return MN_ERR_ARG;
     const char *names[] = {name, NULL};
-    mn_status s = mn_cuda_module_get(src, names, &gk->mod);
+    mn_status s = mn_cuda_module_get(src, names, mn_cuda_run_work(r, d), &gk->mod);
     free(src);
     MN_TRY(s);
     MN_TRY(mn_cuda_module_set_constants(gk->mod, r, (cudaStream_t)mn_cuda_get_stream()));

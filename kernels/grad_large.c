@@ -641,7 +641,7 @@ static mn_status setup(lg *G, const mn_large_grad_io *io, mn_precision prec)
     }
     char *src = mn_cuda_large_grad_source(r, d, prec);
     if (!src) return MN_ERR_ARG;
-    mn_status s = mn_cuda_module_get(src, mn_large_grad_kernel_names, &G->mod);
+    mn_status s = mn_cuda_module_get(src, mn_large_grad_kernel_names, mn_cuda_run_work(r, d), &G->mod);
     free(src);
     return s;
 }

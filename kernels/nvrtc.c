@@ -7,6 +7,8 @@
 #include <nvrtc.h>
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,9 +37,15 @@ int mn_nvrtc_version(void)
 /* -default-device: every function is a device function, so the generated
  * text needs no __device__ on helpers; no host headers are needed.
  * --ptxas-options=-v: the log reports each kernel's registers, shared
- * memory, stack and spills (rule:kernel_info) at no cost to the code. */
-#define N_OPTIONS 5
-static void options_of(int arch, char arch_opt[32], const char *opts[N_OPTIONS])
+ * memory, stack and spills (rule:kernel_info) at no cost to the code.
+ * The fast tier adds --Ofast-compile=mid: NVVM and ptxas skip the costly
+ * optimisations (most inlining, register promotion of the tiles), about a
+ * third of the full compile's time for P1's fused kernel, for a kernel about
+ * 4x slower. Both tiers compile the same float operations (no fast-math,
+ * the same contraction): on an H100 their outputs and gradients were equal
+ * to the bit (tests/gpu/tier_bits.sh). */
+#define N_OPTIONS 6
+static int options_of(int arch, mn_tier tier, char arch_opt[32], const char *opts[N_OPTIONS])
 {
     snprintf(arch_opt, 32, "--gpu-architecture=sm_%d", arch);
     opts[0] = arch_opt;
@@ -45,14 +53,18 @@ static void options_of(int arch, char arch_opt[32], const char *opts[N_OPTIONS])
     opts[2] = "--std=c++17";
     opts[3] = "-lineinfo";
     opts[4] = "--ptxas-options=-v";
+    opts[5] = "--Ofast-compile=mid";
+    return tier == MN_TIER_FAST ? 6 : 5;
 }
 
-const char *mn_nvrtc_options(int arch, char *buf, size_t len)
+const char *mn_nvrtc_options(int arch, mn_tier tier, char *buf, size_t len)
 {
     char arch_opt[32];
     const char *opts[N_OPTIONS];
-    options_of(arch, arch_opt, opts);
-    snprintf(buf, len, "%s %s %s %s %s", opts[0], opts[1], opts[2], opts[3], opts[4]);
+    int n = options_of(arch, tier, arch_opt, opts), at = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n && at >= 0 && (size_t)at < len; i++)
+        at += snprintf(buf + at, len - (size_t)at, "%s%s", i ? " " : "", opts[i]);
     return buf;
 }
 
@@ -126,7 +138,8 @@ static double now_ms(void)
 
 /* Compile src; on success *cubin (when wanted) gets the CUBIN, and *info
  * (when wanted) the kernels' resources from the log and the PTX. */
-static mn_status compile(const char *src, int arch, char **log_out, void **cubin, size_t *size, mn_kernel_set *info)
+static mn_status compile(const char *src, int arch, mn_tier tier, char **log_out, void **cubin, size_t *size,
+                         mn_kernel_set *info)
 {
     if (log_out) *log_out = NULL;
     if (arch < 50) return mn_fail(MN_ERR_DEVICE, "nvrtc: no device architecture to compile for (sm_%d)", arch);
@@ -134,9 +147,9 @@ static mn_status compile(const char *src, int arch, char **log_out, void **cubin
     MN_TRY(NVRTC_ST(nvrtcCreateProgram(&prog, src, "mnemo_rule.cu", 0, NULL, NULL)));
     char arch_opt[32];
     const char *opts[N_OPTIONS];
-    options_of(arch, arch_opt, opts);
+    int nopts = options_of(arch, tier, arch_opt, opts);
     double t0 = now_ms();
-    nvrtcResult res = nvrtcCompileProgram(prog, N_OPTIONS, opts);
+    nvrtcResult res = nvrtcCompileProgram(prog, nopts, opts);
     double ms = now_ms() - t0;
     char *log = program_log(prog);
     mn_status st = MN_OK;
@@ -175,7 +188,7 @@ static mn_status compile(const char *src, int arch, char **log_out, void **cubin
 
 mn_status mn_cuda_compile_check(const char *src, int arch, char **log)
 {
-    return compile(src, arch, log, NULL, NULL, NULL);
+    return compile(src, arch, MN_TIER_FULL, log, NULL, NULL, NULL);
 }
 
 /* ---- the disk cache ---- */
@@ -223,11 +236,16 @@ static bool read_file(const char *path, void **data, size_t *size)
     return true;
 }
 
-/* Write then rename: a concurrent reader sees the old file or the whole new one. */
+/* Write then rename: a concurrent reader sees the old file or the whole new
+ * one. The temporary name is the process's and the write's own: the
+ * background compile (kernels/compile_later.c) may write the same key from
+ * another thread. */
 static void write_file(const char *path, const void *data, size_t size)
 {
+    static atomic_ulong writes;
     char tmp[4200];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) return;
+    unsigned long nth = atomic_fetch_add(&writes, 1);
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%lu", path, (long)getpid(), nth) >= (int)sizeof tmp) return;
     FILE *f = fopen(tmp, "wb");
     if (!f) return;
     bool ok = fwrite(data, 1, size, f) == size;
@@ -242,28 +260,38 @@ typedef struct info_entry {
     struct info_entry *next;
 } info_entry;
 
+/* The list is shared with the background compile's thread. */
 static info_entry *infos;
+static pthread_mutex_t infos_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void remember(const mn_kernel_set *set)
 {
+    pthread_mutex_lock(&infos_lock);
     info_entry *e = infos;
     while (e && strcmp(e->set.key, set->key) != 0) e = e->next;
     if (!e) {
-        if (!(e = calloc(1, sizeof *e))) return; /* only a cache */
+        if (!(e = calloc(1, sizeof *e))) { /* only a cache */
+            pthread_mutex_unlock(&infos_lock);
+            return;
+        }
         e->next = infos;
         infos = e;
     }
     e->set = *set;
+    pthread_mutex_unlock(&infos_lock);
 }
 
 static bool recall(const char *key, mn_kernel_set *out)
 {
-    for (info_entry *e = infos; e; e = e->next)
+    bool found = false;
+    pthread_mutex_lock(&infos_lock);
+    for (info_entry *e = infos; e && !found; e = e->next)
         if (strcmp(e->set.key, key) == 0) {
             *out = e->set;
-            return true;
+            found = true;
         }
-    return false;
+    pthread_mutex_unlock(&infos_lock);
+    return found;
 }
 
 #define INFO_HEADER "mnemo kernel info 1\n"
@@ -316,18 +344,43 @@ static bool read_info(const char *path, mn_kernel_set *out)
     return ok && fields == 2 && out->n > 0;
 }
 
-mn_status mn_nvrtc_cubin(const char *src, int arch, bool fresh, char key[33], void **cubin, size_t *size)
+void mn_nvrtc_key(const char *src, int arch, mn_tier tier, char key[33])
 {
-    char opts[256], dir[4096], path[4200];
-    mn_cuda_cache_key(src, mn_nvrtc_options(arch, opts, sizeof opts), arch, mn_nvrtc_version(), key);
+    char opts[256];
+    mn_cuda_cache_key(src, mn_nvrtc_options(arch, tier, opts, sizeof opts), arch, mn_nvrtc_version(), key);
+}
+
+static bool cached(const char *src, int arch, mn_tier tier, char key[33], void **cubin, size_t *size)
+{
+    char dir[4096], path[4200];
+    mn_nvrtc_key(src, arch, tier, key);
+    if (!cache_dir(dir, sizeof dir)) return false;
+    snprintf(path, sizeof path, "%s/%s.cubin", dir, key);
+    return read_file(path, cubin, size);
+}
+
+bool mn_nvrtc_in_cache(const char *src, int arch, mn_tier tier)
+{
+    char dir[4096], path[4200], key[33];
+    mn_nvrtc_key(src, arch, tier, key);
+    struct stat st;
+    return cache_dir(dir, sizeof dir) && snprintf(path, sizeof path, "%s/%s.cubin", dir, key) < (int)sizeof path &&
+           stat(path, &st) == 0 && st.st_size > 0;
+}
+
+mn_status mn_nvrtc_cubin(const char *src, int arch, mn_tier tier, bool fresh, char key[33], void **cubin,
+                         size_t *size)
+{
+    char dir[4096], path[4200];
+    if (!fresh && cached(src, arch, tier, key, cubin, size)) return MN_OK;
+    mn_nvrtc_key(src, arch, tier, key);
     bool have_dir = cache_dir(dir, sizeof dir);
-    if (have_dir) snprintf(path, sizeof path, "%s/%s.cubin", dir, key);
-    if (have_dir && !fresh && read_file(path, cubin, size)) return MN_OK;
     mn_kernel_set info;
-    MN_TRY(compile(src, arch, NULL, cubin, size, &info));
+    MN_TRY(compile(src, arch, tier, NULL, cubin, size, &info));
     memcpy(info.key, key, sizeof info.key);
     remember(&info);
     if (have_dir) {
+        snprintf(path, sizeof path, "%s/%s.cubin", dir, key);
         write_file(path, *cubin, *size);
         snprintf(path, sizeof path, "%s/%s.info", dir, key);
         write_info(path, &info);
@@ -337,8 +390,8 @@ mn_status mn_nvrtc_cubin(const char *src, int arch, bool fresh, char key[33], vo
 
 mn_status mn_nvrtc_kernel_info(const char *src, int arch, mn_kernel_set *out)
 {
-    char opts[256], dir[4096], path[4200], key[33];
-    mn_cuda_cache_key(src, mn_nvrtc_options(arch, opts, sizeof opts), arch, mn_nvrtc_version(), key);
+    char dir[4096], path[4200], key[33];
+    mn_nvrtc_key(src, arch, MN_TIER_FULL, key);
     if (recall(key, out)) {
         out->cached = true;
         return MN_OK;
@@ -353,7 +406,7 @@ mn_status mn_nvrtc_kernel_info(const char *src, int arch, mn_kernel_set *out)
     }
     void *cubin = NULL;
     size_t size = 0;
-    MN_TRY(compile(src, arch, NULL, &cubin, &size, out));
+    MN_TRY(compile(src, arch, MN_TIER_FULL, NULL, &cubin, &size, out));
     memcpy(out->key, key, sizeof out->key);
     out->cached = false;
     remember(out);

@@ -34,7 +34,12 @@ int mnt_cuda_available(void)
 {
 #ifdef MN_HAVE_CUDA
     static int registered = -1;
-    if (registered < 0) registered = mn_cuda_register() ? 1 : 0;
+    if (registered < 0) {
+        registered = mn_cuda_register() ? 1 : 0;
+        /* training captures CUDA graphs early and runs long: the full
+         * compile from the first call (MNEMO_COMPILE still overrides) */
+        mn_cuda_set_compile_default(MN_COMPILE_FULL);
+    }
     return registered;
 #else
     return 0;

@@ -992,6 +992,9 @@ def main():
     work = tempfile.mkdtemp(prefix="mnemo-bench-gpu-")
     env = dict(os.environ)
     env.setdefault("MNEMO_CACHE", os.path.join(work, "kernel-cache"))
+    # the timed runs use the full compile's kernels (a new rule's first run
+    # would take the fast tier, kernels/cuda_module.c)
+    env.setdefault("MNEMO_COMPILE", "full")
     recs, done = [], {}
     per_token = {}   # T -> seconds per token of a P1-like rule:run, to predict P3's longer runs
 

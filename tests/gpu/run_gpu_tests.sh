@@ -18,6 +18,9 @@
 #     others' from the CPU's (MNEMO_CUDA_BACKWARD=cpu); and fewer configurations in each
 #     precision whose /grads come from the planned GPU backward (the fused
 #     one where the forward is fused, whatever the refresh),
+#   - the compile tiers (tests/lua/test_compile_tiers.lua with an empty
+#     kernel cache; tests/gpu/tier_bits.sh: the fast and the full tier's
+#     outputs and gradients equal to the bit on every path),
 #   - the PyTorch bridge (tests/python/test_bridge.py, tests/gpu/test_bridge_gpu.py),
 #   - compute-sanitizer (memcheck; racecheck, initcheck, synccheck on fewer)
 #     on a few `mnemo run` calls, seven of them with the backward (fused and
@@ -34,10 +37,10 @@
 # (default 200), CONFORMANCE_TIMEOUT (seconds per precision, default 540),
 # CONFORMANCE_SHARDS (processes for each of the three largest conformance
 # runs, default 4; the forced-path fp32 runs get half). PARTS: which parts
-# run, any of conformance unit lua paths engine bridge cli sanitizer timing
-# (default all). The whole takes about 10 minutes on an
+# run, any of conformance unit lua tiers paths engine bridge cli sanitizer
+# timing (default all). The whole takes about 12 minutes on an
 # H100, over one device call's limit: two calls (say PARTS="conformance
-# unit lua" and PARTS="paths engine bridge cli sanitizer timing") cover it.
+# unit lua" and PARTS="tiers paths engine bridge cli sanitizer timing") cover it.
 cd "$(dirname "$0")/../.." || exit 2
 # want PART: whether PARTS asks for it
 want() { case " ${PARTS:-all} " in *" all "* | *" $1 "*) return 0 ;; esac; return 1; }
@@ -170,6 +173,15 @@ want lua && for t in tests/lua/test_*.lua; do
 done
 # Every row of the rule table on each CUDA path forced (the plain run above
 # took the planned path); a path that cannot take a case says SKIP.
+# the compile tiers: a fresh rule on the fast tier, then the full one, with an
+# empty kernel cache (the test fails where it finds its kernels cached); and
+# every output and gradient of the two tiers equal to the bit
+want tiers && {
+    run_one "lua/test_compile_tiers.lua (empty cache)" env MNEMO_CACHE="$(mktemp -d)" MNEMO_TEST_FRESH_CACHE=1 \
+        "$MNEMO" tests/lua/test_compile_tiers.lua
+    [ -n "$PYTHON" ] && run_one "gpu/tier_bits.sh" env PYTHON="$PYTHON" sh tests/gpu/tier_bits.sh
+}
+
 want paths && for path in general fused large; do
     run_one "lua/test_rule_table.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_rule_table.lua
     run_one "lua/test_norm.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_norm.lua

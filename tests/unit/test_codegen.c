@@ -543,7 +543,12 @@ static void test_cache_key(void)
     CHECK("codegen/cache_key_nvrtc_version", strcmp(base, k5) != 0);
     CHECK("codegen/cache_key_boundaries", strcmp(base, k6) != 0);
     char opts[256];
-    CHECK_STR_CONTAINS("codegen/options_arch", mn_nvrtc_options(90, opts, sizeof opts), "--gpu-architecture=sm_90");
+    CHECK_STR_CONTAINS("codegen/options_arch", mn_nvrtc_options(90, MN_TIER_FULL, opts, sizeof opts),
+                       "--gpu-architecture=sm_90");
+    CHECK("codegen/options_full_optimises", strstr(opts, "Ofast-compile") == NULL);
+    CHECK_STR_CONTAINS("codegen/options_fast_tier", mn_nvrtc_options(90, MN_TIER_FAST, opts, sizeof opts),
+                       "--gpu-architecture=sm_90 -default-device --std=c++17 -lineinfo --ptxas-options=-v "
+                       "--Ofast-compile=mid");
     CHECK("codegen/nvrtc_version", mn_nvrtc_version() >= 12000);
 }
 
@@ -573,21 +578,36 @@ static void test_disk_cache(void)
     char key[33], key2[33], path[512];
     void *a = NULL, *b = NULL;
     size_t na = 0, nb = 0;
-    mn_status s = mn_nvrtc_cubin(src, 90, false, key, &a, &na);
+    CHECK("codegen/disk_cache_empty", !mn_nvrtc_in_cache(src, 90, MN_TIER_FULL));
+    mn_status s = mn_nvrtc_cubin(src, 90, MN_TIER_FULL, false, key, &a, &na);
     snprintf(path, sizeof path, "%s/kernels/%s.cubin", dir, key);
     struct stat sb;
     CHECK("codegen/disk_cache_written", s == MN_OK && stat(path, &sb) == 0 && (size_t)sb.st_size == na);
+    CHECK("codegen/disk_cache_in_cache", mn_nvrtc_in_cache(src, 90, MN_TIER_FULL) &&
+                                             !mn_nvrtc_in_cache(src, 90, MN_TIER_FAST));
+    /* the fast tier: a key and a file of its own, a different CUBIN */
+    char fast_key[33], fast_path[512];
+    void *fast = NULL;
+    size_t nfast = 0;
+    s = mn_nvrtc_cubin(src, 90, MN_TIER_FAST, false, fast_key, &fast, &nfast);
+    snprintf(fast_path, sizeof fast_path, "%s/kernels/%s.cubin", dir, fast_key);
+    CHECK("codegen/disk_cache_fast_tier", s == MN_OK && strcmp(fast_key, key) != 0 && nfast > 0 &&
+                                              stat(fast_path, &sb) == 0 && mn_nvrtc_in_cache(src, 90, MN_TIER_FAST));
+    free(fast);
+    unlink(fast_path);
+    snprintf(fast_path, sizeof fast_path, "%s/kernels/%s.info", dir, fast_key);
+    unlink(fast_path);
     /* a planted file under the key is what the next request returns */
     FILE *f = fopen(path, "wb");
     if (f) {
         fputs("planted", f);
         fclose(f);
     }
-    s = mn_nvrtc_cubin(src, 90, false, key2, &b, &nb);
+    s = mn_nvrtc_cubin(src, 90, MN_TIER_FULL, false, key2, &b, &nb);
     CHECK("codegen/disk_cache_read", s == MN_OK && strcmp(key, key2) == 0 && nb == 7 && memcmp(b, "planted", 7) == 0);
     free(b);
     b = NULL;
-    s = mn_nvrtc_cubin(src, 90, true, key2, &b, &nb);
+    s = mn_nvrtc_cubin(src, 90, MN_TIER_FULL, true, key2, &b, &nb);
     CHECK("codegen/disk_cache_fresh_replaces", s == MN_OK && nb == na && memcmp(a, b, na) == 0 &&
                                                    stat(path, &sb) == 0 && (size_t)sb.st_size == na);
     free(a);

@@ -143,7 +143,7 @@ static void test_live_log(void)
         printf("    (step kernel: %d registers, %ld B smem, %ld B stack, spills %ld/%ld)\n", k[step].registers,
                k[step].shared_bytes, k[step].stack_bytes, k[step].spill_stores, k[step].spill_loads);
     char opts[256];
-    CHECK_STR_CONTAINS("kernel_info/options_ask_ptxas", mn_nvrtc_options(90, opts, sizeof opts),
+    CHECK_STR_CONTAINS("kernel_info/options_ask_ptxas", mn_nvrtc_options(90, MN_TIER_FULL, opts, sizeof opts),
                        "--ptxas-options=-v");
     free(log);
     free(src);
@@ -175,7 +175,7 @@ static void test_caches(const char *dir)
     /* a source this process never compiled: a planted .info answers */
     const char *src2 = "extern \"C\" __global__ void kd(float *x) { x[0] = 1.0f; }\n";
     char key[33], opts[256];
-    mn_cuda_cache_key(src2, mn_nvrtc_options(90, opts, sizeof opts), 90, mn_nvrtc_version(), key);
+    mn_cuda_cache_key(src2, mn_nvrtc_options(90, MN_TIER_FULL, opts, sizeof opts), 90, mn_nvrtc_version(), key);
     snprintf(path, sizeof path, "%s/kernels/%s.info", dir, key);
     FILE *f = fopen(path, "w");
     if (f) {
