@@ -1,92 +1,48 @@
-/* compile_later.c: the background compile's worker thread (kernels/compile_later.h). */
+/* compile_later.c: full-tier compiles in child processes (kernels/compile_later.h).
+ *
+ * Why a process and not a thread: NVRTC keeps C++ statics (and loads
+ * libnvrtc-builtins) whose destructors run at exit; a thread still compiling
+ * when the process exits then runs on destroyed state (seen on the H100
+ * machine: tests that ended with a compile under way died with SIGSEGV after
+ * their last check). A forked child shares nothing with the parent's exit:
+ * it compiles, writes the CUBIN to the disk cache and leaves with _exit
+ * (no atexit handlers, no destructors, no CUDA: it never calls the runtime).
+ * The parent reaps it with waitpid and reads the CUBIN from the cache. */
 #include "compile_later.h"
 #include "nvrtc.h"
 
-#include <pthread.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 struct mn_compile_job {
     char *src;
     int arch;
-    bool done; /* under lock */
-    mn_status status;
-    char error[1024]; /* the compile's message, set on the worker's thread */
-    void *cubin;
-    size_t size;
-    mn_compile_job *next; /* the queue */
+    pid_t pid;
+    bool done;
+    int wait_status; /* waitpid's, once done */
 };
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t changed = PTHREAD_COND_INITIALIZER; /* a job queued or finished, or exiting */
-static mn_compile_job *head, *tail;                       /* not yet started */
-static int pending;                                       /* queued or compiling */
-static bool started, exiting, registered;
-static pthread_t worker;
+static int pending; /* children not yet reaped */
 
-static void *work(void *unused)
+bool mn_compile_slot_free(void)
 {
-    (void)unused;
-    pthread_mutex_lock(&lock);
-    for (;;) {
-        while (!head && !exiting) pthread_cond_wait(&changed, &lock);
-        if (exiting) break; /* what is not started is dropped */
-        mn_compile_job *job = head;
-        head = job->next;
-        if (!head) tail = NULL;
-        pthread_mutex_unlock(&lock);
-        char key[33];
-        mn_status s = mn_nvrtc_cubin(job->src, job->arch, MN_TIER_FULL, false, key, &job->cubin, &job->size);
-        if (s != MN_OK) snprintf(job->error, sizeof job->error, "%s", mn_last_error());
-        pthread_mutex_lock(&lock);
-        job->status = s;
-        job->done = true;
-        pending--;
-        pthread_cond_broadcast(&changed);
-    }
-    pthread_mutex_unlock(&lock);
-    return NULL;
-}
-
-/* At exit: the compile under way finishes (its CUBIN reaches the disk
- * cache), the queued ones are dropped (marked done with an error; their
- * owners may still hold them), the worker is joined, so NVRTC is idle when
- * the libraries' destructors run. */
-static void stop_worker(void)
-{
-    pthread_mutex_lock(&lock);
-    if (!started) {
-        pthread_mutex_unlock(&lock);
-        return;
-    }
-    exiting = true;
-    for (mn_compile_job *job = head; job; job = job->next) {
-        job->status = MN_ERR_INTERRUPTED;
-        snprintf(job->error, sizeof job->error, "background compile: dropped, the process is exiting");
-        job->done = true;
-        pending--;
-    }
-    head = tail = NULL;
-    pthread_cond_broadcast(&changed);
-    pthread_mutex_unlock(&lock);
-    pthread_join(worker, NULL);
-    started = false;
-}
-
-/* A forked child has no worker (only the forking thread survives) and owns
- * none of the parent's jobs: it starts afresh. */
-static void after_fork_in_child(void)
-{
-    pthread_mutex_init(&lock, NULL);
-    pthread_cond_init(&changed, NULL);
-    head = tail = NULL;
-    pending = 0;
-    started = exiting = false;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    long cap = cpus > 2 ? cpus / 2 : 1; /* the foreground keeps cores of its own */
+    return pending < (cap > 8 ? 8 : cap);
 }
 
 mn_compile_job *mn_compile_later(const char *src, int arch)
 {
+    if (!mn_nvrtc_cache_writable()) {
+        mn_fail(MN_ERR_DEVICE, "background compile: no writable kernel cache to hand the CUBIN over");
+        return NULL;
+    }
     mn_compile_job *job = calloc(1, sizeof *job);
     if (job) job->src = strdup(src);
     if (!job || !job->src) {
@@ -95,61 +51,68 @@ mn_compile_job *mn_compile_later(const char *src, int arch)
         return NULL;
     }
     job->arch = arch;
-    pthread_mutex_lock(&lock);
-    if (!started) {
-        if (exiting || pthread_create(&worker, NULL, work, NULL) != 0) {
-            pthread_mutex_unlock(&lock);
-            free(job->src);
-            free(job);
-            mn_fail(MN_ERR_DEVICE, "could not start the background compile's thread");
-            return NULL;
-        }
-        started = true;
-        if (!registered) {
-            atexit(stop_worker);
-            pthread_atfork(NULL, NULL, after_fork_in_child);
-            registered = true;
-        }
+    fflush(NULL); /* nothing buffered is written twice */
+    pid_t pid = fork();
+    if (pid < 0) {
+        int e = errno;
+        free(job->src);
+        free(job);
+        mn_fail(MN_ERR_DEVICE, "background compile: fork failed (%s)", strerror(e));
+        return NULL;
     }
-    if (tail) tail->next = job;
-    else head = job;
-    tail = job;
+    if (pid == 0) {
+        /* the child: off the terminal and the parent's pipes (a harness
+         * reading them would wait for it), the compile, and out */
+        int null = open("/dev/null", O_RDWR);
+        if (null >= 0) {
+            (void)dup2(null, STDIN_FILENO);
+            (void)dup2(null, STDOUT_FILENO);
+            (void)dup2(null, STDERR_FILENO);
+        }
+        char key[33];
+        void *cubin = NULL;
+        size_t size = 0;
+        mn_status s = mn_nvrtc_cubin(src, arch, MN_TIER_FULL, false, key, &cubin, &size);
+        _exit(s == MN_OK && mn_nvrtc_in_cache(src, arch, MN_TIER_FULL) ? 0 : 1);
+    }
+    job->pid = pid;
     pending++;
-    pthread_cond_broadcast(&changed);
-    pthread_mutex_unlock(&lock);
     return job;
 }
 
-bool mn_compile_job_done(mn_compile_job *job)
+/* Reap the child: without blocking (false when it still runs) or waiting. */
+static bool reap(mn_compile_job *job, bool block)
 {
-    pthread_mutex_lock(&lock);
-    bool done = job->done;
-    pthread_mutex_unlock(&lock);
-    return done;
+    if (job->done) return true;
+    pid_t r;
+    do r = waitpid(job->pid, &job->wait_status, block ? 0 : WNOHANG);
+    while (r < 0 && errno == EINTR);
+    if (r == 0) return false;
+    if (r < 0) job->wait_status = -1; /* reaped elsewhere (a SIGCHLD handler): the cache tells */
+    job->done = true;
+    pending--;
+    return true;
 }
+
+bool mn_compile_job_done(mn_compile_job *job) { return reap(job, false); }
 
 mn_status mn_compile_job_finish(mn_compile_job *job, void **cubin, size_t *size)
 {
-    pthread_mutex_lock(&lock);
-    while (!job->done) pthread_cond_wait(&changed, &lock);
-    pthread_mutex_unlock(&lock);
-    mn_status s = job->status;
-    if (s == MN_OK) {
-        *cubin = job->cubin;
-        *size = job->size;
-    } else {
-        free(job->cubin);
-        mn_fail(s, "%s", job->error);
-    }
+    reap(job, true);
+    mn_status s;
+    char key[33];
+    if (job->wait_status == -1 || (WIFEXITED(job->wait_status) && WEXITSTATUS(job->wait_status) == 0))
+        s = mn_nvrtc_in_cache(job->src, job->arch, MN_TIER_FULL)
+                ? mn_nvrtc_cubin(job->src, job->arch, MN_TIER_FULL, false, key, cubin, size)
+                : mn_fail(MN_ERR_DEVICE, "background compile: its CUBIN is not in the kernel cache");
+    else if (WIFSIGNALED(job->wait_status))
+        s = mn_fail(MN_ERR_DEVICE, "background compile: the compiling process died of signal %d",
+                    WTERMSIG(job->wait_status));
+    else /* NVRTC's message went with the child: rule:kernel_info compiles the full tier and says */
+        s = mn_fail(MN_ERR_DEVICE, "background compile: the full tier did not compile (rule:kernel_info() says why)");
     free(job->src);
     free(job);
     return s;
 }
 
-int mn_compile_pending(void)
-{
-    pthread_mutex_lock(&lock);
-    int n = pending;
-    pthread_mutex_unlock(&lock);
-    return n;
-}
+int mn_compile_pending(void) { return pending; }

@@ -1,11 +1,11 @@
-/* compile_later.h: full-tier NVRTC compiles on a background thread, so a
+/* compile_later.h: full-tier NVRTC compiles in the background, so that a
  * new rule's first run need not wait for them (it runs on the fast tier,
- * kernels/nvrtc.h). One worker thread takes the jobs in the order given;
- * each compile goes through mn_nvrtc_cubin, so its CUBIN lands in the disk
- * cache as a compile in the foreground would, and a later process finds it
- * there. At exit the process waits for the compile under way (its CUBIN is
- * then cached) and drops the ones not started. Only NVRTC and pthreads: no
- * CUDA runtime here (loading the CUBIN is kernels/cuda_module.c's). */
+ * kernels/nvrtc.h). Each compile is a forked child process that goes through
+ * mn_nvrtc_cubin, so its CUBIN lands in the disk cache as a compile in the
+ * foreground would put it, and leaves with _exit; the parent reaps it and
+ * reads the CUBIN from the cache. A compile outlives its parent: a process
+ * that exits meanwhile leaves the CUBIN to the next one. Only NVRTC and
+ * POSIX: no CUDA runtime here (loading the CUBIN is kernels/cuda_module.c's). */
 #ifndef MN_COMPILE_LATER_H
 #define MN_COMPILE_LATER_H
 
@@ -13,20 +13,27 @@
 
 typedef struct mn_compile_job mn_compile_job;
 
-/* Queue the full-tier compile of src (copied) for arch. NULL, with the
- * error set, when it cannot be queued (out of memory, no thread): the
- * caller then compiles in the foreground. */
+/* Whether another compile may start now: at most half the CPUs (one on two
+ * or fewer, eight at most) compile at once. */
+bool mn_compile_slot_free(void);
+
+/* Start the full-tier compile of src for arch in a child process. NULL,
+ * with the error set, when it cannot start (no writable kernel cache to hand
+ * the CUBIN over, no memory, fork failed): the caller compiles in the
+ * foreground. */
 mn_compile_job *mn_compile_later(const char *src, int arch);
 
 /* Whether the job has finished (never blocks). */
 bool mn_compile_job_done(mn_compile_job *job);
 
-/* Wait for the job to finish, then hand over its result: MN_OK with *cubin
- * (the caller frees it) and *size, or the compile's error, set as the
- * thread's error. The job is freed: call once. */
+/* Wait for the job to finish, then hand over its CUBIN from the disk cache:
+ * MN_OK with *cubin (the caller frees it) and *size, or an error that says
+ * how the child failed (NVRTC's message stays with it: rule:kernel_info()
+ * compiles the full tier in the foreground and shows it). The job is freed:
+ * call once. */
 mn_status mn_compile_job_finish(mn_compile_job *job, void **cubin, size_t *size);
 
-/* Jobs queued or compiling now. */
+/* Compiles started and not yet reaped. */
 int mn_compile_pending(void);
 
 #endif

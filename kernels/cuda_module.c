@@ -115,7 +115,31 @@ static mn_status upgrade(mn_cuda_module *m)
     if (s == MN_OK) s = load(cubin, &lib);
     free(cubin);
     if (s == MN_OK) s = take_full(m, lib);
+    return s;
+}
+
+/* Bring m, on the fast tier and meant to move, towards the full one: take
+ * up its finished compile, or wait for it (need_full); start it where none
+ * runs yet (the compile slots were busy when m was loaded); compile in the
+ * foreground where need_full and none runs, or where no child can be
+ * started. A failure leaves m on the fast tier for good (counted). */
+static mn_status move_on(mn_cuda_module *m, bool need_full)
+{
+    if (!m->job && !need_full && mn_compile_slot_free())
+        m->job = mn_compile_later(m->src, mn_cuda_arch()); /* NULL: no child, the full tier below */
+    if (!need_full && (m->job ? !mn_compile_job_done(m->job) : !mn_compile_slot_free()))
+        return MN_OK; /* compiling, or waiting for a slot */
+    mn_status s;
+    if (m->job) s = upgrade(m);
+    else {
+        cudaLibrary_t full;
+        s = library_load(m->src, MN_TIER_FULL, &full);
+        if (s == MN_OK) s = take_full(m, full);
+    }
     if (s != MN_OK) stats.failed++;
+    m->moves = false;
+    free(m->src);
+    m->src = NULL;
     return s;
 }
 
@@ -132,32 +156,46 @@ mn_status mn_cuda_module_get(const char *src, const char *const *names, double w
     for (mn_cuda_module *m = modules; m; m = m->next)
         if (strcmp(m->key, key) == 0) {
             /* a failed full compile leaves the fast kernels: the run goes on */
-            if (m->job && !in_capture && (want_full || mn_compile_job_done(m->job))) (void)upgrade(m);
+            if (m->moves && !in_capture) (void)move_on(m, want_full);
             *out = m;
             return MN_OK;
         }
+    /* the fast tier for a source new to the disk cache, where a child can
+     * hand the full one over through that cache */
     bool fast = mode == MN_COMPILE_FAST ||
-                (mode == MN_COMPILE_TIERED && !want_full && !in_capture && !mn_nvrtc_in_cache(src, arch, MN_TIER_FULL));
-    /* queued first, so that it compiles while this thread compiles the fast
-     * tier; without a background thread, the full tier now. A job whose
-     * fast compile then fails is left to finish (it fails too) and leaks. */
-    mn_compile_job *job = fast && mode == MN_COMPILE_TIERED ? mn_compile_later(src, arch) : NULL;
-    if (fast && mode == MN_COMPILE_TIERED && !job) fast = false;
+                (mode == MN_COMPILE_TIERED && !want_full && !in_capture && mn_nvrtc_cache_writable() &&
+                 !mn_nvrtc_in_cache(src, arch, MN_TIER_FULL));
+    bool moves = fast && mode == MN_COMPILE_TIERED;
+    /* started first, so that it compiles while this process compiles the
+     * fast tier; where the slots are busy, a later call starts it; where no
+     * child can start, the full tier now. A child whose source then fails
+     * the fast compile fails too, and is reaped at no one's call. */
+    mn_compile_job *job = NULL;
+    if (moves && mn_compile_slot_free() && !(job = mn_compile_later(src, arch))) fast = moves = false;
+    char *kept = moves ? strdup(src) : NULL;
+    if (moves && !kept) return mn_fail(MN_ERR_OOM, "out of memory for a loaded kernel");
     cudaLibrary_t lib;
-    MN_TRY(library_load(src, fast ? MN_TIER_FAST : MN_TIER_FULL, &lib));
-    mn_cuda_module *m = calloc(1, sizeof *m);
-    if (!m) {
+    mn_status s = library_load(src, fast ? MN_TIER_FAST : MN_TIER_FULL, &lib);
+    mn_cuda_module *m = s == MN_OK ? calloc(1, sizeof *m) : NULL;
+    if (s == MN_OK && !m) {
         (void)cudaLibraryUnload(lib);
-        return mn_fail(MN_ERR_OOM, "out of memory for a loaded kernel");
+        s = mn_fail(MN_ERR_OOM, "out of memory for a loaded kernel");
+    }
+    if (s != MN_OK) {
+        free(kept);
+        return s;
     }
     memcpy(m->key, key, sizeof m->key);
     m->lib = lib;
     m->fast = fast;
+    m->moves = moves;
     m->job = job;
+    m->src = kept;
     for (int i = 0; names[i] && i < MN_MODULE_MAX_KERNELS; i++) m->names[i] = names[i];
-    mn_status s = kernels_of(lib, names, strstr(src, MN_SET_CONSTANTS_KERNEL "(") != NULL, m->k, &m->set_constants);
+    s = kernels_of(lib, names, strstr(src, MN_SET_CONSTANTS_KERNEL "(") != NULL, m->k, &m->set_constants);
     if (s != MN_OK) {
         (void)cudaLibraryUnload(lib);
+        free(kept);
         free(m);
         return s;
     }
@@ -172,7 +210,7 @@ void mn_cuda_compile_stats_get(mn_cuda_compile_stats *out)
 {
     *out = stats;
     out->pending = 0;
-    for (mn_cuda_module *m = modules; m; m = m->next) out->pending += m->job != NULL;
+    for (mn_cuda_module *m = modules; m; m = m->next) out->pending += m->moves;
 }
 
 mn_status mn_cuda_compile_wait(int *moved)
@@ -181,8 +219,8 @@ mn_status mn_cuda_compile_wait(int *moved)
     mn_status first = MN_OK;
     char message[1024] = "";
     for (mn_cuda_module *m = modules; m; m = m->next) {
-        if (!m->job) continue;
-        mn_status s = upgrade(m);
+        if (!m->moves) continue;
+        mn_status s = move_on(m, true);
         if (s != MN_OK && first == MN_OK) {
             first = s;
             snprintf(message, sizeof message, "%s", mn_last_error());

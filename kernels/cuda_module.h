@@ -15,8 +15,9 @@ struct mn_compile_job;
 
 /* A loaded library and the kernels asked of it, kept for the process. A
  * module loaded from the fast tier (kernels/nvrtc.h) holds the background
- * compile of its full tier; a later mn_cuda_module_get that finds it done
- * loads the full library and puts its kernels in place of the fast ones.
+ * compile of its full tier (a child process, kernels/compile_later.h); a
+ * later mn_cuda_module_get that finds it done loads the full library and
+ * puts its kernels in place of the fast ones.
  * The fast library stays loaded: a caller's CUDA graph may hold its kernels. */
 typedef struct mn_cuda_module {
     char key[33]; /* the full tier's cache key, whichever tier is loaded */
@@ -25,7 +26,9 @@ typedef struct mn_cuda_module {
     cudaKernel_t set_constants;            /* MN_SET_CONSTANTS_KERNEL where the source has it, else NULL */
     const char *names[MN_MODULE_MAX_KERNELS + 1];
     bool fast;                  /* the fast tier's kernels are the ones in k */
-    struct mn_compile_job *job; /* the full tier's compile, while fast */
+    bool moves;                 /* fast, and to move to the full tier (MNEMO_COMPILE=tiered) */
+    char *src;                  /* the source, while it moves */
+    struct mn_compile_job *job; /* the full tier's compile, once started */
     cudaLibrary_t fast_lib;     /* kept loaded once replaced */
     struct mn_cuda_module *next;
 } mn_cuda_module;

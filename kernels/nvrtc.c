@@ -7,8 +7,6 @@
 #include <nvrtc.h>
 
 #include <errno.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -237,15 +235,11 @@ static bool read_file(const char *path, void **data, size_t *size)
 }
 
 /* Write then rename: a concurrent reader sees the old file or the whole new
- * one. The temporary name is the process's and the write's own: the
- * background compile (kernels/compile_later.c) may write the same key from
- * another thread. */
+ * one (the background compile's child may write the same key). */
 static void write_file(const char *path, const void *data, size_t size)
 {
-    static atomic_ulong writes;
     char tmp[4200];
-    unsigned long nth = atomic_fetch_add(&writes, 1);
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%lu", path, (long)getpid(), nth) >= (int)sizeof tmp) return;
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) return;
     FILE *f = fopen(tmp, "wb");
     if (!f) return;
     bool ok = fwrite(data, 1, size, f) == size;
@@ -260,38 +254,28 @@ typedef struct info_entry {
     struct info_entry *next;
 } info_entry;
 
-/* The list is shared with the background compile's thread. */
 static info_entry *infos;
-static pthread_mutex_t infos_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void remember(const mn_kernel_set *set)
 {
-    pthread_mutex_lock(&infos_lock);
     info_entry *e = infos;
     while (e && strcmp(e->set.key, set->key) != 0) e = e->next;
     if (!e) {
-        if (!(e = calloc(1, sizeof *e))) { /* only a cache */
-            pthread_mutex_unlock(&infos_lock);
-            return;
-        }
+        if (!(e = calloc(1, sizeof *e))) return; /* only a cache */
         e->next = infos;
         infos = e;
     }
     e->set = *set;
-    pthread_mutex_unlock(&infos_lock);
 }
 
 static bool recall(const char *key, mn_kernel_set *out)
 {
-    bool found = false;
-    pthread_mutex_lock(&infos_lock);
-    for (info_entry *e = infos; e && !found; e = e->next)
+    for (info_entry *e = infos; e; e = e->next)
         if (strcmp(e->set.key, key) == 0) {
             *out = e->set;
-            found = true;
+            return true;
         }
-    pthread_mutex_unlock(&infos_lock);
-    return found;
+    return false;
 }
 
 #define INFO_HEADER "mnemo kernel info 1\n"
@@ -357,6 +341,12 @@ static bool cached(const char *src, int arch, mn_tier tier, char key[33], void *
     if (!cache_dir(dir, sizeof dir)) return false;
     snprintf(path, sizeof path, "%s/%s.cubin", dir, key);
     return read_file(path, cubin, size);
+}
+
+bool mn_nvrtc_cache_writable(void)
+{
+    char dir[4096];
+    return cache_dir(dir, sizeof dir) && access(dir, W_OK) == 0;
 }
 
 bool mn_nvrtc_in_cache(const char *src, int arch, mn_tier tier)

@@ -19,7 +19,7 @@ int mn_nvrtc_version(void);
  * run. MN_TIER_FAST: --Ofast-compile=mid, about a third of the compile time
  * for a kernel about 4x slower, with the same float operations (its outputs
  * equal the full tier's to the bit). A new rule's first run takes the fast
- * tier while the full one compiles in the background
+ * tier while the full one compiles in a background process
  * (kernels/compile_later.h, kernels/cuda_module.c). */
 typedef enum { MN_TIER_FULL = 0, MN_TIER_FAST = 1 } mn_tier;
 
@@ -39,6 +39,9 @@ mn_status mn_cuda_compile_check(const char *src, int arch, char **log);
 /* The cache key of src compiled for arch at tier. */
 void mn_nvrtc_key(const char *src, int arch, mn_tier tier, char key[33]);
 
+/* Whether the disk cache directory exists (made if missing) and is writable. */
+bool mn_nvrtc_cache_writable(void);
+
 /* Whether the disk cache holds the CUBIN of src for arch and tier. */
 bool mn_nvrtc_in_cache(const char *src, int arch, mn_tier tier);
 
@@ -47,7 +50,7 @@ bool mn_nvrtc_in_cache(const char *src, int arch, mn_tier tier);
  * written to the disk cache. key receives the cache key; the caller frees
  * *cubin. Loading it is the engine's (kernels/cuda_module.c), which keeps
  * loaded modules in memory by key. A cache that cannot be written is
- * skipped. Safe to call from the background compile's thread. */
+ * skipped. */
 mn_status mn_nvrtc_cubin(const char *src, int arch, mn_tier tier, bool fresh, char key[33], void **cubin,
                          size_t *size);
 
