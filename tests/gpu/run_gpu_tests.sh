@@ -102,12 +102,18 @@ echo "python: $PYTHON; sanitizer: $SANITIZER; logs: $OUT"
 # float64 reference, so the shards run side by side on the machine's cores.
 # Logs $WORK/conformance_NAME.K.log, joined at the end.
 CONFORMANCE_RUNS=
+# Each configuration is a process of its own that compiles its kernels once:
+# the optimised compile at once (MNEMO_COMPILE=full), which is what
+# conformance checks; tiered, every process would compile twice (the fast
+# tier, then the full one in a child that no later process uses), doubling
+# the compile work of a run where no source repeats (tier_bits.sh checks
+# that the fast tier's results equal the full one's).
 conformance() {
     name_=$1; shards_=$2; shift 2
     CONFORMANCE_RUNS="$CONFORMANCE_RUNS $name_"
     k_=0
     while [ "$k_" -lt "$shards_" ]; do
-        ( env "$@" MNEMO_CONFORMANCE_SHARD="$k_/$shards_" timeout "${CONFORMANCE_TIMEOUT:-540}" \
+        ( env MNEMO_COMPILE=full "$@" MNEMO_CONFORMANCE_SHARD="$k_/$shards_" timeout "${CONFORMANCE_TIMEOUT:-540}" \
               "$PYTHON" tests/reference/test_conformance.py > "$WORK/conformance_$name_.$k_.log" 2>&1
           echo $? > "$WORK/conformance_$name_.$k_.rc" ) &
         k_=$((k_ + 1))
@@ -274,6 +280,10 @@ want engine && run_one "engine/lua" "$MNEMO" "$WORK/engine.lua"
 if want bridge && [ -n "$PYTHON" ]; then
     run_one "py/test_bridge.py" "$PYTHON" tests/python/test_bridge.py
     run_one "gpu/test_bridge_gpu.py" "$PYTHON" tests/gpu/test_bridge_gpu.py
+    # the bridge compiles full by default; tiered, its CUDA-graph checks
+    # capture while the full tier still compiles (the graph keeps the fast kernels)
+    run_one "gpu/test_bridge_gpu.py (tiered compile)" env MNEMO_COMPILE=tiered MNEMO_CACHE="$(mktemp -d)" \
+        "$PYTHON" tests/gpu/test_bridge_gpu.py
     # its rules (hidden 16) split over a cluster of 2: the CUDA-graph capture of a cluster launch
     run_one "gpu/test_bridge_gpu.py (cluster 2)" env MNEMO_FUSED_CLUSTER=2 "$PYTHON" tests/gpu/test_bridge_gpu.py
 fi
