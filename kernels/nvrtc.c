@@ -70,11 +70,23 @@ const char *mn_nvrtc_options(int arch, mn_tier tier, char *buf, size_t len)
 
 typedef struct { uint64_t a, b; } hash128;
 
+/* Eight bytes a round (every run hashes its ~100 KB source to find its
+ * loaded module: byte by byte that was 0.2-0.3 ms of a run's host time on
+ * the H100 machine), the tail a byte at a time. */
 static void hash_bytes(hash128 *h, const void *data, size_t n)
 {
     const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++) {
-        h->a = (h->a ^ p[i]) * 0x100000001b3ULL; /* FNV-1a */
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h->a = (h->a ^ w) * 0x100000001b3ULL;
+        h->a ^= h->a >> 32;
+        h->b = (h->b ^ w) * 0x9e3779b97f4a7c15ULL;
+        h->b = (h->b << 29) | (h->b >> 35);
+    }
+    for (; i < n; i++) {
+        h->a = (h->a ^ p[i]) * 0x100000001b3ULL;
         h->b = (h->b ^ p[i]) * 0x9e3779b97f4a7c15ULL;
         h->b = (h->b << 29) | (h->b >> 35);
     }
