@@ -42,6 +42,9 @@ mn_tensor *l_test_tensor(lua_State *L, int idx); /* NULL when not a tensor */
 mn_tensor *l_to_tensor(lua_State *L, int idx);
 /* Raise a Lua error with mn_last_error(); never returns. */
 int l_raise(lua_State *L);
+/* After an engine call: a full collection when live GPU tensors grew by
+ * more than 1 GiB since the last one (dsl/l_mnemo.c says why). */
+void l_device_pressure(lua_State *L);
 #define L_TRY(L, expr) do { if ((expr) != MN_OK) l_raise(L); } while (0)
 
 /* Trees <-> Lua tables (numbers, integers, strings, booleans as 0/1,

@@ -244,6 +244,7 @@ static int l_result_backward(lua_State *L)
     lua_setfield(L, -2, "forward_bytes");
     lua_setfield(L, out, "memory");
     mn_run_grads_free(&g);
+    l_device_pressure(L);
     return 1;
 }
 

@@ -119,6 +119,34 @@ static int l_synchronize(lua_State *L)
     return 0;
 }
 
+/* Lua's collector sees a GPU tensor as a few bytes of userdata, so a loop of
+ * rule:run calls that drops its results keeps their GPU memory until Lua's
+ * own heap grows enough for a cycle: the allocator's cache gets none of it
+ * back, every run pays cudaMallocs (0.3-0.8 ms a run at P1's sizes on an
+ * H100), and the device fills. So after each engine call, when the bytes
+ * held by live tensors grew by more than 1 GiB since the last collection,
+ * collect: the dead results' blocks return to the cache for the next runs. */
+#define DEVICE_GC_BYTES ((size_t)1 << 30)
+
+void l_device_pressure(lua_State *L)
+{
+#ifdef MN_HAVE_CUDA
+    static size_t mark; /* live bytes after the last collection */
+    size_t live = mn_cuda_allocated_bytes();
+    if (live < mark) mark = live;
+    if (live - mark < DEVICE_GC_BYTES) return;
+    lua_gc(L, LUA_GCCOLLECT);
+    mark = mn_cuda_allocated_bytes();
+#else
+    (void)L;
+#endif
+}
+
+#ifdef MN_HAVE_CUDA
+/* The allocator's last resort before out of memory (kernels/cuda.h). */
+static void collect_on_oom(void *ctx) { lua_gc((lua_State *)ctx, LUA_GCCOLLECT); }
+#endif
+
 static int l_compiles(lua_State *L)
 {
     lua_createtable(L, 0, 4);
@@ -207,6 +235,9 @@ int luaopen_mnemo(lua_State *L)
 {
 #ifdef MN_HAVE_CUDA
     mn_cuda_register(); /* once per process; without a device it records why */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+    mn_cuda_set_oom_hook(collect_on_oom, lua_tothread(L, -1));
+    lua_pop(L, 1);
 #endif
     lua_newtable(L);
     int mod = lua_gettop(L);

@@ -372,6 +372,7 @@ int l_rule_run(lua_State *L)
     l_push_tree(L, g->tree);
     l_grad_attach(L, grad_ctx, &lr->rule, 2, &d, &in, g->params, g->momenta, g->outer);
     guard_release(g); /* the result table holds its own tensor references now */
+    l_device_pressure(L);
     return 1;
 }
 
@@ -526,6 +527,7 @@ static int memory_segment(lua_State *L, bool want_y)
     in.want_y = want_y;
     if (mn_segment_run(&m->state, &in, &g->out) != MN_OK) l_raise(L);
     push_segment_outputs(L, &g->out);
+    l_device_pressure(L);
     return 1;
 }
 
@@ -541,6 +543,7 @@ int l_memory_read(lua_State *L)
     mn_tensor *q = input_tensor(L, lua_gettop(L), "q", true);
     mn_tensor *y = l_push_empty_tensor(L);
     if (mn_memory_read(&m->state, q, y) != MN_OK) l_raise(L);
+    l_device_pressure(L);
     return 1;
 }
 

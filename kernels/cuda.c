@@ -204,11 +204,20 @@ static void note_alloc(size_t size)
     if (stats.allocated > stats.peak_allocated) stats.peak_allocated = stats.allocated;
 }
 
-mn_status mn_cuda_alloc(size_t nbytes, void **out)
+static void (*oom_hook)(void *ctx);
+static void *oom_ctx;
+
+void mn_cuda_set_oom_hook(void (*hook)(void *ctx), void *ctx)
 {
-    MN_TRY(mn_cuda_ensure_device());
-    size_t size = class_size(nbytes);
-    stats.alloc_calls++;
+    oom_hook = hook;
+    oom_ctx = ctx;
+}
+
+size_t mn_cuda_allocated_bytes(void) { return stats.allocated; }
+
+/* A block of size from the cache's bucket, or false. */
+static bool from_cache(size_t size, void **out)
+{
     for (block **pp = &cache[bucket_of(size)]; *pp; pp = &(*pp)->next) {
         if ((*pp)->size != size) continue;
         block *b = *pp;
@@ -218,12 +227,30 @@ mn_status mn_cuda_alloc(size_t nbytes, void **out)
         stats.cache_hits++;
         note_alloc(size);
         free(b);
-        return MN_OK;
+        return true;
     }
+    return false;
+}
+
+mn_status mn_cuda_alloc(size_t nbytes, void **out)
+{
+    MN_TRY(mn_cuda_ensure_device());
+    size_t size = class_size(nbytes);
+    stats.alloc_calls++;
+    if (from_cache(size, out)) return MN_OK;
     void *p = NULL;
     cudaError_t err = cudaMalloc(&p, size);
     if (err == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();
+        release_cache();
+        err = cudaMalloc(&p, size);
+    }
+    if (err == cudaErrorMemoryAllocation && oom_hook) {
+        /* dead tensors the Lua layer still holds: collected, their blocks
+         * come back to the cache; one of the right size, or the driver's */
+        (void)cudaGetLastError();
+        oom_hook(oom_ctx);
+        if (from_cache(size, out)) return MN_OK;
         release_cache();
         err = cudaMalloc(&p, size);
     }

@@ -41,6 +41,12 @@ typedef struct mn_cuda_memory_stats {
     long long alloc_calls, cache_hits, cuda_mallocs;
 } mn_cuda_memory_stats;
 mn_status mn_cuda_memory(mn_cuda_memory_stats *out);
+/* Bytes held by live tensors (stats.allocated, without the driver's query). */
+size_t mn_cuda_allocated_bytes(void);
+/* Called by mn_cuda_alloc when the driver is out of memory even after the
+ * cache went back to it, before the last try: the Lua layer collects its
+ * garbage there (dead tensors' blocks come back to the cache). NULL: none. */
+void mn_cuda_set_oom_hook(void (*hook)(void *ctx), void *ctx);
 
 /* The rule engine on the GPU (kernels/engine_cuda.c) registers itself with
  * mn_register_engine(MN_CUDA, ...); mn_cuda_register() calls this once a
