@@ -79,8 +79,9 @@ typedef enum { MN_COMPILE_TIERED, MN_COMPILE_FULL, MN_COMPILE_FAST } mn_compile_
 void mn_cuda_set_compile_default(mn_compile_mode mode);
 
 /* Counts for mnemo.compiles(): modules first loaded from the fast tier,
- * those moved to the full tier since, and background compiles not yet
- * taken up (queued, compiling, or done and waiting for the next run). */
+ * those moved to the full tier since, those still to move (their
+ * compile waiting for a free slot, running, or done and waiting for the
+ * next run), and those whose full compile failed (they keep the fast one). */
 typedef struct { int fast, upgraded, pending, failed; } mn_cuda_compile_stats;
 void mn_cuda_compile_stats_get(mn_cuda_compile_stats *s);
 
