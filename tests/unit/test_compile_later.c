@@ -5,13 +5,15 @@
  * the foreground compiles the fast tier meanwhile; a source that does not
  * compile comes back as an error, and the process goes on; a compile
  * outlives the process that started it (its CUBIN reaches the cache after
- * that process has exited); no writable cache: no job. */
+ * that process has exited); with SIGCHLD ignored a job still ends with its
+ * CUBIN; no writable cache: no job. */
 #include "check.h"
 
 #ifdef MN_HAVE_CUDA
 #include "../../kernels/compile_later.h"
 #include "../../kernels/nvrtc.h"
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,6 +108,19 @@ int main(void)
     for (int i = 0; i < 600 && !file_in(dir, kd, "cubin"); i++) usleep(100000); /* up to a minute */
     CHECK("compile_later/outlives_its_process", exited && file_in(dir, kd, "cubin") && file_in(dir, kd, "info"));
     free(d);
+
+    /* SIGCHLD ignored (a host program's choice): the child cannot be waited
+     * for, and the job still ends with its CUBIN, once the child is gone */
+    char *e = source_with(44);
+    signal(SIGCHLD, SIG_IGN);
+    mn_compile_job *je = mn_compile_later(e, 90);
+    void *cubin_e = NULL;
+    size_t ne = 0;
+    s = je ? mn_compile_job_finish(je, &cubin_e, &ne) : MN_ERR_ARG;
+    signal(SIGCHLD, SIG_DFL);
+    CHECK("compile_later/sigchld_ignored", s == MN_OK && ne > 0 && mn_nvrtc_in_cache(e, 90, MN_TIER_FULL));
+    free(cubin_e);
+    free(e);
 
     /* a cache that cannot be written: no job, and the error says so */
     setenv("MNEMO_CACHE", "/proc/mnemo-no-cache-here", 1);
