@@ -21,8 +21,7 @@
 #include <unistd.h>
 
 struct mn_compile_job {
-    char *src;
-    int arch;
+    char key[33]; /* the full tier's: where the child leaves the CUBIN */
     pid_t pid;
     bool done;
     int wait_status; /* waitpid's, once done */
@@ -44,18 +43,15 @@ mn_compile_job *mn_compile_later(const char *src, int arch)
         return NULL;
     }
     mn_compile_job *job = calloc(1, sizeof *job);
-    if (job) job->src = strdup(src);
-    if (!job || !job->src) {
-        free(job);
+    if (!job) {
         mn_fail(MN_ERR_OOM, "out of memory queueing a background compile");
         return NULL;
     }
-    job->arch = arch;
+    mn_nvrtc_key(src, arch, MN_TIER_FULL, job->key);
     fflush(NULL); /* nothing buffered is written twice */
     pid_t pid = fork();
     if (pid < 0) {
         int e = errno;
-        free(job->src);
         free(job);
         mn_fail(MN_ERR_DEVICE, "background compile: fork failed (%s)", strerror(e));
         return NULL;
@@ -73,7 +69,7 @@ mn_compile_job *mn_compile_later(const char *src, int arch)
         void *cubin = NULL;
         size_t size = 0;
         mn_status s = mn_nvrtc_cubin(src, arch, MN_TIER_FULL, false, key, &cubin, &size);
-        _exit(s == MN_OK && mn_nvrtc_in_cache(src, arch, MN_TIER_FULL) ? 0 : 1);
+        _exit(s == MN_OK && mn_nvrtc_in_cache(key) ? 0 : 1);
     }
     job->pid = pid;
     pending++;
@@ -100,17 +96,15 @@ mn_status mn_compile_job_finish(mn_compile_job *job, void **cubin, size_t *size)
 {
     reap(job, true);
     mn_status s;
-    char key[33];
     if (job->wait_status == -1 || (WIFEXITED(job->wait_status) && WEXITSTATUS(job->wait_status) == 0))
-        s = mn_nvrtc_in_cache(job->src, job->arch, MN_TIER_FULL)
-                ? mn_nvrtc_cubin(job->src, job->arch, MN_TIER_FULL, false, key, cubin, size)
+        s = mn_nvrtc_read_cached(job->key, cubin, size)
+                ? MN_OK
                 : mn_fail(MN_ERR_DEVICE, "background compile: its CUBIN is not in the kernel cache");
     else if (WIFSIGNALED(job->wait_status))
         s = mn_fail(MN_ERR_DEVICE, "background compile: the compiling process died of signal %d",
                     WTERMSIG(job->wait_status));
     else /* NVRTC's message went with the child: rule:kernel_info compiles the full tier and says */
         s = mn_fail(MN_ERR_DEVICE, "background compile: the full tier did not compile (rule:kernel_info() says why)");
-    free(job->src);
     free(job);
     return s;
 }

@@ -93,11 +93,9 @@ static mn_status take_full(mn_cuda_module *m, cudaLibrary_t lib)
         (void)cudaLibraryUnload(lib);
         return s;
     }
-    m->fast_lib = m->lib; /* kept: a CUDA graph may hold its kernels */
-    m->lib = lib;
+    m->lib = lib; /* the fast library stays loaded: a caller's CUDA graph may hold its kernels */
     memcpy(m->k, k, sizeof k);
     m->set_constants = setter;
-    m->fast = false;
     stats.upgraded++;
     return MN_OK;
 }
@@ -151,20 +149,19 @@ mn_status mn_cuda_module_get(const char *src, const char *const *names, double w
     int arch = mn_cuda_arch();
     char key[33];
     mn_nvrtc_key(src, arch, MN_TIER_FULL, key);
-    bool in_capture = capturing();
     bool want_full = mode == MN_COMPILE_FULL || work > MN_FAST_TIER_WORK;
     for (mn_cuda_module *m = modules; m; m = m->next)
         if (strcmp(m->key, key) == 0) {
             /* a failed full compile leaves the fast kernels: the run goes on */
-            if (m->moves && !in_capture) (void)move_on(m, want_full);
+            if (m->moves && !capturing()) (void)move_on(m, want_full);
             *out = m;
             return MN_OK;
         }
     /* the fast tier for a source new to the disk cache, where a child can
      * hand the full one over through that cache */
     bool fast = mode == MN_COMPILE_FAST ||
-                (mode == MN_COMPILE_TIERED && !want_full && !in_capture && mn_nvrtc_cache_writable() &&
-                 !mn_nvrtc_in_cache(src, arch, MN_TIER_FULL));
+                (mode == MN_COMPILE_TIERED && !want_full && !capturing() && mn_nvrtc_cache_writable() &&
+                 !mn_nvrtc_in_cache(key));
     bool moves = fast && mode == MN_COMPILE_TIERED;
     /* started first, so that it compiles while this process compiles the
      * fast tier; where the slots are busy, a later call starts it; where no
@@ -187,7 +184,6 @@ mn_status mn_cuda_module_get(const char *src, const char *const *names, double w
     }
     memcpy(m->key, key, sizeof m->key);
     m->lib = lib;
-    m->fast = fast;
     m->moves = moves;
     m->job = job;
     m->src = kept;

@@ -25,11 +25,9 @@ typedef struct mn_cuda_module {
     cudaKernel_t k[MN_MODULE_MAX_KERNELS]; /* in the order of the names asked for */
     cudaKernel_t set_constants;            /* MN_SET_CONSTANTS_KERNEL where the source has it, else NULL */
     const char *names[MN_MODULE_MAX_KERNELS + 1];
-    bool fast;                  /* the fast tier's kernels are the ones in k */
-    bool moves;                 /* fast, and to move to the full tier (MNEMO_COMPILE=tiered) */
+    bool moves;                 /* on the fast tier, to move to the full one (MNEMO_COMPILE=tiered) */
     char *src;                  /* the source, while it moves */
     struct mn_compile_job *job; /* the full tier's compile, once started */
-    cudaLibrary_t fast_lib;     /* kept loaded once replaced */
     struct mn_cuda_module *next;
 } mn_cuda_module;
 

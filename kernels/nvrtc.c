@@ -346,13 +346,21 @@ void mn_nvrtc_key(const char *src, int arch, mn_tier tier, char key[33])
     mn_cuda_cache_key(src, mn_nvrtc_options(arch, tier, opts, sizeof opts), arch, mn_nvrtc_version(), key);
 }
 
-static bool cached(const char *src, int arch, mn_tier tier, char key[33], void **cubin, size_t *size)
+/* <cache dir>/<key>.<ext>, or false where there is no cache directory. */
+static bool cache_path(const char *key, const char *ext, char *path, size_t len)
 {
-    char dir[4096], path[4200];
-    mn_nvrtc_key(src, arch, tier, key);
-    if (!cache_dir(dir, sizeof dir)) return false;
-    snprintf(path, sizeof path, "%s/%s.cubin", dir, key);
-    return read_file(path, cubin, size);
+    char dir[4096];
+    return cache_dir(dir, sizeof dir) && snprintf(path, len, "%s/%s.%s", dir, key, ext) < (int)len;
+}
+
+/* A compile's CUBIN and its kernels' resources into the cache (skipped
+ * where there is none). */
+static void cache_write(const char *key, const void *cubin, size_t size, const mn_kernel_set *info)
+{
+    char path[4200];
+    if (!cache_path(key, "cubin", path, sizeof path)) return;
+    write_file(path, cubin, size);
+    if (cache_path(key, "info", path, sizeof path)) write_info(path, info);
 }
 
 bool mn_nvrtc_cache_writable(void)
@@ -361,46 +369,41 @@ bool mn_nvrtc_cache_writable(void)
     return cache_dir(dir, sizeof dir) && access(dir, W_OK) == 0;
 }
 
-bool mn_nvrtc_in_cache(const char *src, int arch, mn_tier tier)
+bool mn_nvrtc_in_cache(const char key[33])
 {
-    char dir[4096], path[4200], key[33];
-    mn_nvrtc_key(src, arch, tier, key);
+    char path[4200];
     struct stat st;
-    return cache_dir(dir, sizeof dir) && snprintf(path, sizeof path, "%s/%s.cubin", dir, key) < (int)sizeof path &&
-           stat(path, &st) == 0 && st.st_size > 0;
+    return cache_path(key, "cubin", path, sizeof path) && stat(path, &st) == 0 && st.st_size > 0;
+}
+
+bool mn_nvrtc_read_cached(const char key[33], void **cubin, size_t *size)
+{
+    char path[4200];
+    return cache_path(key, "cubin", path, sizeof path) && read_file(path, cubin, size);
 }
 
 mn_status mn_nvrtc_cubin(const char *src, int arch, mn_tier tier, bool fresh, char key[33], void **cubin,
                          size_t *size)
 {
-    char dir[4096], path[4200];
-    if (!fresh && cached(src, arch, tier, key, cubin, size)) return MN_OK;
     mn_nvrtc_key(src, arch, tier, key);
-    bool have_dir = cache_dir(dir, sizeof dir);
+    if (!fresh && mn_nvrtc_read_cached(key, cubin, size)) return MN_OK;
     mn_kernel_set info;
     MN_TRY(compile(src, arch, tier, NULL, cubin, size, &info));
     memcpy(info.key, key, sizeof info.key);
     remember(&info);
-    if (have_dir) {
-        snprintf(path, sizeof path, "%s/%s.cubin", dir, key);
-        write_file(path, *cubin, *size);
-        snprintf(path, sizeof path, "%s/%s.info", dir, key);
-        write_info(path, &info);
-    }
+    cache_write(key, *cubin, *size, &info);
     return MN_OK;
 }
 
 mn_status mn_nvrtc_kernel_info(const char *src, int arch, mn_kernel_set *out)
 {
-    char dir[4096], path[4200], key[33];
+    char path[4200], key[33];
     mn_nvrtc_key(src, arch, MN_TIER_FULL, key);
     if (recall(key, out)) {
         out->cached = true;
         return MN_OK;
     }
-    bool have_dir = cache_dir(dir, sizeof dir);
-    if (have_dir) snprintf(path, sizeof path, "%s/%s.info", dir, key);
-    if (have_dir && read_info(path, out)) {
+    if (cache_path(key, "info", path, sizeof path) && read_info(path, out)) {
         memcpy(out->key, key, sizeof out->key);
         remember(out);
         out->cached = true;
@@ -412,11 +415,7 @@ mn_status mn_nvrtc_kernel_info(const char *src, int arch, mn_kernel_set *out)
     memcpy(out->key, key, sizeof out->key);
     out->cached = false;
     remember(out);
-    if (have_dir) { /* the CUBIN too: a run of the same rule then loads it */
-        write_info(path, out);
-        snprintf(path, sizeof path, "%s/%s.cubin", dir, key);
-        write_file(path, cubin, size);
-    }
+    cache_write(key, cubin, size, out); /* the CUBIN too: a run of the same rule then loads it */
     free(cubin);
     return MN_OK;
 }

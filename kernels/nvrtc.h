@@ -42,8 +42,12 @@ void mn_nvrtc_key(const char *src, int arch, mn_tier tier, char key[33]);
 /* Whether the disk cache directory exists (made if missing) and is writable. */
 bool mn_nvrtc_cache_writable(void);
 
-/* Whether the disk cache holds the CUBIN of src for arch and tier. */
-bool mn_nvrtc_in_cache(const char *src, int arch, mn_tier tier);
+/* Whether the disk cache holds the CUBIN of a key (mn_nvrtc_key). */
+bool mn_nvrtc_in_cache(const char key[33]);
+
+/* The CUBIN of a key from the disk cache (nothing compiled), or false; the
+ * caller frees *cubin. */
+bool mn_nvrtc_read_cached(const char key[33], void **cubin, size_t *size);
 
 /* The CUBIN of src for arch and tier: from the disk cache (unless fresh: a
  * cached file that failed to load is replaced), else compiled now and

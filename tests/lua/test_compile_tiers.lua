@@ -31,9 +31,9 @@ if mode and mode ~= "" and mode ~= "tiered" then
   T.done()
 end
 
-local function rule_of(hidden, dk)
+local function rule_of(hidden)
   return m.rule { layers = 2, hidden = hidden, activation = "gelu", step = 16, clip = "norm", clip_max = 1,
-                  theta = 0.05, eta = 0.9, alpha = 0.01 }, dk
+                  theta = 0.05, eta = 0.9, alpha = 0.01 }
 end
 
 local function same_bits(name, a, b)
@@ -42,7 +42,7 @@ local function same_bits(name, a, b)
 end
 
 ---------------------------------------------------------------- forward
-local rule, dk = rule_of(136, 40)
+local rule, dk = rule_of(136), 40
 m.seed(1)
 local k, v = m.randn(2, 4, 200, dk), m.randn(2, 4, 200, dk)
 local c0 = m.compiles()
@@ -73,7 +73,7 @@ T.eq("compile_tiers/nothing new compiled", m.compiles().fast, c2.fast)
 
 ---------------------------------------------------------------- a memory across the move
 do
-  local r2 = rule_of(152, 40)
+  local r2 = rule_of(152)
   m.seed(3)
   local mem = r2:memory { B = 2, H = 4, dk = dk, dv = dk, device = "cuda" }
   local f0 = m.compiles().fast
@@ -91,7 +91,7 @@ end
 
 ---------------------------------------------------------------- backward
 do
-  local r3 = rule_of(168, 40)
+  local r3 = rule_of(168)
   local function grads()
     m.seed(4)
     local res = r3:run { k = k, v = v, device = "cuda", grad = true }
