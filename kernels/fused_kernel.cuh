@@ -402,6 +402,33 @@ struct mn_fbuf {
     float *lrow;               /* the chunk's row losses [R] */
 };
 
+/* L2 hints: the inputs (k, v, q, theta) are read once and the outputs (y,
+ * loss) written once, while each memory's G and S are read and written at
+ * every step (P1: 128 memories' 34 MB beside 200 MB of inputs and outputs
+ * streaming through a 50 MB L2). With MN_STREAM (the default; 0 through
+ * MNEMO_FUSED_STREAM, plan.c, to measure) the streams load and store with
+ * .cs, evict-first, so that they pass through without pushing G and S out:
+ * on an H200, P1 1-2.5% faster, M1 (whose G and S are small) the same
+ * (tests/bench/RESULTS.md). A hint only: the same values either way. */
+#ifndef MN_STREAM
+#define MN_STREAM 1
+#endif
+#if defined(MN_EMULATED) || !MN_STREAM
+__device__ __forceinline__ float mn_ld_once(const float *p) { return *p; }
+__device__ __forceinline__ void mn_st_once(float *p, float v) { *p = v; }
+#else
+__device__ __forceinline__ float mn_ld_once(const float *p)
+{
+    float v;
+    asm volatile("ld.global.cs.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ void mn_st_once(float *p, float v)
+{
+    asm volatile("st.global.cs.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
+}
+#endif
+
 /* A chunk of input rows travels in two halves: mn_rows_fetch loads this
  * thread's share into registers (all loads issued together), mn_rows_store
  * puts it in shared memory, zero beyond cr rows and the real width. The
@@ -414,7 +441,7 @@ __device__ __forceinline__ void mn_rows_fetch(float (&x)[MN_NX], const float *sr
 #pragma unroll
     for (int u = 0; u < MN_NX; u++) {
         const int e = threadIdx.x + u * MN_FT, r = e / MN_PDK, j = e % MN_PDK;
-        x[u] = (e < MN_FR * MN_PDK && r < avail && j < MN_DK) ? src[(long long)r * MN_DK + j] : 0.0f;
+        x[u] = (e < MN_FR * MN_PDK && r < avail && j < MN_DK) ? mn_ld_once(src + (long long)r * MN_DK + j) : 0.0f;
     }
 }
 

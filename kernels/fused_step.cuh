@@ -189,8 +189,8 @@ mn_fused_step_kernel(const mn_rule_kargs a)
             for (int u = 0; u < NL; u++) {
                 const int e = tid + u * MN_FT, r = e / MN_PDV, j = e % MN_PDV;
                 const bool real = e < MN_FR * MN_PDV && r < cr && j < MN_DV;
-                vl[u] = real ? v[(t + r) * MN_DV + j] : 0.0f;
-                th[u] = real ? theta[t + r] : 0.0f;
+                vl[u] = real ? mn_ld_once(v + (t + r) * MN_DV + j) : 0.0f;
+                th[u] = real ? mn_ld_once(theta + t + r) : 0.0f;
             }
 #endif
             __syncthreads();
@@ -251,7 +251,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                 if (r < cr && j < MN_DV) {
                     const float yy = fb.y[r * MN_LDV + j], vv = vl[u], rr = yy - vv;
                     const float wt = (float)((double)th[u] * tscale);
-                    if (y_here && lead && r0 + r < before_rows) y_out[(t + r) * MN_DV + j] = yy;
+                    if (y_here && lead && r0 + r < before_rows) mn_st_once(y_out + (t + r) * MN_DV + j, yy);
                     fb.y[r * MN_LDV + j] = mn_hook_loss(yy, vv, rr);
                     d = (float)((double)wt * R * (double)mn_hook_loss_grad(yy, vv, rr));
                 }
@@ -262,7 +262,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                 double acc = 0.0;
                 for (int j = 0; j < MN_DV; j++) acc += fb.y[r * MN_LDV + j];
                 const float l = (float)(R * acc);
-                if (lead) loss_out[t + r] = l;
+                if (lead) mn_st_once(loss_out + t + r, l);
                 fb.lrow[r] = l;
             }
 #endif
@@ -297,8 +297,8 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                 mn_fused_norm_rows(fb, ret_rows, MN_LN_G, MN_LN_B, yo);
 #else
                 mn_fused_forward<false>(Wp, fb, cr, [&](int r, int j, float y0, float y1) {
-                    if (lead && r < ret_rows && j < MN_DV) yo[r * MN_DV + j] = y0;
-                    if (lead && r < ret_rows && j + 1 < MN_DV) yo[r * MN_DV + j + 1] = y1;
+                    if (lead && r < ret_rows && j < MN_DV) mn_st_once(yo + r * MN_DV + j, y0);
+                    if (lead && r < ret_rows && j + 1 < MN_DV) mn_st_once(yo + r * MN_DV + j + 1, y1);
                 });
 #endif
             }

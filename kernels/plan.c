@@ -322,8 +322,12 @@ char *mn_cuda_plan_source(const mn_rule *r, const mn_dims *d, mn_precision p, co
 {
     if (pl->path == MN_PATH_FUSED) {
         static const char *const fused[] = {"update_math", "rule_kernel", "fused_norm", "fused_kernel", "fused_step", NULL};
-        char defs[384];
+        char defs[512];
         mn_fused_defines(pl, defs, sizeof defs);
+        /* an experiment's knob: MNEMO_FUSED_STREAM=0 takes the step kernel's
+         * evict-first hints on its inputs and outputs away (fused_kernel.cuh) */
+        const char *st = getenv("MNEMO_FUSED_STREAM");
+        if (st && !strcmp(st, "0")) snprintf(defs + strlen(defs), sizeof defs - strlen(defs), "#define MN_STREAM 0\n");
         return mn_cuda_source_for(r, d, p, fused, defs);
     }
     if (pl->path == MN_PATH_LARGE) return mn_cuda_large_source(r, d, p);
