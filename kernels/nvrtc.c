@@ -41,7 +41,7 @@ int mn_nvrtc_version(void)
  * third of the full compile's time for P1's fused kernel, for a kernel about
  * 4x slower. Both tiers compile the same float operations (no fast-math,
  * the same contraction): on an H100 their outputs and gradients were equal
- * to the bit (tests/gpu/tier_bits.sh). */
+ * to the bit (tests/gpu/same_bits.sh). */
 #define N_OPTIONS 6
 static int options_of(int arch, mn_tier tier, char arch_opt[32], const char *opts[N_OPTIONS])
 {

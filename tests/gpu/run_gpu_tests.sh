@@ -19,8 +19,9 @@
 #     precision whose /grads come from the planned GPU backward (the fused
 #     one where the forward is fused, whatever the refresh),
 #   - the compile tiers (tests/lua/test_compile_tiers.lua with an empty
-#     kernel cache; tests/gpu/tier_bits.sh: the fast and the full tier's
-#     outputs and gradients equal to the bit on every path),
+#     kernel cache; tests/gpu/same_bits.sh: the fast and the full tier's
+#     outputs and gradients equal to the bit on every path; and the fused
+#     forward with and without its L2 hints, likewise),
 #   - the PyTorch bridge (tests/python/test_bridge.py, tests/gpu/test_bridge_gpu.py),
 #   - compute-sanitizer (memcheck; racecheck, initcheck, synccheck on fewer)
 #     on a few `mnemo run` calls, seven of them with the backward (fused and
@@ -106,7 +107,7 @@ CONFORMANCE_RUNS=
 # the optimised compile at once (MNEMO_COMPILE=full), which is what
 # conformance checks; tiered, every process would compile twice (the fast
 # tier, then the full one in a child that no later process uses), doubling
-# the compile work of a run where no source repeats (tier_bits.sh checks
+# the compile work of a run where no source repeats (same_bits.sh checks
 # that the fast tier's results equal the full one's).
 conformance() {
     name_=$1; shards_=$2; shift 2
@@ -185,7 +186,10 @@ done
 want tiers && {
     run_one "lua/test_compile_tiers.lua (empty cache)" env MNEMO_CACHE="$(mktemp -d)" MNEMO_TEST_FRESH_CACHE=1 \
         "$MNEMO" tests/lua/test_compile_tiers.lua
-    [ -n "$PYTHON" ] && run_one "gpu/tier_bits.sh" env PYTHON="$PYTHON" sh tests/gpu/tier_bits.sh
+    [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (compile tiers)" env PYTHON="$PYTHON" sh tests/gpu/same_bits.sh
+    # the fused forward's L2 hints change no value
+    [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (L2 hints)" env PYTHON="$PYTHON" MNEMO_COMPILE=full \
+        sh tests/gpu/same_bits.sh MNEMO_FUSED_STREAM 0 1 auto
 }
 
 want paths && for path in general fused large; do

@@ -1,4 +1,4 @@
--- tier_cases.lua: the experiment files of tests/gpu/tier_bits.sh, one per
+-- tier_cases.lua: the experiment files of tests/gpu/same_bits.sh, one per
 -- rule option that changes the generated kernels (fused 1 and 2 layers, a
 -- head-128 cluster, huber + silu + residual without biases, the refresh
 -- block with a value clip, out_norm, glu, newton_schulz), each with a dy_*
