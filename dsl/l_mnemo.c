@@ -149,15 +149,15 @@ static void collect_on_oom(void *ctx) { lua_gc((lua_State *)ctx, LUA_GCCOLLECT);
 
 static int l_compiles(lua_State *L)
 {
-    lua_createtable(L, 0, 4);
-    int fast = 0, upgraded = 0, pending = 0, failed = 0; /* a build without CUDA compiles nothing */
+    lua_createtable(L, 0, 5);
+    int fast = 0, upgraded = 0, pending = 0, failed = 0, shared = 0; /* a build without CUDA compiles nothing */
 #ifdef MN_HAVE_CUDA
     mn_cuda_compile_stats s;
     mn_cuda_compile_stats_get(&s);
-    fast = s.fast, upgraded = s.upgraded, pending = s.pending, failed = s.failed;
+    fast = s.fast, upgraded = s.upgraded, pending = s.pending, failed = s.failed, shared = s.shared;
 #endif
     const struct { const char *name; int n; } f[] = {
-        {"fast", fast}, {"upgraded", upgraded}, {"pending", pending}, {"failed", failed}};
+        {"fast", fast}, {"upgraded", upgraded}, {"pending", pending}, {"failed", failed}, {"shared", shared}};
     for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
         lua_pushinteger(L, f[i].n);
         lua_setfield(L, -2, f[i].name);
@@ -192,7 +192,7 @@ static const struct { const char *name; lua_CFunction fn; const char *doc; } dev
     { "memory", l_memory, "mnemo.memory() -> a table of GPU memory: available, device, allocated, cached, peak_allocated, device_free, device_total (bytes), alloc_calls, cache_hits, cuda_mallocs; without a device {available = false, reason = ...}" },
     { "empty_cache", l_empty_cache, "mnemo.empty_cache() -> nil; gives the GPU memory cached for reuse back to the driver" },
     { "synchronize", l_synchronize, "mnemo.synchronize() -> nil; waits for the GPU to finish, raising any error of its work" },
-    { "compiles", l_compiles, "mnemo.compiles() -> {fast, upgraded, pending, failed}: kernels first run from the fast compile, those moved to the full one since, background compiles not yet taken up, and those that failed (see MNEMO_COMPILE)" },
+    { "compiles", l_compiles, "mnemo.compiles() -> {fast, upgraded, pending, failed, shared}: kernels first run from the fast compile, those moved to the full one since, background compiles not yet taken up, those that failed, and of the moved, those another process compiled while this one waited for the same kernel (see MNEMO_COMPILE)" },
     { "compile_wait", l_compile_wait, "mnemo.compile_wait() -> n; waits for the background compiles and moves their kernels to the full tier (do it before timing kernels); n of them moved" },
 };
 

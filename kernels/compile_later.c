@@ -7,27 +7,107 @@
  * their last check). A forked child shares nothing with the parent's exit:
  * it compiles, writes the CUBIN to the disk cache and leaves with _exit
  * (no atexit handlers, no destructors, no CUDA: it never calls the runtime).
- * The parent reaps it with waitpid and reads the CUBIN from the cache. */
+ * The parent reaps it with waitpid and reads the CUBIN from the cache.
+ *
+ * One compile of a source at a time, across processes: the compiling
+ * process is named in a marker file beside the CUBIN to be (KEY.pending in
+ * the kernel cache, holding its pid), made with O_EXCL before the fork and
+ * removed by the child once the CUBIN is in place (or it failed). A process
+ * that finds a live marker for the same key (a sweep's other processes, or
+ * this one's other module of the same source) watches that compile instead
+ * of starting a second one: its job is done when the CUBIN appears or the
+ * marker goes. A marker whose process is gone, or older than
+ * STALE_MARKER_S, is taken over. */
 #include "compile_later.h"
 #include "nvrtc.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
+
+/* A marker older than this names no compile still running (a full compile
+ * takes seconds; a pid may have been reused since). */
+#define STALE_MARKER_S 600
+/* An empty marker (its pid not written yet) younger than this is live. */
+#define FRESH_MARKER_S 10
 
 struct mn_compile_job {
     char key[33]; /* the full tier's: where the child leaves the CUBIN */
-    pid_t pid;
+    pid_t pid;    /* the child, or the process watched */
+    bool watch;   /* another's compile: not our child, never waited for */
     bool done;
     int wait_status; /* waitpid's, once done */
 };
 
-static int pending; /* children not yet reaped */
+static int pending;  /* children not yet reaped */
+static int watching; /* other compiles watched, not yet finished */
+
+static bool marker_path(const char key[33], char *path, size_t len)
+{
+    return mn_nvrtc_cache_file(key, "pending", path, len);
+}
+
+/* Whether the marker at path names a compile still under way; *pid: the
+ * process it names (0 where not written yet). */
+static bool marker_live(const char *path, pid_t *pid)
+{
+    *pid = 0;
+    struct stat st;
+    if (stat(path, &st) != 0) return false;
+    const time_t age = time(NULL) - st.st_mtime;
+    if (age > STALE_MARKER_S) return false;
+    FILE *f = fopen(path, "r");
+    long v = 0;
+    if (f) {
+        if (fscanf(f, "%ld", &v) != 1) v = 0;
+        fclose(f);
+    }
+    if (v <= 0) return age <= FRESH_MARKER_S; /* being written */
+    *pid = (pid_t)v;
+    return kill(*pid, 0) == 0 || errno == EPERM;
+}
+
+/* Claim the key's marker: an open descriptor to write the compiling pid
+ * into, -1 where another live compile holds it (*other: its pid) or no
+ * marker can be made (*other stays -1: compile without one). */
+static int marker_claim(const char *path, pid_t *other)
+{
+    *other = -1;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int fd = open(path, O_CREAT | O_EXCL | O_WRONLY, 0644);
+        if (fd >= 0) return fd;
+        if (errno != EEXIST) return -1;
+        pid_t pid;
+        if (marker_live(path, &pid)) {
+            *other = pid;
+            return -1;
+        }
+        (void)unlink(path); /* stale: its process is gone */
+    }
+    return -1;
+}
+
+static mn_compile_job *watch_job(const char key[33], pid_t pid)
+{
+    mn_compile_job *job = calloc(1, sizeof *job);
+    if (!job) {
+        mn_fail(MN_ERR_OOM, "out of memory watching a background compile");
+        return NULL;
+    }
+    memcpy(job->key, key, sizeof job->key);
+    job->pid = pid;
+    job->watch = true;
+    watching++;
+    return job;
+}
 
 bool mn_compile_slot_free(void)
 {
@@ -48,10 +128,22 @@ mn_compile_job *mn_compile_later(const char *src, int arch)
         return NULL;
     }
     mn_nvrtc_key(src, arch, MN_TIER_FULL, job->key);
+    char marker[4200];
+    pid_t other = -1;
+    const int fd = marker_path(job->key, marker, sizeof marker) ? marker_claim(marker, &other) : -1;
+    if (other >= 0) { /* another process compiles this source now */
+        mn_compile_job *w = watch_job(job->key, other);
+        free(job);
+        return w;
+    }
     fflush(NULL); /* nothing buffered is written twice */
     pid_t pid = fork();
     if (pid < 0) {
         int e = errno;
+        if (fd >= 0) {
+            close(fd);
+            (void)unlink(marker);
+        }
         free(job);
         mn_fail(MN_ERR_DEVICE, "background compile: fork failed (%s)", strerror(e));
         return NULL;
@@ -69,17 +161,47 @@ mn_compile_job *mn_compile_later(const char *src, int arch)
         void *cubin = NULL;
         size_t size = 0;
         mn_status s = mn_nvrtc_cubin(src, arch, MN_TIER_FULL, false, key, &cubin, &size);
-        _exit(s == MN_OK && mn_nvrtc_in_cache(key) ? 0 : 1);
+        const bool ok = s == MN_OK && mn_nvrtc_in_cache(key);
+        if (fd >= 0) (void)unlink(marker); /* after the CUBIN: a watcher that sees no marker looks there */
+        _exit(ok ? 0 : 1);
+    }
+    if (fd >= 0) {
+        char line[32];
+        const int n = snprintf(line, sizeof line, "%ld\n", (long)pid);
+        if (write(fd, line, (size_t)n) != n) (void)unlink(marker); /* unreadable: no marker rather than a wrong one */
+        close(fd);
     }
     job->pid = pid;
     pending++;
     return job;
 }
 
-/* Reap the child: without blocking (false when it still runs) or waiting. */
+/* Whether the watched compile has ended: its CUBIN is in the cache, or its
+ * marker is gone or names no live compile (it failed or died). */
+static bool watched_ended(const mn_compile_job *job)
+{
+    if (mn_nvrtc_in_cache(job->key)) return true;
+    char marker[4200];
+    pid_t pid;
+    return !marker_path(job->key, marker, sizeof marker) || !marker_live(marker, &pid);
+}
+
+/* Reap the child: without blocking (false when it still runs) or waiting;
+ * a watched compile is polled. */
 static bool reap(mn_compile_job *job, bool block)
 {
     if (job->done) return true;
+    if (job->watch) {
+        const struct timespec tick = {0, 10 * 1000 * 1000};
+        while (!watched_ended(job)) {
+            if (!block) return false;
+            nanosleep(&tick, NULL);
+        }
+        job->done = true;
+        job->wait_status = -1; /* the cache tells */
+        watching--;
+        return true;
+    }
     pid_t r;
     do r = waitpid(job->pid, &job->wait_status, block ? 0 : WNOHANG);
     while (r < 0 && errno == EINTR);
@@ -87,6 +209,12 @@ static bool reap(mn_compile_job *job, bool block)
     if (r < 0) job->wait_status = -1; /* reaped elsewhere (a SIGCHLD handler): the cache tells */
     job->done = true;
     pending--;
+    if (r > 0 && WIFSIGNALED(job->wait_status)) { /* killed before it could remove its marker */
+        char marker[4200];
+        pid_t pid;
+        if (marker_path(job->key, marker, sizeof marker) && marker_live(marker, &pid) == false && pid == job->pid)
+            (void)unlink(marker);
+    }
     return true;
 }
 
@@ -97,9 +225,11 @@ mn_status mn_compile_job_finish(mn_compile_job *job, void **cubin, size_t *size)
     reap(job, true);
     mn_status s;
     if (job->wait_status == -1 || (WIFEXITED(job->wait_status) && WEXITSTATUS(job->wait_status) == 0))
-        s = mn_nvrtc_read_cached(job->key, cubin, size)
-                ? MN_OK
-                : mn_fail(MN_ERR_DEVICE, "background compile: its CUBIN is not in the kernel cache");
+        s = mn_nvrtc_read_cached(job->key, cubin, size) ? MN_OK
+            : job->watch ? mn_fail(MN_ERR_DEVICE,
+                                   "background compile: process %ld's compile of the same source ended without a CUBIN",
+                                   (long)job->pid)
+                         : mn_fail(MN_ERR_DEVICE, "background compile: its CUBIN is not in the kernel cache");
     else if (WIFSIGNALED(job->wait_status))
         s = mn_fail(MN_ERR_DEVICE, "background compile: the compiling process died of signal %d",
                     WTERMSIG(job->wait_status));
@@ -109,4 +239,6 @@ mn_status mn_compile_job_finish(mn_compile_job *job, void **cubin, size_t *size)
     return s;
 }
 
-int mn_compile_pending(void) { return pending; }
+bool mn_compile_job_watching(const mn_compile_job *job) { return job->watch; }
+
+int mn_compile_pending(void) { return pending + watching; }

@@ -17,11 +17,17 @@ typedef struct mn_compile_job mn_compile_job;
  * or fewer, eight at most) compile at once. */
 bool mn_compile_slot_free(void);
 
-/* Start the full-tier compile of src for arch in a child process. NULL,
- * with the error set, when it cannot start (no writable kernel cache to hand
- * the CUBIN over, no memory, fork failed): the caller compiles in the
- * foreground. */
+/* Start the full-tier compile of src for arch in a child process, or, where
+ * another process (or another job of this one) compiles the same source
+ * now, watch that compile instead of starting a second (a marker file in the
+ * kernel cache names the compiling process). NULL, with the error set, when
+ * it cannot start (no writable kernel cache to hand the CUBIN over, no
+ * memory, fork failed): the caller compiles in the foreground. */
 mn_compile_job *mn_compile_later(const char *src, int arch);
+
+/* Whether the job watches another's compile (it ends when that one does;
+ * where that one fails, the caller compiles in the foreground). */
+bool mn_compile_job_watching(const mn_compile_job *job);
 
 /* Whether the job has finished (never blocks). */
 bool mn_compile_job_done(mn_compile_job *job);
@@ -33,7 +39,7 @@ bool mn_compile_job_done(mn_compile_job *job);
  * call once. */
 mn_status mn_compile_job_finish(mn_compile_job *job, void **cubin, size_t *size);
 
-/* Compiles started and not yet reaped. */
+/* Compiles started or watched and not yet finished. */
 int mn_compile_pending(void);
 
 #endif

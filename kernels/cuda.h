@@ -81,8 +81,10 @@ void mn_cuda_set_compile_default(mn_compile_mode mode);
 /* Counts for mnemo.compiles(): modules first loaded from the fast tier,
  * those moved to the full tier since, those still to move (their
  * compile waiting for a free slot, running, or done and waiting for the
- * next run), and those whose full compile failed (they keep the fast one). */
-typedef struct { int fast, upgraded, pending, failed; } mn_cuda_compile_stats;
+ * next run), those whose full compile failed (they keep the fast one), and
+ * of the moved, those whose full tier another process compiled while this
+ * one needed it too (kernels/compile_later.h: one compile a source). */
+typedef struct { int fast, upgraded, pending, failed, shared; } mn_cuda_compile_stats;
 void mn_cuda_compile_stats_get(mn_cuda_compile_stats *s);
 
 /* Wait for every background compile and move its module to the full tier

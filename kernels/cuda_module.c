@@ -106,13 +106,23 @@ static mn_status upgrade(mn_cuda_module *m)
 {
     mn_compile_job *job = m->job;
     m->job = NULL;
+    const bool watched = mn_compile_job_watching(job);
     void *cubin = NULL;
     size_t size = 0;
     cudaLibrary_t lib;
     mn_status s = mn_compile_job_finish(job, &cubin, &size);
+    if (s != MN_OK && watched) {
+        /* another process's compile of this source failed or died: ours,
+         * in the foreground (where NVRTC's message, if any, comes back) */
+        mn_clear_error();
+        s = library_load(m->src, MN_TIER_FULL, &lib);
+        if (s == MN_OK) s = take_full(m, lib);
+        return s;
+    }
     if (s == MN_OK) s = load(cubin, &lib);
     free(cubin);
     if (s == MN_OK) s = take_full(m, lib);
+    if (s == MN_OK && watched) stats.shared++;
     return s;
 }
 

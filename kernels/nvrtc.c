@@ -369,6 +369,11 @@ bool mn_nvrtc_cache_writable(void)
     return cache_dir(dir, sizeof dir) && access(dir, W_OK) == 0;
 }
 
+bool mn_nvrtc_cache_file(const char key[33], const char *ext, char *path, size_t len)
+{
+    return cache_path(key, ext, path, len);
+}
+
 bool mn_nvrtc_in_cache(const char key[33])
 {
     char path[4200];

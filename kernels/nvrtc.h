@@ -45,6 +45,10 @@ bool mn_nvrtc_cache_writable(void);
 /* Whether the disk cache holds the CUBIN of a key (mn_nvrtc_key). */
 bool mn_nvrtc_in_cache(const char key[33]);
 
+/* The path of the cache's file KEY.EXT in path[len] (the cache directory
+ * made if missing); false where there is no cache or the path is too long. */
+bool mn_nvrtc_cache_file(const char key[33], const char *ext, char *path, size_t len);
+
 /* The CUBIN of a key from the disk cache (nothing compiled), or false; the
  * caller frees *cubin. */
 bool mn_nvrtc_read_cached(const char key[33], void **cubin, size_t *size);

@@ -11,6 +11,9 @@
 --     equals one run (to the bit);
 --   - the backward: its first call on the fast tier, then the full one,
 --     the gradients equal to the bit;
+--   - a second process that needs the same kernel while this one's full
+--     compile runs watches that compile instead of starting its own
+--     (mnemo.compiles().shared), and gets the same bits;
 --   - a run whose work exceeds the fast tier's bound compiles the full tier
 --     at once (nothing fast, nothing pending).
 -- The rules' shapes are this file's own, so they miss a disk cache that
@@ -108,6 +111,51 @@ do
     same_bits("compile_tiers/backward: d" .. name .. " equal across the tiers", g2[name], g1[name])
   end
   same_bits("compile_tiers/backward: dW1 (initial) equal across the tiers", g2.init.W1, g1.init.W1)
+end
+
+---------------------------------------------------------------- two processes, one compile
+do
+  local MNEMO = os.getenv("MNEMO") or arg[-1]
+  local function sh_quote(x) return "'" .. tostring(x):gsub("'", "'\\''") .. "'" end
+  local tmp = os.tmpname()
+  local code = ([[
+    local m = mnemo
+    local r = m.rule { layers = 2, hidden = 184, activation = "gelu", step = 16, clip = "norm", clip_max = 1,
+                       theta = 0.05, eta = 0.9, alpha = 0.01 }
+    m.seed(1)
+    local k, v = m.randn(2, 4, 200, 40), m.randn(2, 4, 200, 40)
+    m.seed(7)
+    r:run { k = k, v = v, device = "cuda" }
+    local c = m.compiles()
+    m.compile_wait()
+    m.seed(7)
+    local y = r:run { k = k, v = v, device = "cuda" }.y
+    m.save(%q, { y = y })
+    print(("fast=%%d shared=%%d failed=%%d"):format(c.fast, m.compiles().shared, m.compiles().failed))
+  ]]):format(tmp)
+  local r4 = rule_of(184)
+  m.seed(7)
+  r4:run { k = k, v = v, device = "cuda" } -- the fast tier; the full one compiling in a child of this process
+  local c0 = m.compiles()
+  local h = io.popen(sh_quote(MNEMO) .. " -e " .. sh_quote(code) .. " 2>&1")
+  local out = h:read("a")
+  h:close()
+  local fast, shared, failed = out:match("fast=(%d+) shared=(%d+) failed=(%d+)")
+  if not fast then
+    T.ok("compile_tiers/second process: ran", false, out)
+  elseif fast == "0" then
+    T.skip("compile_tiers/second process: shares the compile",
+           "this process's full compile had finished before the second process looked (" .. out:gsub("\n", "") .. ")")
+  else
+    T.ok("compile_tiers/second process: shares the compile", shared == "1" and failed == "0", out)
+  end
+  T.eq("compile_tiers/second process: this one's compile still pending", c0.pending >= 1, true)
+  m.compile_wait()
+  m.seed(7)
+  local mine = r4:run { k = k, v = v, device = "cuda" }.y
+  local theirs = fast and m.load(tmp).y
+  if theirs then same_bits("compile_tiers/second process: the same bits", theirs, mine) end
+  os.remove(tmp)
 end
 
 ---------------------------------------------------------------- a large run: the full tier at once

@@ -6,7 +6,10 @@
  * compile comes back as an error, and the process goes on; a compile
  * outlives the process that started it (its CUBIN reaches the cache after
  * that process has exited); with SIGCHLD ignored a job still ends with its
- * CUBIN; no writable cache: no job. */
+ * CUBIN; a second job of a source under compile watches the first (its
+ * marker file names the compiling process) and ends with the same CUBIN; a
+ * marker whose process is gone is taken over; a watched compile that ends
+ * without a CUBIN is an error naming its process; no writable cache: no job. */
 #include "check.h"
 
 #ifdef MN_HAVE_CUDA
@@ -122,6 +125,78 @@ int main(void)
     CHECK("compile_later/sigchld_ignored", s == MN_OK && ne > 0 && mn_nvrtc_in_cache(ke));
     free(cubin_e);
     free(e);
+
+    /* the same source twice while the first compiles: the second job
+     * watches the first's compile (no second child) and gets its CUBIN */
+    char *f = source_with(45), kf[33];
+    mn_nvrtc_key(f, 90, MN_TIER_FULL, kf);
+    mn_compile_job *j1 = mn_compile_later(f, 90), *j2 = mn_compile_later(f, 90);
+    CHECK("compile_later/marker_while_compiling", j1 && file_in(dir, kf, "pending"));
+    CHECK("compile_later/second_watches", j1 && j2 && !mn_compile_job_watching(j1) && mn_compile_job_watching(j2) &&
+                                              mn_compile_pending() == 2);
+    void *c1 = NULL, *c2 = NULL;
+    size_t n1 = 0, n2 = 0;
+    mn_status s2 = j2 ? mn_compile_job_finish(j2, &c2, &n2) : MN_ERR_ARG;
+    mn_status s1 = j1 ? mn_compile_job_finish(j1, &c1, &n1) : MN_ERR_ARG;
+    CHECK("compile_later/watch_gets_cubin", s1 == MN_OK && s2 == MN_OK && n2 > 0 && n1 == n2 &&
+                                                memcmp(c1, c2, n1) == 0);
+    CHECK("compile_later/marker_removed", !file_in(dir, kf, "pending") && mn_compile_pending() == 0);
+    free(c1);
+    free(c2);
+    free(f);
+
+    /* a marker left by a process that is gone: taken over */
+    char *g = source_with(46), kg[33], marker[600];
+    mn_nvrtc_key(g, 90, MN_TIER_FULL, kg);
+    fflush(stdout);
+    pid_t gone = fork();
+    if (gone == 0) _exit(0);
+    if (gone > 0) waitpid(gone, &status, 0);
+    snprintf(marker, sizeof marker, "%s/kernels/%s.pending", dir, kg);
+    FILE *mf = fopen(marker, "w");
+    if (mf) {
+        fprintf(mf, "%ld\n", (long)gone);
+        fclose(mf);
+    }
+    mn_compile_job *jg = mn_compile_later(g, 90);
+    CHECK("compile_later/stale_marker_taken_over", mf && jg && !mn_compile_job_watching(jg));
+    void *cg = NULL;
+    size_t ng = 0;
+    s = jg ? mn_compile_job_finish(jg, &cg, &ng) : MN_ERR_ARG;
+    CHECK("compile_later/stale_marker_compiled", s == MN_OK && ng > 0 && !file_in(dir, kg, "pending"));
+    free(cg);
+    free(g);
+
+    /* a live process's marker whose compile never delivers: the job watches
+     * it, and once that process is gone, fails naming it */
+    char *h = source_with(47), kh[33];
+    mn_nvrtc_key(h, 90, MN_TIER_FULL, kh);
+    fflush(stdout);
+    pid_t sleeper = fork();
+    if (sleeper == 0) {
+        sleep(60);
+        _exit(0);
+    }
+    snprintf(marker, sizeof marker, "%s/kernels/%s.pending", dir, kh);
+    mf = fopen(marker, "w");
+    if (mf) {
+        fprintf(mf, "%ld\n", (long)sleeper);
+        fclose(mf);
+    }
+    mn_compile_job *jh = mn_compile_later(h, 90);
+    CHECK("compile_later/live_marker_watched", mf && jh && mn_compile_job_watching(jh) && !mn_compile_job_done(jh));
+    if (sleeper > 0) {
+        kill(sleeper, SIGKILL);
+        waitpid(sleeper, &status, 0);
+    }
+    void *ch = NULL;
+    size_t nh = 0;
+    s = jh ? mn_compile_job_finish(jh, &ch, &nh) : MN_OK;
+    CHECK("compile_later/watched_failure", s == MN_ERR_DEVICE && ch == NULL && mn_compile_pending() == 0);
+    char who[64];
+    snprintf(who, sizeof who, "process %ld's compile", (long)sleeper);
+    CHECK_STR_CONTAINS("compile_later/watched_failure_message", mn_last_error(), who);
+    free(h);
 
     /* a cache that cannot be written: no job, and the error says so */
     setenv("MNEMO_CACHE", "/proc/mnemo-no-cache-here", 1);
