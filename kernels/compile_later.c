@@ -33,9 +33,12 @@
 #include <time.h>
 #include <unistd.h>
 
-/* A marker older than this names no compile still running (a full compile
- * takes seconds; a pid may have been reused since). */
-#define STALE_MARKER_S 600
+/* A marker older than this names no compile still running: a full compile
+ * takes seconds (P1's fused backward, the longest, 6-15 s), and a marker
+ * left by a compile killed with its parent may name a pid reused since;
+ * a watcher waits at most this long before it compiles itself (taking a
+ * marker over too early costs a second compile, no more). */
+#define STALE_MARKER_S 120
 /* An empty marker (its pid not written yet) younger than this is live. */
 #define FRESH_MARKER_S 10
 
