@@ -98,20 +98,6 @@ static int marker_claim(const char *path, pid_t *other)
     return -1;
 }
 
-static mn_compile_job *watch_job(const char key[33], pid_t pid)
-{
-    mn_compile_job *job = calloc(1, sizeof *job);
-    if (!job) {
-        mn_fail(MN_ERR_OOM, "out of memory watching a background compile");
-        return NULL;
-    }
-    memcpy(job->key, key, sizeof job->key);
-    job->pid = pid;
-    job->watch = true;
-    watching++;
-    return job;
-}
-
 bool mn_compile_slot_free(void)
 {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -134,10 +120,11 @@ mn_compile_job *mn_compile_later(const char *src, int arch)
     char marker[4200];
     pid_t other = -1;
     const int fd = marker_path(job->key, marker, sizeof marker) ? marker_claim(marker, &other) : -1;
-    if (other >= 0) { /* another process compiles this source now */
-        mn_compile_job *w = watch_job(job->key, other);
-        free(job);
-        return w;
+    if (other >= 0) { /* another process compiles this source now: watch it */
+        job->pid = other;
+        job->watch = true;
+        watching++;
+        return job;
     }
     fflush(NULL); /* nothing buffered is written twice */
     pid_t pid = fork();
@@ -215,7 +202,7 @@ static bool reap(mn_compile_job *job, bool block)
     if (r > 0 && WIFSIGNALED(job->wait_status)) { /* killed before it could remove its marker */
         char marker[4200];
         pid_t pid;
-        if (marker_path(job->key, marker, sizeof marker) && marker_live(marker, &pid) == false && pid == job->pid)
+        if (marker_path(job->key, marker, sizeof marker) && !marker_live(marker, &pid) && pid == job->pid)
             (void)unlink(marker);
     }
     return true;

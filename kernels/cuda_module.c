@@ -100,6 +100,14 @@ static mn_status take_full(mn_cuda_module *m, cudaLibrary_t lib)
     return MN_OK;
 }
 
+/* m's full tier compiled in the foreground (or found in the disk cache) and taken up. */
+static mn_status compile_full_now(mn_cuda_module *m)
+{
+    cudaLibrary_t full;
+    mn_status s = library_load(m->src, MN_TIER_FULL, &full);
+    return s == MN_OK ? take_full(m, full) : s;
+}
+
 /* Finish m's background compile (waiting if it is not done) and move m to
  * the full tier. On failure m keeps its fast kernels. */
 static mn_status upgrade(mn_cuda_module *m)
@@ -115,9 +123,7 @@ static mn_status upgrade(mn_cuda_module *m)
         /* another process's compile of this source failed or died: ours,
          * in the foreground (where NVRTC's message, if any, comes back) */
         mn_clear_error();
-        s = library_load(m->src, MN_TIER_FULL, &lib);
-        if (s == MN_OK) s = take_full(m, lib);
-        return s;
+        return compile_full_now(m);
     }
     if (s == MN_OK) s = load(cubin, &lib);
     free(cubin);
@@ -139,11 +145,7 @@ static mn_status move_on(mn_cuda_module *m, bool need_full)
         return MN_OK; /* compiling, or waiting for a slot */
     mn_status s;
     if (m->job) s = upgrade(m);
-    else {
-        cudaLibrary_t full;
-        s = library_load(m->src, MN_TIER_FULL, &full);
-        if (s == MN_OK) s = take_full(m, full);
-    }
+    else s = compile_full_now(m);
     if (s != MN_OK) stats.failed++;
     m->moves = false;
     free(m->src);
