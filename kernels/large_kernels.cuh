@@ -124,6 +124,55 @@ __device__ __forceinline__ mn_lg_op mn_lg_to_op(float x) { return x; }
 __device__ __forceinline__ float mn_lg_round(float x) { return x; }
 #endif
 
+/* ---- four neighbours at once ----
+ * The elementwise kernels move 16 bytes a load where a row's width is a
+ * multiple of 4 and the pointers are aligned (always, for buffers from the
+ * allocator; a view at an odd offset takes the scalar loop): a memory-bound
+ * kernel then keeps four times the bytes in flight a load. Each element gets
+ * the same arithmetic as in the scalar loop, so the bits do not change. */
+__device__ __forceinline__ bool mn_lg_al16(const void *p) { return ((unsigned long long)p & 15u) == 0; }
+/* an operand pointer that takes four at once (8 bytes in bf16, 16 else) */
+__device__ __forceinline__ bool mn_lg_op_al(const void *p) { return ((unsigned long long)p & (MN_PREC == 2 ? 7u : 15u)) == 0; }
+__device__ __forceinline__ float4 mn_lg_ld4(const float *p) { return *(const float4 *)p; }
+__device__ __forceinline__ void mn_lg_st4(float *p, const float v[4]) { *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]); }
+__device__ __forceinline__ void mn_lg_unpack(float4 q, float v[4])
+{
+    v[0] = q.x;
+    v[1] = q.y;
+    v[2] = q.z;
+    v[3] = q.w;
+}
+__device__ __forceinline__ void mn_lg_st_op4(mn_lg_op *p, const float v[4])
+{
+#if MN_PREC == 2
+    uint2 w;
+    w.x = (unsigned)mn_lg_bf16_bits(v[0]) | ((unsigned)mn_lg_bf16_bits(v[1]) << 16);
+    w.y = (unsigned)mn_lg_bf16_bits(v[2]) | ((unsigned)mn_lg_bf16_bits(v[3]) << 16);
+    *(uint2 *)p = w;
+#else
+    mn_lg_st4(p, v);
+#endif
+}
+
+/* sum of p[i], p[i + stride], ... below end in double, in that order, with
+ * eight loads in flight: the last block of a kernel walks partials and loss
+ * rows alone, and one load at a time would put a global load's latency per
+ * element on the step's critical path. CG: past L1 (other blocks' partials). */
+template <bool CG, typename T>
+__device__ __forceinline__ double mn_lg_strided_sum(const T *p, long long i, long long end, long long stride)
+{
+    double s = 0.0;
+    for (; i + 7 * stride < end; i += 8 * stride) {
+        T v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = CG ? __ldcg(p + i + k * stride) : p[i + k * stride];
+#pragma unroll
+        for (int k = 0; k < 8; k++) s += (double)v[k];
+    }
+    for (; i < end; i += stride) s += (double)(CG ? __ldcg(p + i) : p[i]);
+    return s;
+}
+
 /* ---- the step counter, the last block (the sums: large_common.cuh) ---- */
 
 __device__ __forceinline__ long long mn_lg_step(const mn_large_kargs &a) { return a.counter ? *a.counter : 0; }
@@ -205,6 +254,15 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_stage_ke
     const long long real = mn_lg_real_rows(a, m, sl, o.step_rows) - o.r0; /* real rows of this launch's */
     const float *src = o.in + (m * a.n + t) * MN_DK;
     mn_lg_op *dst = (mn_lg_op *)o.out_op + m * o.ld * MN_DK;
+    if (MN_DK % 4 == 0 && mn_lg_al16(src) && mn_lg_op_al(dst)) {
+        MN_LG_GRID_STRIDE(q, o.rows * MN_DK / 4)
+        {
+            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (q * 4 / MN_DK < real) mn_lg_unpack(mn_lg_ld4(src + q * 4), v);
+            mn_lg_st_op4(dst + q * 4, v);
+        }
+        return;
+    }
     MN_LG_GRID_STRIDE(e, o.rows * MN_DK) dst[e] = mn_lg_to_op(e / MN_DK < real ? src[e] : 0.0f);
 }
 
@@ -223,6 +281,37 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_act_kern
     const float *b = o.bias ? o.bias + m * MN_LG_DH : 0;
     float *u = o.gate ? o.gate + m * o.ld * MN_LG_DH : 0;
     const float *cb = o.gate_bias ? o.gate_bias + m * MN_LG_DH : 0;
+    if (MN_LG_DH % 4 == 0 && mn_lg_al16(z) && mn_lg_op_al(h) && (!b || mn_lg_al16(b)) && (!u || mn_lg_al16(u)) &&
+        (!cb || mn_lg_al16(cb))) {
+        MN_LG_GRID_STRIDE(q, o.rows * MN_DH / 4)
+        {
+            const long long e = q * 4, c = e % MN_LG_DH;
+            float v[4], hv[4], bb[4];
+            mn_lg_unpack(mn_lg_ld4(z + e), v);
+            if (b) {
+                mn_lg_unpack(mn_lg_ld4(b + c), bb);
+#pragma unroll
+                for (int i = 0; i < 4; i++) v[i] += bb[i];
+                mn_lg_st4(z + e, v);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) hv[i] = mn_hook_act(v[i]);
+            if (u) {
+                float g[4];
+                mn_lg_unpack(mn_lg_ld4(u + e), g);
+                if (cb) {
+                    mn_lg_unpack(mn_lg_ld4(cb + c), bb);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) g[i] += bb[i];
+                    mn_lg_st4(u + e, g);
+                }
+#pragma unroll
+                for (int i = 0; i < 4; i++) hv[i] *= g[i];
+            }
+            mn_lg_st_op4(h + e, hv);
+        }
+        return;
+    }
     MN_LG_GRID_STRIDE(e, o.rows * MN_DH)
     {
         float v = z[e];
@@ -273,16 +362,32 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_loss_ker
     const double tscale = MN_TOKEN_MEAN ? 1.0 / (double)grows : 1.0;
     const float wt = (float)((double)a.theta[m * a.n + t] * tscale);
     double acc = 0.0;
-    for (int j = lane; j < MN_DV; j += 32) {
-        float yy = yr[j];
-        if (b) yy += b[j];
-        if (MN_RESIDUAL) yy += xr[j];
-        const float vv = vr[j], rr = yy - vv;
-        acc += mn_hook_loss(yy, vv, rr);
-        const float g = (float)((double)wt * R * (double)mn_hook_loss_grad(yy, vv, rr));
-        dy[j] = g;
-        if (dyo) dyo[j] = mn_lg_to_op(g);
-        if (yo) yo[j] = yy;
+    /* a lane's columns j, j + 32, ... four at a time: their loads all issue
+     * before the first store (which the compiler may not move them past) */
+    for (int j0 = lane; j0 < MN_DV; j0 += 4 * 32) {
+        float yy[4], vv[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int j = j0 + 32 * i;
+            if (j < MN_DV) {
+                yy[i] = yr[j];
+                if (b) yy[i] += b[j];
+                if (MN_RESIDUAL) yy[i] += xr[j];
+                vv[i] = vr[j];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int j = j0 + 32 * i;
+            if (j < MN_DV) {
+                const float rr = yy[i] - vv[i];
+                acc += mn_hook_loss(yy[i], vv[i], rr);
+                const float g = (float)((double)wt * R * (double)mn_hook_loss_grad(yy[i], vv[i], rr));
+                dy[j] = g;
+                if (dyo) dyo[j] = mn_lg_to_op(g);
+                if (yo) yo[j] = yy[i];
+            }
+        }
     }
     acc = mn_lg_warp_sum(acc);
     if (lane == 0) a.loss[m * a.n + t] = (float)(R * acc);
@@ -312,22 +417,38 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_cols_ker
     mn_lg_op *uop = o.gate_op ? (mn_lg_op *)o.gate_op + m * o.ld * cols : 0;
     double acc = 0.0, gacc = 0.0;
     if (c < cols) {
-        for (long long r = rb * MN_LARGE_COL_ROWS + ty; r < r_end; r += 8) {
-            const long long i = r * cols + c;
-            float v = d[i];
-            if (u) {
-                const float g = u[i], du = v * mn_hook_act(z[i]);
-                u[i] = du;
-                if (uop) uop[i] = mn_lg_to_op(du);
-                gacc += du;
-                v *= g;
+        /* four of the thread's rows at a time, loads first (the stores
+         * would otherwise hold each load back), the sums in row order */
+        for (long long r0 = rb * MN_LARGE_COL_ROWS + ty; r0 < r_end; r0 += 4 * 8) {
+            float dv[4], zv[4], uv[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const long long r = r0 + 8 * k, i = r * cols + c;
+                if (r < r_end) {
+                    dv[k] = d[i];
+                    if (z) zv[k] = z[i];
+                    if (u) uv[k] = u[i];
+                }
             }
-            if (o.flags & MN_LARGE_ACT) {
-                v *= mn_hook_act_grad(z[i]);
-                d[i] = v;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const long long r = r0 + 8 * k, i = r * cols + c;
+                if (r >= r_end) break;
+                float v = dv[k];
+                if (u) {
+                    const float du = v * mn_hook_act(zv[k]);
+                    u[i] = du;
+                    if (uop) uop[i] = mn_lg_to_op(du);
+                    gacc += du;
+                    v *= uv[k];
+                }
+                if (o.flags & MN_LARGE_ACT) {
+                    v *= mn_hook_act_grad(zv[k]);
+                    d[i] = v;
+                }
+                if (dop) dop[i] = mn_lg_to_op(v);
+                acc += v;
             }
-            if (dop) dop[i] = mn_lg_to_op(v);
-            acc += v;
         }
     }
     if (!(o.flags & MN_LARGE_BIAS)) return; /* the same for the whole grid */
@@ -348,13 +469,11 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_cols_ker
     }
     if (!mn_lg_last_arrival(&a.tickets[1 + m * gridDim.x + blockIdx.x], (unsigned)nrb)) return;
     if (ty == 0 && c < cols) {
-        double s = 0.0;
-        for (long long i = 0; i < nrb; i++) s += __ldcg(&a.part[(m * nrb + i) * cols + c]);
+        const double s = mn_lg_strided_sum<true>(a.part + m * nrb * cols + c, 0, nrb * cols, cols);
         float *gb = o.gb + m * cols + c;
         *gb = (o.flags & MN_LARGE_ACCUM) ? *gb + (float)s : (float)s;
         if (u) {
-            double gs = 0.0;
-            for (long long i = 0; i < nrb; i++) gs += __ldcg(&du_part[(m * nrb + i) * cols + c]);
+            const double gs = mn_lg_strided_sum<true>(du_part + m * nrb * cols + c, 0, nrb * cols, cols);
             float *gc = o.gc + m * cols + c;
             *gc = (o.flags & MN_LARGE_ACCUM) ? *gc + (float)gs : (float)gs;
         }
@@ -374,7 +493,17 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_ker
     const int p = mn_lg_slice<MN_LG_NP>(a.slice_start, a.numel, blockIdx.x, &e0, &e1);
     const float *g = a.G[p] + m * a.numel[p];
     double acc = 0.0;
-    for (long long e = e0 + threadIdx.x; e < e1; e += MN_LARGE_THREADS) acc += (double)g[e] * g[e];
+    long long e = e0 + threadIdx.x;
+    /* four loads in flight, the same order of the sum */
+    for (; e + 3 * MN_LARGE_THREADS < e1; e += 4 * MN_LARGE_THREADS) {
+        const float g0 = g[e], g1 = g[e + MN_LARGE_THREADS], g2 = g[e + 2 * MN_LARGE_THREADS],
+                    g3 = g[e + 3 * MN_LARGE_THREADS];
+        acc += (double)g0 * g0;
+        acc += (double)g1 * g1;
+        acc += (double)g2 * g2;
+        acc += (double)g3 * g3;
+    }
+    for (; e < e1; e += MN_LARGE_THREADS) acc += (double)g[e] * g[e];
     acc = mn_lg_block_sum(acc);
     if (threadIdx.x == 0) a.part[m * a.nslices + blockIdx.x] = acc;
     if (!mn_lg_last_arrival(&a.tickets[0], gridDim.x * gridDim.y)) return;
@@ -385,9 +514,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_ker
         double sq[MN_LG_NP];
 #pragma unroll
         for (int q = 0; q < MN_LG_NP; q++) {
-            double s = 0.0;
-            for (long long i = a.slice_start[q] + lane; i < a.slice_start[q + 1]; i += 32) s += __ldcg(pp + i);
-            sq[q] = mn_lg_warp_sum(s);
+            sq[q] = mn_lg_warp_sum(mn_lg_strided_sum<true>(pp, a.slice_start[q] + lane, a.slice_start[q + 1], 32));
         }
         mn_step_control ctl = mn_step_control_of<MN_LG_NP>(sq);
         if (ctl.finite) {
@@ -399,9 +526,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_ker
         }
         const float *lrow = a.loss + mm * a.n + sl * MN_STEP;
         const long long grows = mn_lg_real_rows(a, mm, sl, o.step_rows);
-        double lsum = 0.0;
-        for (long long r = lane; r < grows; r += 32) lsum += lrow[r];
-        lsum = mn_lg_warp_sum(lsum);
+        const double lsum = mn_lg_warp_sum(mn_lg_strided_sum<false>(lrow, lane, grows, 32));
         if (lane == 0) {
             const long long i = mm * a.nsteps + sl;
             if (grows == 0) {
@@ -464,16 +589,42 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_update_k
     if (a.finite[m]) {
         const float e_s = a.eta[m * a.nsteps + sl], keep = 1.0f - a.alpha[m * a.nsteps + sl];
         const float fs = MN_CLIP_MODE == 1 ? a.scale[m * MN_LG_NP + p] : 1.0f;
-        for (long long e = e0 + threadIdx.x; e < e1; e += MN_LARGE_THREADS) {
-            /* newton_schulz: the ns kernel has clipped and orthogonalised G */
-            const float w = MN_PRECOND ? mn_momentum_elem(G[e], e_s, keep, &Sm[e], W[e])
-                                       : mn_update_elem(G[e], fs, e_s, keep, &Sm[e], W[e]);
-            W[e] = w;
-            if (Wb) Wb[e] = mn_lg_to_op(w);
-            wsq += (double)w * w;
+        /* four of the thread's elements at a time, loads first, the sum in order */
+        for (long long e0t = e0 + threadIdx.x; e0t < e1; e0t += 4 * MN_LARGE_THREADS) {
+            float gv[4], sv[4], wv[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const long long e = e0t + k * MN_LARGE_THREADS;
+                if (e < e1) {
+                    gv[k] = G[e];
+                    sv[k] = Sm[e];
+                    wv[k] = W[e];
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const long long e = e0t + k * MN_LARGE_THREADS;
+                if (e >= e1) break;
+                /* newton_schulz: the ns kernel has clipped and orthogonalised G */
+                const float w = MN_PRECOND ? mn_momentum_elem(gv[k], e_s, keep, &sv[k], wv[k])
+                                           : mn_update_elem(gv[k], fs, e_s, keep, &sv[k], wv[k]);
+                Sm[e] = sv[k];
+                W[e] = w;
+                if (Wb) Wb[e] = mn_lg_to_op(w);
+                wsq += (double)w * w;
+            }
         }
     } else {
-        for (long long e = e0 + threadIdx.x; e < e1; e += MN_LARGE_THREADS) wsq += (double)W[e] * W[e];
+        long long e = e0 + threadIdx.x;
+        for (; e + 3 * MN_LARGE_THREADS < e1; e += 4 * MN_LARGE_THREADS) {
+            const float w0 = W[e], w1 = W[e + MN_LARGE_THREADS], w2 = W[e + 2 * MN_LARGE_THREADS],
+                        w3 = W[e + 3 * MN_LARGE_THREADS];
+            wsq += (double)w0 * w0;
+            wsq += (double)w1 * w1;
+            wsq += (double)w2 * w2;
+            wsq += (double)w3 * w3;
+        }
+        for (; e < e1; e += MN_LARGE_THREADS) wsq += (double)W[e] * W[e];
     }
     wsq = mn_lg_block_sum(wsq);
     if (threadIdx.x == 0) a.part[m * a.nslices + blockIdx.x] = wsq;
@@ -481,9 +632,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_update_k
 
     const int lane = threadIdx.x & 31;
     for (long long mm = threadIdx.x >> 5; mm < a.memories; mm += MN_LG_WARPS) {
-        double s = 0.0;
-        for (long long i = lane; i < a.nslices; i += 32) s += __ldcg(a.part + mm * a.nslices + i);
-        s = mn_lg_warp_sum(s);
+        const double s = mn_lg_warp_sum(mn_lg_strided_sum<true>(a.part + mm * a.nslices, lane, a.nslices, 32));
         if (lane == 0) a.weight_norm[mm * a.nsteps + sl] = (float)sqrt(s);
     }
     if (o.flags & MN_LARGE_ADVANCE) {
@@ -504,6 +653,28 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_out_kern
     const float *b = o.bias ? o.bias + m * MN_DV : 0;
     const float *x = o.x + (m * a.n + t) * MN_DK;
     float *y = o.y + (m * a.n + t) * MN_DV;
+    if (MN_DV % 4 == 0 && mn_lg_al16(in) && mn_lg_al16(y) && (!b || mn_lg_al16(b)) && (!MN_RESIDUAL || mn_lg_al16(x))) {
+        MN_LG_GRID_STRIDE(q, o.rows * MN_DV / 4)
+        {
+            const long long e = q * 4;
+            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f}, w[4];
+            if (e / MN_DV < real) {
+                mn_lg_unpack(mn_lg_ld4(in + e), v);
+                if (b) {
+                    mn_lg_unpack(mn_lg_ld4(b + e % MN_DV), w);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) v[i] += w[i];
+                }
+                if (MN_RESIDUAL) {
+                    mn_lg_unpack(mn_lg_ld4(x + e), w);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) v[i] += w[i];
+                }
+            }
+            mn_lg_st4(y + e, v);
+        }
+        return;
+    }
     MN_LG_GRID_STRIDE(e, o.rows * MN_DV)
     {
         float v = in[e];

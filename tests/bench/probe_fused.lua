@@ -6,7 +6,8 @@
 -- of the step kernel and of the whole rule:run, per case and precision.
 --   mnemo tests/bench/probe_fused.lua [PRECISIONS=fp32,tf32,bf16] [CASES=P1,P1-lin,P1-c16,P2] [REPEATS=5] [T]
 -- (M1 is a case too: B=32, H=16, T=1024, MLP 64-128-64, c=8; and H1, H2:
--- head-128 MLPs 128-256-128 and 128-512-128, c=64)
+-- head-128 MLPs 128-256-128 and 128-512-128, c=64; L1: B=1, H=8, T=16384, MLP
+-- 256-512-256, c=1024)
 -- (T: tokens per memory instead of the case's; a short run for the profiler)
 local precs, names, repeats, T_override = ...
 precs = precs or "fp32,tf32,bf16"
@@ -31,6 +32,9 @@ local CASES = {
     refresh = 64, clip = "norm", clip_max = 1, theta = 0.01, eta = 0.9, alpha = 0.001 } },
   H2 = { B = 8, H = 8, T = 2048, dk = 128, rule = { layers = 2, hidden = 512, activation = "gelu", step = 64,
     refresh = 64, clip = "norm", clip_max = 1, theta = 0.01, eta = 0.9, alpha = 0.001 } },
+  -- LaCT-style large steps (bench_gpu.py's L1): the large path
+  L1 = { B = 1, H = 8, T = 16384, dk = 256, rule = { layers = 2, hidden = 512, activation = "gelu", step = 1024,
+    refresh = 1024, clip = "norm", clip_max = 1, theta = 0.01, eta = 0.9, alpha = 0.001 } },
   ["H1-ln"] = { B = 8, H = 8, T = 4096, dk = 128, rule = { layers = 2, hidden = 256, activation = "gelu", step = 64,
     refresh = 64, clip = "norm", clip_max = 1, theta = 0.01, eta = 0.9, alpha = 0.001, out_norm = "layernorm" } },
 }

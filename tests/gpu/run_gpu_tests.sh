@@ -143,6 +143,13 @@ if want conformance && [ -n "$PYTHON" ]; then
                 MNEMO_CONFORMANCE_SEED=11 MNEMO_CONFORMANCE_COUNT=${BACKWARD_CONFORMANCE_COUNT:-24}
         done
     done
+    # the large path in chunks of 64 rows of all memories
+    # (MNEMO_LARGE_CHUNK_ROWS): the reference's steps then run in several
+    # chunks, forward and backward, their gradients summed over the chunks
+    for prec in fp32 bf16; do
+        conformance "large_chunked_$prec" 1 MNEMO_CUDA_PATH=large MNEMO_LARGE_CHUNK_ROWS=64 MNEMO_DEVICE=cuda \
+            MNEMO_PRECISION=$prec MNEMO_CONFORMANCE_SEED=3 MNEMO_CONFORMANCE_COUNT=${BACKWARD_CONFORMANCE_COUNT:-24}
+    done
     # the planned backward (fused where the rule takes it) against the
     # reference's gradients in each precision, on fewer configurations
     for prec in fp32 tf32 bf16; do
