@@ -173,6 +173,25 @@ __device__ __forceinline__ double mn_lg_strided_sum(const T *p, long long i, lon
     return s;
 }
 
+/* This thread's sum of squares of x[e] for e = e0 + threadIdx.x, then every
+ * MN_LARGE_THREADS further below e1, in that order, in double; four loads
+ * in flight (one at a time, each waited for its load before the next). */
+__device__ __forceinline__ double mn_lg_thread_sumsq(const float *x, long long e0, long long e1)
+{
+    double acc = 0.0;
+    long long e = e0 + threadIdx.x;
+    for (; e + 3 * MN_LARGE_THREADS < e1; e += 4 * MN_LARGE_THREADS) {
+        const float x0 = x[e], x1 = x[e + MN_LARGE_THREADS], x2 = x[e + 2 * MN_LARGE_THREADS],
+                    x3 = x[e + 3 * MN_LARGE_THREADS];
+        acc += (double)x0 * x0;
+        acc += (double)x1 * x1;
+        acc += (double)x2 * x2;
+        acc += (double)x3 * x3;
+    }
+    for (; e < e1; e += MN_LARGE_THREADS) acc += (double)x[e] * x[e];
+    return acc;
+}
+
 /* ---- the step counter, the last block (the sums: large_common.cuh) ---- */
 
 __device__ __forceinline__ long long mn_lg_step(const mn_large_kargs &a) { return a.counter ? *a.counter : 0; }
@@ -492,19 +511,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_ker
     long long e0, e1;
     const int p = mn_lg_slice<MN_LG_NP>(a.slice_start, a.numel, blockIdx.x, &e0, &e1);
     const float *g = a.G[p] + m * a.numel[p];
-    double acc = 0.0;
-    long long e = e0 + threadIdx.x;
-    /* four loads in flight, the same order of the sum */
-    for (; e + 3 * MN_LARGE_THREADS < e1; e += 4 * MN_LARGE_THREADS) {
-        const float g0 = g[e], g1 = g[e + MN_LARGE_THREADS], g2 = g[e + 2 * MN_LARGE_THREADS],
-                    g3 = g[e + 3 * MN_LARGE_THREADS];
-        acc += (double)g0 * g0;
-        acc += (double)g1 * g1;
-        acc += (double)g2 * g2;
-        acc += (double)g3 * g3;
-    }
-    for (; e < e1; e += MN_LARGE_THREADS) acc += (double)g[e] * g[e];
-    acc = mn_lg_block_sum(acc);
+    const double acc = mn_lg_block_sum(mn_lg_thread_sumsq(g, e0, e1));
     if (threadIdx.x == 0) a.part[m * a.nslices + blockIdx.x] = acc;
     if (!mn_lg_last_arrival(&a.tickets[0], gridDim.x * gridDim.y)) return;
 
@@ -615,16 +622,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_update_k
             }
         }
     } else {
-        long long e = e0 + threadIdx.x;
-        for (; e + 3 * MN_LARGE_THREADS < e1; e += 4 * MN_LARGE_THREADS) {
-            const float w0 = W[e], w1 = W[e + MN_LARGE_THREADS], w2 = W[e + 2 * MN_LARGE_THREADS],
-                        w3 = W[e + 3 * MN_LARGE_THREADS];
-            wsq += (double)w0 * w0;
-            wsq += (double)w1 * w1;
-            wsq += (double)w2 * w2;
-            wsq += (double)w3 * w3;
-        }
-        for (; e < e1; e += MN_LARGE_THREADS) wsq += (double)W[e] * W[e];
+        wsq = mn_lg_thread_sumsq(W, e0, e1);
     }
     wsq = mn_lg_block_sum(wsq);
     if (threadIdx.x == 0) a.part[m * a.nslices + blockIdx.x] = wsq;
