@@ -59,6 +59,10 @@ for name in names:gmatch("[^,]+") do
       m.synchronize()
       local ks, ws = {}, {}
       for _ = 1, repeats do
+        -- the last run's results back to the allocator's cache, as
+        -- bench_gpu_run.lua does: else the run's blocks come from cudaMalloc
+        collectgarbage()
+        collectgarbage()
         local rep = m.profile(function()
           rule:run { k = k, v = v, device = "cuda", precision = prec }
           m.synchronize()
