@@ -1,8 +1,10 @@
 """ncu_kernels.py: GPU time per kernel name from an Nsight Compute run that
 measured only the duration, for seeing where a path's time goes (the large
 path's cuBLAS products against its own kernels, say).
-  ncu --clock-control none --metrics gpu__time_duration.sum --csv \
-      --print-units base <program> > RUN.csv
+  ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+      --csv --print-units base <program> > RUN.csv
+(--cache-control none: ncu's default flushes the L2 before every kernel, and
+a kernel that reads what the one before it left in L2 then reads DRAM.)
   python3 tests/bench/ncu_kernels.py RUN.csv [SKIP] [LAST]
 SKIP: leave out the first SKIP launches (the warm-up). Prints each kernel
 name's launches, total and mean microseconds and share, largest first;
