@@ -142,6 +142,14 @@ __device__ __forceinline__ void mn_lg_unpack(float4 q, float v[4])
     v[2] = q.z;
     v[3] = q.w;
 }
+/* v[i] += p[i] for the four, p read as one 16-byte load */
+__device__ __forceinline__ void mn_lg_add4(float v[4], const float *p)
+{
+    float w[4];
+    mn_lg_unpack(mn_lg_ld4(p), w);
+#pragma unroll
+    for (int i = 0; i < 4; i++) v[i] += w[i];
+}
 __device__ __forceinline__ void mn_lg_st_op4(mn_lg_op *p, const float v[4])
 {
 #if MN_PREC == 2
@@ -174,8 +182,8 @@ __device__ __forceinline__ double mn_lg_strided_sum(const T *p, long long i, lon
 }
 
 /* This thread's sum of squares of x[e] for e = e0 + threadIdx.x, then every
- * MN_LARGE_THREADS further below e1, in that order, in double; four loads
- * in flight (one at a time, each waited for its load before the next). */
+ * MN_LARGE_THREADS further below e1, in that order, in double, with four
+ * loads in flight (a loop of one load a round waits for each in turn). */
 __device__ __forceinline__ double mn_lg_thread_sumsq(const float *x, long long e0, long long e1)
 {
     double acc = 0.0;
@@ -305,12 +313,10 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_act_kern
         MN_LG_GRID_STRIDE(q, o.rows * MN_DH / 4)
         {
             const long long e = q * 4, c = e % MN_LG_DH;
-            float v[4], hv[4], bb[4];
+            float v[4], hv[4];
             mn_lg_unpack(mn_lg_ld4(z + e), v);
             if (b) {
-                mn_lg_unpack(mn_lg_ld4(b + c), bb);
-#pragma unroll
-                for (int i = 0; i < 4; i++) v[i] += bb[i];
+                mn_lg_add4(v, b + c);
                 mn_lg_st4(z + e, v);
             }
 #pragma unroll
@@ -319,9 +325,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_act_kern
                 float g[4];
                 mn_lg_unpack(mn_lg_ld4(u + e), g);
                 if (cb) {
-                    mn_lg_unpack(mn_lg_ld4(cb + c), bb);
-#pragma unroll
-                    for (int i = 0; i < 4; i++) g[i] += bb[i];
+                    mn_lg_add4(g, cb + c);
                     mn_lg_st4(u + e, g);
                 }
 #pragma unroll
@@ -655,19 +659,11 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_out_kern
         MN_LG_GRID_STRIDE(q, o.rows * MN_DV / 4)
         {
             const long long e = q * 4;
-            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f}, w[4];
+            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if (e / MN_DV < real) {
                 mn_lg_unpack(mn_lg_ld4(in + e), v);
-                if (b) {
-                    mn_lg_unpack(mn_lg_ld4(b + e % MN_DV), w);
-#pragma unroll
-                    for (int i = 0; i < 4; i++) v[i] += w[i];
-                }
-                if (MN_RESIDUAL) {
-                    mn_lg_unpack(mn_lg_ld4(x + e), w);
-#pragma unroll
-                    for (int i = 0; i < 4; i++) v[i] += w[i];
-                }
+                if (b) mn_lg_add4(v, b + e % MN_DV);
+                if (MN_RESIDUAL) mn_lg_add4(v, x + e);
             }
             mn_lg_st4(y + e, v);
         }
