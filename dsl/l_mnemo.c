@@ -92,6 +92,7 @@ static int l_memory(lua_State *L)
     set_count(L, "allocated", (long long)s.allocated);
     set_count(L, "cached", (long long)s.cached);
     set_count(L, "peak_allocated", (long long)s.peak_allocated);
+    set_count(L, "kept", (long long)s.kept);
     set_count(L, "device_free", (long long)s.device_free);
     set_count(L, "device_total", (long long)s.device_total);
     set_count(L, "alloc_calls", (long long)s.alloc_calls);
@@ -189,7 +190,7 @@ static int l_after_statement(lua_State *L)
 static const struct { const char *name; lua_CFunction fn; const char *doc; } device_funcs[] = {
     { "device", l_device, "mnemo.device() -> 'cuda' when a CUDA device is usable, else 'cpu'" },
     { "cuda_available", l_cuda_available, "mnemo.cuda_available() -> true, or false and the reason (no driver, no device, ...)" },
-    { "memory", l_memory, "mnemo.memory() -> a table of GPU memory: available, device, allocated, cached, peak_allocated, device_free, device_total (bytes), alloc_calls, cache_hits, cuda_mallocs; without a device {available = false, reason = ...}" },
+    { "memory", l_memory, "mnemo.memory() -> a table of GPU memory: available, device, allocated, cached, peak_allocated, kept (of allocated: workspace and step graphs the large path keeps for the next run of a shape), device_free, device_total (bytes), alloc_calls, cache_hits, cuda_mallocs; without a device {available = false, reason = ...}" },
     { "empty_cache", l_empty_cache, "mnemo.empty_cache() -> nil; gives the GPU memory cached for reuse back to the driver" },
     { "synchronize", l_synchronize, "mnemo.synchronize() -> nil; waits for the GPU to finish, raising any error of its work" },
     { "compiles", l_compiles, "mnemo.compiles() -> {fast, upgraded, pending, failed, shared}: kernels first run from the fast compile, those moved to the full one since, background compiles not yet taken up, those that failed, and of the moved, those another process compiled while this one waited for the same kernel (see MNEMO_COMPILE)" },

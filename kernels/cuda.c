@@ -10,6 +10,7 @@
  * next request without waiting. */
 #include "cuda_check.h"
 #include "cuda_ops.h"
+#include "engine_large.h" /* the steps it keeps between runs: given back with the cache */
 
 #include <stdint.h>
 #include <stdio.h>
@@ -242,6 +243,7 @@ mn_status mn_cuda_alloc(size_t nbytes, void **out)
     cudaError_t err = cudaMalloc(&p, size);
     if (err == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();
+        mn_cuda_large_release();
         release_cache();
         err = cudaMalloc(&p, size);
     }
@@ -290,6 +292,7 @@ void mn_cuda_free(void *ptr, size_t nbytes)
 mn_status mn_cuda_empty_cache(void)
 {
     if (!dev.usable) return unavailable();
+    mn_cuda_large_release(); /* its blocks go to the cache first */
     release_cache();
     mn_cuda_staging_release();
     return MN_OK;
@@ -299,6 +302,7 @@ mn_status mn_cuda_memory(mn_cuda_memory_stats *out)
 {
     MN_TRY(mn_cuda_ensure_device());
     *out = stats;
+    out->kept = mn_cuda_large_kept_bytes();
     MN_CUDA_CHECK(cudaMemGetInfo(&out->device_free, &out->device_total));
     return MN_OK;
 }

@@ -37,6 +37,7 @@ typedef struct mn_cuda_memory_stats {
     size_t allocated;       /* bytes held by live tensors */
     size_t cached;          /* bytes held by the cache, free for reuse */
     size_t peak_allocated;
+    size_t kept;            /* of allocated: what the large path keeps between runs (engine_large.h) */
     size_t device_free, device_total;
     long long alloc_calls, cache_hits, cuda_mallocs;
 } mn_cuda_memory_stats;

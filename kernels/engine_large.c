@@ -31,9 +31,11 @@
  * The step index lives on the device (large_kernels.cuh), so every full
  * step is the same sequence of launches: the first runs directly (cuBLAS
  * and the lazily loaded modules warm up outside a capture), the second is
- * captured on our stream into a graph, instantiated once for the segment and
- * replayed for it and the rest; a short last step runs directly. If capture
- * or instantiation fails, the steps run directly. A 2-layer MLP with biases,
+ * captured on our stream into a graph, instantiated once and replayed for
+ * it and the rest; a short last step runs directly. If capture or
+ * instantiation fails, the steps run directly. The graph and the workspace
+ * are kept for the next segment of the same shape, which replays the graph
+ * from its first step ("steps kept between segments" below). A 2-layer MLP with biases,
  * q = k, refresh = c, retrieve = after and y wanted is 14 launches a step
  * (5 GEMMs; stage, act, loss, 2 cols, norm, update, 2 row), 12 without y;
  * the finite check, clip and momentum never wait for the host.
@@ -71,12 +73,12 @@
 /* Grid-stride kernels: at most this many blocks per SM. */
 #define BLOCKS_PER_SM 16
 
-enum { K_PARAMS, K_STAGE, K_ACT, K_LOSS, K_COLS, K_NORM, K_UPDATE, K_OUT, K_ROW, K_NS, K_COUNT };
+enum { K_PARAMS, K_STAGE, K_ACT, K_LOSS, K_COLS, K_NORM, K_UPDATE, K_OUT, K_ROW, K_NS, K_ARGS, K_COUNT };
 const char *const mn_large_kernel_names[] = {
     "mn_large_params_kernel", "mn_large_stage_kernel",  "mn_large_act_kernel",
     "mn_large_loss_kernel",   "mn_large_cols_kernel",   "mn_large_norm_kernel",
     "mn_large_update_kernel", "mn_large_out_kernel",    "mn_large_row_kernel", "mn_large_ns_kernel",
-    NULL};
+    "mn_large_args_kernel",   NULL};
 
 char *mn_cuda_large_source(const mn_rule *r, const mn_dims *d, mn_precision p)
 {
@@ -118,6 +120,7 @@ static struct {
     cudaStream_t stream;
     cudaEvent_t inputs_ready;
     cublasHandle_t blas;
+    size_t total_bytes; /* the device's memory */
 } dev;
 
 static mn_status shared_init(void)
@@ -135,6 +138,8 @@ static mn_status shared_init(void)
     if (s == MN_OK) s = MN_CUBLAS_ST(cublasCreate(&h));
     /* fp32 means fp32: no tf32 unless the precision asks (SPEC.md section 3) */
     if (s == MN_OK) s = MN_CUBLAS_ST(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    size_t free_bytes = 0;
+    if (s == MN_OK) s = MN_CUDA_ST(cudaMemGetInfo(&free_bytes, &dev.total_bytes));
     if (s != MN_OK) {
         if (h) (void)cublasDestroy(h);
         if (ev) (void)cudaEventDestroy(ev);
@@ -150,9 +155,15 @@ static mn_status shared_init(void)
 
 /* ---- one segment or read: sizes, workspace, weights ---- */
 
+struct kept;
+
 typedef struct run {
     mn_cuda_module *mod;
-    mn_large_kargs a;
+    mn_large_kargs a;       /* the segment's arguments, built here ... */
+    mn_large_kargs *dargs;  /* ... and their device copy, which every kernel reads */
+    struct kept *kept;      /* the kept step this segment replays (its workspace), or NULL */
+    bool own;               /* the workspace holds the path's copies of W and A (a kept segment) */
+    float *own_W[MN_LARGE_MAX_PARAMS], *own_A[MN_LARGE_MAX_PARAMS]; /* kept: the path's W and A */
     int L, per, np, refresh, step;
     int nl;   /* the layers' parameters (W_i, b_i); glu's gates U_i, c_i follow (param_layout.h) */
     bool ns;  /* precondition = newton_schulz: the ns kernel between the norm and the update */
@@ -264,6 +275,7 @@ static size_t carve(run *R, char *base)
     const bool bf16 = R->prec == MN_PREC_BF16;
     const size_t es = bf16 ? 2 : 4, rows = (size_t)(R->M * R->CR), M = (size_t)R->M;
     size_t off = 0;
+    R->dargs = take(base, &off, sizeof(mn_large_kargs));
     R->blas_ws = take(base, &off, BLAS_WORKSPACE);
     R->X = take(base, &off, rows * R->dk * es);
     for (int i = 0; i + 1 < R->L; i++) {
@@ -277,6 +289,10 @@ static size_t carve(run *R, char *base)
         a->Wb[p] = bf16 && !is_bias ? take(base, &off, M * a->numel[p] * 2) : NULL;
         a->Ab[p] = bf16 && !is_bias && R->training && R->refresh != R->step ? take(base, &off, M * a->numel[p] * 2)
                                                                           : NULL;
+        if (R->own) {
+            R->own_W[p] = take(base, &off, M * a->numel[p] * 4);
+            R->own_A[p] = R->refresh != R->step ? take(base, &off, M * a->numel[p] * 4) : NULL;
+        }
     }
     if (!R->training) return off;
     R->D[0] = take(base, &off, rows * R->wide * 4);
@@ -302,26 +318,194 @@ static size_t carve(run *R, char *base)
     return off;
 }
 
+/* The weights the products and the kernels read, once the workspace is
+ * carved: a kept segment's are the path's own copies of W and A (the
+ * caller's, Wu and Au, are copied in by begin and out by store). */
+static void point_weights(run *R)
+{
+    const bool at_w = R->refresh == R->step, bf16 = R->prec == MN_PREC_BF16;
+    for (int p = 0; p < R->np; p++) {
+        if (R->own) {
+            R->a.Wu[p] = R->a.W[p];
+            R->a.W[p] = R->own_W[p];
+            if (R->own_A[p]) {
+                R->a.Au[p] = R->a.A[p];
+                R->a.A[p] = R->own_A[p];
+            }
+        }
+        R->P[p] = at_w ? R->a.W[p] : R->a.A[p];
+        R->Wop[p] = bf16 ? R->a.Wb[p] : R->a.W[p];
+        R->Pop[p] = bf16 ? (at_w ? R->a.Wb[p] : R->a.Ab[p]) : R->P[p];
+    }
+}
+
 static mn_status alloc_work(run *R)
 {
     R->work_bytes = carve(R, NULL);
     MN_TRY(mn_cuda_alloc(R->work_bytes, &R->work));
     carve(R, R->work);
-    const bool at_w = R->refresh == R->step, bf16 = R->prec == MN_PREC_BF16;
-    for (int p = 0; p < R->np; p++) {
-        R->P[p] = at_w ? R->a.W[p] : R->a.A[p];
-        R->Wop[p] = bf16 ? R->a.Wb[p] : R->a.W[p];
-        R->Pop[p] = bf16 ? (at_w ? R->a.Wb[p] : R->a.Ab[p]) : R->P[p];
+    point_weights(R);
+    return MN_OK;
+}
+
+/* ---- steps kept between segments ----
+ * A segment's host work is mostly the launches of its first steps: the
+ * first step runs directly, the second is captured and instantiated (P2 of
+ * issue 14, one step, spends 0.2 ms enqueueing 14 launches and 5 products
+ * that the GPU runs in 0.15 ms). So a segment with at least one full step
+ * keeps its workspace and its step's graph for the next segment of the
+ * same shape, rule module and options (a sweep, a training loop): that one
+ * writes its arguments, copies the weights in, replays the graph for every
+ * full step from the first, and copies the weights out. The graph holds no
+ * pointer to the caller's tensors: the kernels reach them through the
+ * arguments in device memory (large_kernels.cuh), and the products read
+ * only the workspace and the path's own copies of W and A.
+ * At most KEPT_MAX shapes, least recently used first out, and at most a
+ * quarter of the device's memory; mn_cuda_empty_cache and the allocator's
+ * out-of-memory path give them back (mn_cuda_large_release).
+ * MNEMO_LARGE_KEEP=0 turns this off. */
+
+#define KEPT_MAX 4
+
+/* What a captured step depends on besides its workspace: the kernels (a
+ * module's move to the full tier changes them), the sizes, the options. */
+typedef struct kept_key {
+    cudaKernel_t k[K_COUNT];
+    long long M, dk, dv, dh, CR, step, refresh;
+    int prec, L, per, np, glu, ns, y, copy_y, retrieve, after, q;
+} kept_key;
+
+typedef struct kept {
+    kept_key key;
+    void *work;
+    size_t work_bytes;
+    cudaGraphExec_t graph;
+    bool warm;     /* a step ran directly: cuBLAS and the modules are loaded, a capture may follow */
+    bool no_graph; /* a capture failed: this shape's steps run directly */
+    unsigned long long used;
+} kept;
+
+static struct {
+    kept *e[KEPT_MAX];
+    int n;
+    unsigned long long clock;
+    size_t bytes;
+} keep;
+
+static bool keep_enabled(void)
+{
+    const char *knob = getenv("MNEMO_LARGE_KEEP");
+    return !(knob && strcmp(knob, "0") == 0);
+}
+
+static void kept_drop(int i)
+{
+    kept *E = keep.e[i];
+    if (E->graph) (void)cudaGraphExecDestroy(E->graph);
+    mn_cuda_free(E->work, E->work_bytes);
+    keep.bytes -= E->work_bytes;
+    free(E);
+    keep.e[i] = keep.e[--keep.n];
+}
+
+static void kept_forget(kept *E)
+{
+    for (int i = 0; i < keep.n; i++)
+        if (keep.e[i] == E) kept_drop(i);
+}
+
+void mn_cuda_large_release(void)
+{
+    if (keep.n == 0) return;
+    /* no segment is running (each waits for its stream), but a failed one may have left work queued */
+    if (cudaStreamSynchronize(dev.stream) != cudaSuccess) (void)cudaGetLastError();
+    while (keep.n > 0) kept_drop(keep.n - 1);
+}
+
+size_t mn_cuda_large_kept_bytes(void) { return keep.bytes; }
+
+static void key_of(const run *R, kept_key *k)
+{
+    memset(k, 0, sizeof *k); /* the padding too: keys compare as bytes */
+    memcpy(k->k, R->mod->k, sizeof k->k);
+    k->M = R->M;
+    k->dk = R->dk;
+    k->dv = R->dv;
+    k->dh = R->dh;
+    k->CR = R->CR;
+    k->step = R->step;
+    k->refresh = R->refresh;
+    k->prec = (int)R->prec;
+    k->L = R->L;
+    k->per = R->per;
+    k->np = R->np;
+    k->glu = R->glu;
+    k->ns = R->ns;
+    k->y = R->y != NULL;
+    k->copy_y = R->copy_y;
+    k->retrieve = R->retrieve;
+    k->after = R->after;
+    k->q = R->q != NULL;
+}
+
+/* R's workspace from the kept entry of its key, or a new entry (NULL, no
+ * error, where keeping is off or the workspace too large: alloc_work then). */
+static mn_status kept_attach(run *R)
+{
+    if (!keep_enabled()) return MN_OK;
+    kept_key key;
+    key_of(R, &key);
+    kept *E = NULL;
+    for (int i = 0; i < keep.n && !E; i++)
+        if (memcmp(&keep.e[i]->key, &key, sizeof key) == 0) E = keep.e[i];
+    R->own = true;
+    const size_t bytes = carve(R, NULL);
+    if (!E) {
+        if (bytes > dev.total_bytes / 4) {
+            R->own = false;
+            return MN_OK;
+        }
+        while (keep.n > 0 && (keep.n == KEPT_MAX || keep.bytes + bytes > dev.total_bytes / 4)) {
+            int lru = 0;
+            for (int i = 1; i < keep.n; i++)
+                if (keep.e[i]->used < keep.e[lru]->used) lru = i;
+            kept_drop(lru);
+        }
+        E = calloc(1, sizeof *E);
+        if (!E) return mn_fail(MN_ERR_OOM, "cuda large path: out of memory");
+        E->key = key;
+        E->work_bytes = bytes;
+        mn_status s = mn_cuda_alloc(bytes, &E->work);
+        if (s != MN_OK) {
+            free(E);
+            R->own = false;
+            return s;
+        }
+        keep.e[keep.n++] = E;
+        keep.bytes += bytes;
     }
+    E->used = ++keep.clock;
+    R->kept = E;
+    R->work = E->work;
+    R->work_bytes = E->work_bytes;
+    carve(R, R->work);
+    point_weights(R);
     return MN_OK;
 }
 
 /* Waits for the stream (always: the workspace must not be handed out while
- * kernels still use it), frees everything; keeps the first error. */
+ * kernels still use it), frees everything; keeps the first error. A kept
+ * segment's workspace and graph stay for the next, unless it failed. */
 static mn_status finish(run *R, mn_status s)
 {
     if (s == MN_OK) s = MN_CUDA_ST(cudaStreamSynchronize(dev.stream));
     else if (cudaStreamSynchronize(dev.stream) != cudaSuccess) (void)cudaGetLastError(); /* already failing */
+    if (R->kept) {
+        if (s != MN_OK) kept_forget(R->kept);
+        R->kept = NULL;
+        R->work = NULL;
+        return s;
+    }
     if (R->graph) (void)cudaGraphExecDestroy(R->graph);
     R->graph = NULL;
     mn_cuda_free(R->work, R->work_bytes);
@@ -335,7 +519,7 @@ static const dim3 block1 = {MN_LARGE_THREADS, 1, 1};
 
 static mn_status launch(const run *R, int k, dim3 grid, dim3 block, const mn_large_op *o)
 {
-    void *args[2] = {(void *)&R->a, (void *)o}; /* copied by the launch */
+    void *args[2] = {(void *)&R->dargs, (void *)o}; /* copied by the launch */
     return MN_CUDA_ST(cudaLaunchKernel((const void *)R->mod->k[k], grid, block, args, 0, dev.stream));
 }
 
@@ -367,12 +551,12 @@ static mn_status gemm(const run *R, cublasOperation_t ta, cublasOperation_t tb, 
                                                    (int)R->M, ct, CUBLAS_GEMM_DEFAULT));
 }
 
-/* Rows r0 .. r0 + cr - 1 of the step (of x: k or q) into X; step_rows: the
- * step's rows (those past a sequence's length become zeros). */
-static mn_status stage(const run *R, const float *x, long long r0, long long cr, long long step_rows)
+/* Rows r0 .. r0 + cr - 1 of the step (of k, or q where from_q) into X;
+ * step_rows: the step's rows (those past a sequence's length become zeros). */
+static mn_status stage(const run *R, bool from_q, long long r0, long long cr, long long step_rows)
 {
     mn_large_op o = {0};
-    o.in = x;
+    o.flags = from_q ? MN_LARGE_FROM_Q : 0;
     o.out_op = R->X;
     o.r0 = r0;
     o.rows = cr;
@@ -483,14 +667,13 @@ static mn_status backward(const run *R, long long cr, bool accum)
 
 /* Retrieval rows r0 .. r0 + cr - 1 at the weights W (after stage + forward)
  * of a step of step_rows rows (y 0 on a sequence's padding). */
-static mn_status out_rows(const run *R, const float *x, long long r0, long long cr, long long step_rows)
+static mn_status out_rows(const run *R, bool from_q, long long r0, long long cr, long long step_rows)
 {
     mn_large_op o = {0};
     o.step_rows = step_rows;
     o.in = R->Y;
     o.bias = R->per == 2 ? R->a.W[R->nl - 1] : NULL; /* b_L (glu's gates follow it) */
-    o.x = x;
-    o.y = R->y;
+    o.flags = from_q ? MN_LARGE_FROM_Q : 0;
     o.r0 = r0;
     o.rows = cr;
     o.ld = R->CR;
@@ -510,14 +693,14 @@ static mn_status enqueue_step(const run *R, long long rows)
     }
     for (long long r0 = 0; r0 < rows; r0 += R->CR) {
         const long long cr = rows - r0 < R->CR ? rows - r0 : R->CR;
-        MN_TRY(stage(R, R->k, r0, cr, rows));
+        MN_TRY(stage(R, false, r0, cr, rows));
         MN_TRY(forward(R, R->P, R->Pop, cr));
         memset(&o, 0, sizeof o);
         o.in = R->Y;
         o.bias = R->per == 2 ? R->P[R->nl - 1] : NULL; /* b_L */
         o.out = R->D[0];
         o.out_op = bf16 ? R->Db : NULL;
-        o.y = R->copy_y ? R->y : NULL;
+        o.flags = R->copy_y ? MN_LARGE_COPY_Y : 0;
         o.copy_rows = before;
         o.r0 = r0;
         o.rows = cr;
@@ -531,12 +714,12 @@ static mn_status enqueue_step(const run *R, long long rows)
     o.step_rows = rows;
     MN_TRY(launch(R, K_NORM, grid_slices(R), block1, &o));
     if (R->retrieve) {
-        const float *x = R->q ? R->q : R->k;
+        const bool from_q = R->q != NULL;
         for (long long r0 = 0; r0 < before; r0 += R->CR) {
             const long long cr = before - r0 < R->CR ? before - r0 : R->CR;
-            MN_TRY(stage(R, x, r0, cr, rows));
+            MN_TRY(stage(R, from_q, r0, cr, rows));
             MN_TRY(forward(R, R->a.W, R->Wop, cr));
-            MN_TRY(out_rows(R, x, r0, cr, rows));
+            MN_TRY(out_rows(R, from_q, r0, cr, rows));
         }
     }
     if (R->ns) {
@@ -552,10 +735,8 @@ static mn_status enqueue_step(const run *R, long long rows)
         const long long no = mn_layer_out(i, R->L, R->dv, R->dh);
         memset(&o, 0, sizeof o);
         o.layer = i;
-        o.x = R->q ? R->q : R->k;
-        o.y = R->y;
         o.step_rows = rows;
-        o.flags = i == R->L - 1 ? MN_LARGE_ADVANCE : 0;
+        o.flags = (R->q ? MN_LARGE_FROM_Q : 0) | (i == R->L - 1 ? MN_LARGE_ADVANCE : 0);
         dim3 grid = {(unsigned)((no + MN_LARGE_THREADS / 32 - 1) / (MN_LARGE_THREADS / 32)), (unsigned)R->M, 1};
         MN_TRY(launch(R, K_ROW, grid, block1, &o));
     }
@@ -568,11 +749,11 @@ static mn_status enqueue_full_step(void *ctx)
     return enqueue_step(R, R->step);
 }
 
-/* One full step captured into R->graph; false (and no graph) when the
+/* One full step captured into *graph; false (and no graph) when the
  * capture or the instantiation fails: the caller then launches directly. */
-static bool capture_step(run *R)
+static bool capture_step(run *R, cudaGraphExec_t *graph)
 {
-    return mn_cuda_capture_graph(dev.stream, enqueue_full_step, R, &R->graph);
+    return mn_cuda_capture_graph(dev.stream, enqueue_full_step, R, graph);
 }
 
 /* Our stream after the legacy stream's work (inputs, outputs and state were
@@ -585,12 +766,21 @@ static mn_status begin(run *R)
     /* SetStream drops the workspace, so it comes first */
     MN_CUBLAS_CHECK(cublasSetStream(dev.blas, dev.stream));
     MN_CUBLAS_CHECK(cublasSetWorkspace(dev.blas, R->blas_ws, BLAS_WORKSPACE));
+    /* the arguments, where every kernel after this one reads them */
+    const dim3 one = {1, 1, 1};
+    void *args[2] = {(void *)&R->a, (void *)&R->dargs};
+    MN_CUDA_CHECK(cudaLaunchKernel((const void *)R->mod->k[K_ARGS], one, block1, args, 0, dev.stream));
     if (R->training) {
         MN_CUDA_CHECK(cudaMemsetAsync(R->a.counter, 0, sizeof(long long), dev.stream));
         size_t ntiles = (size_t)((R->wide + 31) / 32);
         MN_CUDA_CHECK(cudaMemsetAsync(R->a.tickets, 0, (1 + (size_t)R->M * ntiles) * sizeof(unsigned), dev.stream));
     }
-    if (R->prec == MN_PREC_BF16) {
+    if (R->own) {
+        /* the caller's W (and A) into the path's copies, with their operand copies */
+        mn_large_op o = {0};
+        o.flags = MN_LARGE_LOAD;
+        MN_TRY(launch(R, K_PARAMS, grid_slices(R), block1, &o));
+    } else if (R->prec == MN_PREC_BF16) {
         mn_large_op o = {0};
         o.flags = MN_LARGE_CONVERT_W;
         MN_TRY(launch(R, K_PARAMS, grid_slices(R), block1, &o));
@@ -602,19 +792,44 @@ static mn_status begin(run *R)
     return MN_OK;
 }
 
+/* Whether full step sl is the one to capture. The first step of a shape
+ * runs directly: cuBLAS picks its kernels and the modules load outside a
+ * capture. Within one segment a graph pays off from two replays on; a kept
+ * one serves later segments too, so it is captured as soon as a step of
+ * its shape has run. */
+static bool capture_now(const run *R, long long sl, long long full)
+{
+    const kept *E = R->kept;
+    if (E) return !E->graph && !E->no_graph && (sl >= 1 || E->warm);
+    return !R->graph && sl == 1 && full - 1 >= 2;
+}
+
 static mn_status run_steps(run *R, long long n)
 {
     MN_TRY(begin(R));
     const long long c = R->step, full = n / c, tail = n % c;
+    kept *E = R->kept;
+    cudaGraphExec_t *graph = E ? &E->graph : &R->graph;
     for (long long sl = 0; sl < full; sl++) {
-        /* step 0 runs directly: cuBLAS picks its kernels and the modules
-         * load outside a capture; a graph pays off from two replays on */
-        if (sl == 1 && full - 1 >= 2) (void)capture_step(R);
-        if (R->graph) MN_CUDA_CHECK(cudaGraphLaunch(R->graph, dev.stream));
-        else MN_TRY(enqueue_step(R, c));
+        if (capture_now(R, sl, full) && !capture_step(R, graph) && E) E->no_graph = true;
+        if (*graph) {
+            MN_CUDA_CHECK(cudaGraphLaunch(*graph, dev.stream));
+        } else {
+            MN_TRY(enqueue_step(R, c));
+            if (E) E->warm = true;
+        }
     }
     if (tail > 0) MN_TRY(enqueue_step(R, tail));
     return MN_OK;
+}
+
+/* A kept segment's end: the path's W (and A) back into the caller's. */
+static mn_status store(const run *R)
+{
+    if (!R->own) return MN_OK;
+    mn_large_op o = {0};
+    o.flags = MN_LARGE_STORE;
+    return launch(R, K_PARAMS, grid_slices(R), block1, &o);
 }
 
 mn_status mn_cuda_large_segment_run(mn_memory_state *st, const mn_segment_inputs *in, mn_segment_outputs *out,
@@ -629,8 +844,8 @@ mn_status mn_cuda_large_segment_run(mn_memory_state *st, const mn_segment_inputs
     MN_TRY(run_init(&R, st, st->rule.step < n ? st->rule.step : n, true));
     mn_large_kargs *a = &R.a;
     R.k = f32(&in->k);
-    R.q = f32(&in->q);
-    R.y = in->want_y ? f32(&out->y) : NULL;
+    R.q = a->q = f32(&in->q);
+    R.y = a->y = in->want_y ? f32(&out->y) : NULL;
     R.after = st->rule.retrieve == MN_RETRIEVE_AFTER;
     R.copy_y = R.y && !R.q && R.refresh == R.step;
     R.retrieve = R.y && !R.copy_y;
@@ -655,8 +870,12 @@ mn_status mn_cuda_large_segment_run(mn_memory_state *st, const mn_segment_inputs
         a->lengths = (const long long *)mn_tensor_data(&in->lengths);
         a->heads = st->dims.H;
     }
-    MN_TRY(alloc_work(&R));
-    mn_status s = finish(&R, run_steps(&R, n));
+    /* kept where there is a full step to replay (else alloc_work) */
+    if (n >= R.step) MN_TRY(kept_attach(&R));
+    if (!R.kept) MN_TRY(alloc_work(&R));
+    mn_status s = run_steps(&R, n);
+    if (s == MN_OK) s = store(&R);
+    s = finish(&R, s);
     if (s != MN_OK) return s;
     st->steps_done += nsteps;
     mn_report_progress(memories * nsteps, memories * nsteps);
@@ -670,16 +889,16 @@ mn_status mn_cuda_large_read(const mn_memory_state *st, const mn_tensor *q, mn_t
     run R;
     MN_TRY(run_init(&R, st, rows, false));
     R.a.n = rows; /* counter NULL: the rows start at 0 */
-    R.y = f32(y);
+    R.y = R.a.y = f32(y);
+    R.q = R.a.q = f32(q);
     MN_TRY(alloc_work(&R));
-    const float *x = f32(q);
     mn_status s = begin(&R);
     for (long long r0 = 0; s == MN_OK && r0 < rows; r0 += R.CR) {
         const long long cr = rows - r0 < R.CR ? rows - r0 : R.CR;
         /* every row real: the read has no lengths, and its rows are one "step" */
-        s = stage(&R, x, r0, cr, rows);
+        s = stage(&R, true, r0, cr, rows);
         if (s == MN_OK) s = forward(&R, R.a.W, R.Wop, cr);
-        if (s == MN_OK) s = out_rows(&R, x, r0, cr, rows);
+        if (s == MN_OK) s = out_rows(&R, true, r0, cr, rows);
     }
     return finish(&R, s);
 }
@@ -720,7 +939,7 @@ mn_status mn_large_stepper_open(mn_memory_state *st, const mn_segment_inputs *in
     }
     mn_large_kargs *a = &R->a;
     R->k = f32(&in->k);
-    R->q = f32(&in->q);
+    R->q = a->q = f32(&in->q);
     a->k = R->k;
     a->v = f32(&in->v);
     a->theta = f32(&in->theta);
@@ -770,7 +989,7 @@ mn_status mn_large_stepper_run(mn_large_stepper *sp, int64_t s)
     }
     const long long c = R->step, rows = s * c + c <= sp->n ? c : sp->n - s * c;
     if (rows == c) {
-        if (++sp->full_runs == 2 && !R->graph) (void)capture_step(R);
+        if (++sp->full_runs == 2 && !R->graph) (void)capture_step(R, &R->graph);
         if (R->graph) MN_CUDA_CHECK(cudaGraphLaunch(R->graph, dev.stream));
         else MN_TRY(enqueue_step(R, c));
     } else {

@@ -23,6 +23,14 @@ mn_status mn_cuda_large_segment_run(mn_memory_state *st, const mn_segment_inputs
 /* Retrieval only: y [B,H,rows,dv] = M(q; W) with the current weights. */
 mn_status mn_cuda_large_read(const mn_memory_state *st, const mn_tensor *q, mn_tensor *y);
 
+/* Segments with a full step keep their workspace and their step's CUDA
+ * graph for the next segment of the same shape and rule module
+ * (engine_large.c, "steps kept between segments"). These give them back
+ * (mn_cuda_empty_cache, the allocator's out-of-memory path) and say how
+ * many bytes they hold. */
+void mn_cuda_large_release(void);
+size_t mn_cuda_large_kept_bytes(void);
+
 /* The NVRTC source of the path's kernels for a rule at the dims and
  * precision (rule:source, the CI compile test), or NULL with
  * mn_last_error() set. Caller frees. No GPU needed. */

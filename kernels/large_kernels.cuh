@@ -37,17 +37,33 @@
 #define MN_LARGE_REFRESH 16    /* params: A = W at the first step of a refresh block */
 #define MN_LARGE_CONVERT_W 32  /* params: Wb = bf16(W) */
 #define MN_LARGE_CONVERT_A 64  /* params: Ab = bf16(A) */
+#define MN_LARGE_FROM_Q 128    /* stage, out, row: the rows come from q, not k */
+#define MN_LARGE_COPY_Y 256    /* loss: y of the rows below copy_rows copied out */
+#define MN_LARGE_LOAD 512      /* params: W = Wu, A = Au (and their operand copies): a kept segment's start */
+#define MN_LARGE_STORE 1024    /* params: Wu = W, Au = A: a kept segment's end */
+
+/* Every kernel takes the segment's arguments (mn_large_kargs) from device
+ * memory, written by mn_large_args_kernel at the segment's start, and what
+ * one launch works on (mn_large_op) by value. So a captured step holds no
+ * pointer to the caller's tensors: its inputs and outputs are reached
+ * through the arguments, its weights through W and A, which are the
+ * caller's or, in a segment that replays a step kept from an earlier one
+ * (kernels/engine_large.c), the path's own copies of them (Wu and Au the
+ * caller's, copied in and out at the ends). */
 
 /* Fixed for a whole segment (every launch gets the same copy). Parameter
  * pointers are [M, numel] bases (M = B*H memories). */
 typedef struct mn_large_kargs {
     float *W[MN_LARGE_MAX_PARAMS], *S[MN_LARGE_MAX_PARAMS], *A[MN_LARGE_MAX_PARAMS];
+    float *Wu[MN_LARGE_MAX_PARAMS], *Au[MN_LARGE_MAX_PARAMS]; /* kept: the caller's W and A (Au NULL: A unused) */
     float *G[MN_LARGE_MAX_PARAMS];           /* the step's gradient */
     void *Wb[MN_LARGE_MAX_PARAMS], *Ab[MN_LARGE_MAX_PARAMS]; /* bf16 copies of weight matrices, or NULL */
     long long numel[MN_LARGE_MAX_PARAMS];
     long long slice_start[MN_LARGE_MAX_PARAMS + 1]; /* parameter p has slices [start[p], start[p+1]) */
     long long nslices;                       /* per memory */
     const float *k, *v, *theta, *eta, *alpha; /* [M,n,dk], [M,n,dv], [M,n], [M,nsteps] x 2 */
+    const float *q;                          /* [M,n,dk] retrieval queries, or NULL (q = k) */
+    float *y;                                /* [M,n,dv] retrieval output, or NULL */
     float *loss, *grad_norm, *clip_scale, *skipped, *step_loss, *weight_norm;
     long long memories, n, nsteps, steps_done;
     long long *counter;                      /* the segment's step index; NULL in a read (offset 0) */
@@ -65,12 +81,10 @@ typedef struct mn_large_kargs {
 /* What one launch works on; each kernel's comment says which fields. */
 typedef struct mn_large_op {
     const float *in;       /* main fp32 input */
-    const float *x;        /* model input rows (k or q) [M, n, dk]: residual, row forward */
     const float *bias;     /* a layer's bias [M, out], or NULL */
     float *out;            /* fp32 output (or in place) */
     void *out_op;          /* the same values as a GEMM operand (bf16 or fp32), or NULL */
     float *gb;             /* bias gradient [M, out] */
-    float *y;              /* retrieval output [M, n, dv], or NULL */
     float *gate;           /* glu: a hidden layer's gate u = U h + c [M, ld, dh] (act), then du (cols), or NULL */
     const float *gate_bias; /* glu: the gate's bias c [M, dh] (act), or NULL */
     void *gate_op;         /* glu: du as GEMM operand (cols, bf16 only), or NULL */
@@ -204,6 +218,12 @@ __device__ __forceinline__ double mn_lg_thread_sumsq(const float *x, long long e
 
 __device__ __forceinline__ long long mn_lg_step(const mn_large_kargs &a) { return a.counter ? *a.counter : 0; }
 
+/* The model's input rows of a launch: q with MN_LARGE_FROM_Q, else k. */
+__device__ __forceinline__ const float *mn_lg_rows_of(const mn_large_kargs &a, const mn_large_op &o)
+{
+    return (o.flags & MN_LARGE_FROM_Q) ? a.q : a.k;
+}
+
 /* True in exactly one block: the last of count blocks to arrive at this
  * ticket, which then sees every other block's results (each fenced its
  * writes before arriving; the reader loads them with __ldcg, past L1) and
@@ -238,10 +258,14 @@ __device__ __forceinline__ long long mn_lg_real_rows(const mn_large_kargs &a, lo
  *     multiple of refresh / c) the gradient point moves: A = W, Ab = bf16(W);
  *     other steps return at once. Launched only when refresh is neither 0
  *     nor c, as the step's first kernel.
- *   MN_LARGE_CONVERT_W / _A: Wb = bf16(W) / Ab = bf16(A) (bf16, segment start). */
-extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_params_kernel(const mn_large_kargs a,
-                                                                                      const mn_large_op o)
+ *   MN_LARGE_CONVERT_W / _A: Wb = bf16(W) / Ab = bf16(A) (bf16, segment start).
+ *   MN_LARGE_LOAD: a kept segment's start: W = Wu, and A = Au where A is
+ *     used, with their operand copies (Wb, Ab) where there are any.
+ *   MN_LARGE_STORE: a kept segment's end: Wu = W, and Au = A where used. */
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_params_kernel(const mn_large_kargs *__restrict__ ap,
+    const mn_large_op o)
 {
+    const mn_large_kargs &a = *ap;
     const long long m = blockIdx.y;
     long long e0, e1;
     const int p = mn_lg_slice<MN_LG_NP>(a.slice_start, a.numel, blockIdx.x, &e0, &e1);
@@ -260,6 +284,26 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_params_k
 #endif
         return;
     }
+    if (o.flags & (MN_LARGE_LOAD | MN_LARGE_STORE)) {
+        const bool load = (o.flags & MN_LARGE_LOAD) != 0;
+        for (int j = 0; j < 2; j++) {
+            float *own = (j ? a.A[p] : a.W[p]) + base, *user = j ? a.Au[p] : a.Wu[p];
+            if (!user) continue; /* the anchor, where the gradient point is W */
+            user += base;
+            void *opv = j ? a.Ab[p] : a.Wb[p];
+            mn_lg_op *op = load && opv ? (mn_lg_op *)opv + base : 0;
+            for (long long e = e0 + threadIdx.x; e < e1; e += MN_LARGE_THREADS) {
+                if (!load) {
+                    user[e] = own[e];
+                    continue;
+                }
+                const float w = user[e];
+                own[e] = w;
+                if (op) op[e] = mn_lg_to_op(w);
+            }
+        }
+        return;
+    }
     const bool from_a = (o.flags & MN_LARGE_CONVERT_A) != 0;
     const float *src = (from_a ? a.A[p] : a.W[p]) + base;
     void *dst = from_a ? a.Ab[p] : a.Wb[p];
@@ -268,18 +312,30 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_params_k
     for (long long e = e0 + threadIdx.x; e < e1; e += MN_LARGE_THREADS) d[e] = mn_lg_to_op(src[e]);
 }
 
-/* GEMM operand rows: out_op[m, r, :] = in[m, t0 + r0 + r, :] for r < rows,
- * t0 = s * c (in: k or q). A copy, because a captured GEMM reads fixed
+/* The segment's arguments into device memory (*dst), where every other
+ * kernel reads them: one block, a word a thread at a time.
+ * __grid_constant__: read in place, never copied per thread. */
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_args_kernel(const __grid_constant__ mn_large_kargs a,
+    mn_large_kargs *dst)
+{
+    const unsigned *src = (const unsigned *)&a;
+    unsigned *out = (unsigned *)dst;
+    for (unsigned i = threadIdx.x; i < sizeof(mn_large_kargs) / sizeof(unsigned); i += blockDim.x) out[i] = src[i];
+}
+
+/* GEMM operand rows: out_op[m, r, :] = x[m, t0 + r0 + r, :] for r < rows,
+ * t0 = s * c (x: k, or q with MN_LARGE_FROM_Q). A copy, because a captured GEMM reads fixed
  * addresses while the step's rows move; in bf16 it is also the rounding.
  * Padding rows (ragged batches; step_rows: the step's) are zeros, so that
  * what they hold (NaN too) never reaches a product: their dL/dy is 0, and
  * 0 times NaN would not be. Grid (x, M). */
-extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_stage_kernel(const mn_large_kargs a,
-                                                                                     const mn_large_op o)
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_stage_kernel(const mn_large_kargs *__restrict__ ap,
+    const mn_large_op o)
 {
+    const mn_large_kargs &a = *ap;
     const long long m = blockIdx.y, sl = mn_lg_step(a), t = sl * MN_STEP + o.r0;
     const long long real = mn_lg_real_rows(a, m, sl, o.step_rows) - o.r0; /* real rows of this launch's */
-    const float *src = o.in + (m * a.n + t) * MN_DK;
+    const float *src = mn_lg_rows_of(a, o) + (m * a.n + t) * MN_DK;
     mn_lg_op *dst = (mn_lg_op *)o.out_op + m * o.ld * MN_DK;
     if (MN_DK % 4 == 0 && mn_lg_al16(src) && mn_lg_op_al(dst)) {
         MN_LG_GRID_STRIDE(q, o.rows * MN_DK / 4)
@@ -298,9 +354,10 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_stage_ke
  * holds the gate's product: u = gate + gate_bias in place (kept for the
  * backward) and out_op = phi(z) u, in that order of rounding as
  * rule_kernel.cuh's mn_forward. Grid (x, M). */
-extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_act_kernel(const mn_large_kargs a,
-                                                                                   const mn_large_op o)
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_act_kernel(const mn_large_kargs *__restrict__ ap,
+    const mn_large_op o)
 {
+    const mn_large_kargs &a = *ap;
     (void)a;
     const long long m = blockIdx.y;
     float *z = o.out + m * o.ld * MN_LG_DH;
@@ -355,11 +412,12 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_act_kern
  * in: the last layer's product; y = in + bias (+ k if residual). Writes
  * loss[t] = R sum_j f, out = dL/dy = theta_t (/ rows for mean) R f'(y)
  * (fp32: the bias column sums), out_op = the same as GEMM operand (bf16
- * only), and y (when not NULL) for step rows < copy_rows: retrieval at W^(s)
+ * only), and y (with MN_LARGE_COPY_Y) for step rows < copy_rows: retrieval at W^(s)
  * is this forward when q = k and the gradient point is W^(s). */
-extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_loss_kernel(const mn_large_kargs a,
-                                                                                    const mn_large_op o)
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_loss_kernel(const mn_large_kargs *__restrict__ ap,
+    const mn_large_op o)
 {
+    const mn_large_kargs &a = *ap;
     const long long m = blockIdx.y, r = (long long)blockIdx.x * MN_LG_WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     if (r >= o.rows) return; /* the whole warp */
@@ -371,7 +429,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_loss_ker
     const float *b = o.bias ? o.bias + m * MN_DV : 0;
     float *dy = o.out + (m * o.ld + r) * MN_DV;
     mn_lg_op *dyo = o.out_op ? (mn_lg_op *)o.out_op + (m * o.ld + r) * MN_DV : 0;
-    float *yo = (o.y && o.r0 + r < o.copy_rows) ? o.y + (m * a.n + t) * MN_DV : 0;
+    float *yo = ((o.flags & MN_LARGE_COPY_Y) && o.r0 + r < o.copy_rows) ? a.y + (m * a.n + t) * MN_DV : 0;
     if (o.r0 + r >= grows) { /* padding: no gradient, loss 0, y 0 */
         for (int j = lane; j < MN_DV; j += 32) {
             dy[j] = 0.0f;
@@ -426,9 +484,10 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_loss_ker
  * du = dh phi(z) replaces u in gate (gate_op: its operand copy) and dh *= u,
  * as rule_kernel.cuh's mn_backward; MN_LARGE_BIAS also sums du into gc (its
  * partials after dz's in part). */
-extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_cols_kernel(const mn_large_kargs a,
-                                                                                    const mn_large_op o)
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_cols_kernel(const mn_large_kargs *__restrict__ ap,
+    const mn_large_op o)
 {
+    const mn_large_kargs &a = *ap;
     const long long m = blockIdx.z, rb = blockIdx.y, nrb = gridDim.y;
     const int tx = threadIdx.x, ty = threadIdx.y, cols = o.cols;
     const int c = blockIdx.x * 32 + tx;
@@ -508,9 +567,10 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_cols_ker
  * non-finite guard (finite[m]), the clip scales (scale[m, p]), and the
  * outputs grad_norm, skipped, clip_scale and step_loss (the mean of the
  * step's loss rows). step_rows: rows of the step. */
-extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_kernel(const mn_large_kargs a,
-                                                                                    const mn_large_op o)
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_kernel(const mn_large_kargs *__restrict__ ap,
+    const mn_large_op o)
 {
+    const mn_large_kargs &a = *ap;
     const long long m = blockIdx.y, sl = mn_lg_step(a);
     long long e0, e1;
     const int p = mn_lg_slice<MN_LG_NP>(a.slice_start, a.numel, blockIdx.x, &e0, &e1);
@@ -559,9 +619,10 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_ker
  * clip(G), then a weight matrix's G orthogonalised in place in double
  * (mn_newton_schulz, as the other paths and the CPU), its iterates in the
  * parameter's slot of ns_work. */
-extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_ns_kernel(const mn_large_kargs a,
-                                                                                  const mn_large_op o)
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_ns_kernel(const mn_large_kargs *__restrict__ ap,
+    const mn_large_op o)
 {
+    const mn_large_kargs &a = *ap;
     (void)o;
 #if MN_PRECOND
     const long long m = blockIdx.y;
@@ -586,9 +647,10 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_ns_kerne
  * and S stay. Sums W^2 per block; the last block writes weight_norm, one
  * warp per memory, and with MN_LARGE_ADVANCE moves the counter to the next
  * step. */
-extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_update_kernel(const mn_large_kargs a,
-                                                                                      const mn_large_op o)
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_update_kernel(const mn_large_kargs *__restrict__ ap,
+    const mn_large_op o)
 {
+    const mn_large_kargs &a = *ap;
     const long long m = blockIdx.y, sl = mn_lg_step(a);
     long long e0, e1;
     const int p = mn_lg_slice<MN_LG_NP>(a.slice_start, a.numel, blockIdx.x, &e0, &e1);
@@ -644,17 +706,19 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_update_k
 }
 
 /* Retrieval rows: y[m, t0 + r0 + r] = in + bias (+ x if residual) for
- * r < rows; in: the last layer's product of those rows, x: their inputs.
+ * r < rows; in: the last layer's product of those rows, x: their inputs
+ * (k, or q with MN_LARGE_FROM_Q).
  * Grid (x, M). */
-extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_out_kernel(const mn_large_kargs a,
-                                                                                   const mn_large_op o)
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_out_kernel(const mn_large_kargs *__restrict__ ap,
+    const mn_large_op o)
 {
+    const mn_large_kargs &a = *ap;
     const long long m = blockIdx.y, sl = mn_lg_step(a), t = sl * MN_STEP + o.r0;
     const long long real = mn_lg_real_rows(a, m, sl, o.step_rows) - o.r0; /* y 0 from row real on */
     const float *in = o.in + m * o.ld * MN_DV;
     const float *b = o.bias ? o.bias + m * MN_DV : 0;
-    const float *x = o.x + (m * a.n + t) * MN_DK;
-    float *y = o.y + (m * a.n + t) * MN_DV;
+    const float *x = mn_lg_rows_of(a, o) + (m * a.n + t) * MN_DK;
+    float *y = a.y + (m * a.n + t) * MN_DV;
     if (MN_DV % 4 == 0 && mn_lg_al16(in) && mn_lg_al16(y) && (!b || mn_lg_al16(b)) && (!MN_RESIDUAL || mn_lg_al16(x))) {
         MN_LG_GRID_STRIDE(q, o.rows * MN_DV / 4)
         {
@@ -685,15 +749,16 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_out_kern
  * (ceil(out/8), M). Layer 0 reads row t = s c + step_rows - 1 of x (q or
  * k); hidden layers go through rowbuf; the last layer writes y[m, t]. With
  * MN_LARGE_ADVANCE (on the last layer) the last block moves the counter. */
-extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_row_kernel(const mn_large_kargs a,
-                                                                                   const mn_large_op o)
+extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_row_kernel(const mn_large_kargs *__restrict__ ap,
+    const mn_large_op o)
 {
+    const mn_large_kargs &a = *ap;
     const int layer = o.layer, lane = threadIdx.x & 31;
     const bool last = layer == MN_LAYERS - 1;
     const int ni = (int)mn_layer_in(layer, MN_DK, MN_DH), no = (int)mn_layer_out(layer, MN_LAYERS, MN_DV, MN_DH);
     const long long m = blockIdx.y, j = (long long)blockIdx.x * MN_LG_WARPS + (threadIdx.x >> 5);
     const long long sl = mn_lg_step(a), t = sl * MN_STEP + o.step_rows - 1;
-    const float *x = o.x + (m * a.n + t) * MN_DK;
+    const float *x = mn_lg_rows_of(a, o) + (m * a.n + t) * MN_DK;
     const float *in = layer == 0 ? x : a.rowbuf + ((layer - 1) & 1) * a.memories * MN_LG_DH + m * MN_LG_DH;
     const bool gated = MN_GLU && !last;
     if (j < no) {
@@ -711,7 +776,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_row_kern
             if (last) {
                 if (MN_RESIDUAL) acc += x[j];
                 /* a padding last token keeps y = 0 */
-                o.y[(m * a.n + t) * MN_DV + j] = mn_lg_real_rows(a, m, sl, o.step_rows) == o.step_rows ? acc : 0.0f;
+                a.y[(m * a.n + t) * MN_DV + j] = mn_lg_real_rows(a, m, sl, o.step_rows) == o.step_rows ? acc : 0.0f;
             } else {
                 float h = mn_hook_act(acc);
                 if (gated) {

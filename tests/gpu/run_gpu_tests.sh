@@ -210,6 +210,9 @@ want paths && for path in general fused large; do
     # constants read at run time: one module, three runs with two values
     run_one "lua/test_constants.lua ($path)" env MNEMO_CUDA_PATH=$path "$MNEMO" tests/lua/test_constants.lua
 done
+# the large path keeping nothing between runs (its default keeps each
+# shape's step graph): the same results, nothing kept
+want paths && run_one "lua/test_large_keep.lua (keeping off)" env MNEMO_LARGE_KEEP=0 "$MNEMO" tests/lua/test_large_keep.lua
 # The fused cases, out_norm's and the constants with every 2-layer memory a
 # cluster can run split over 2, 4 and 8 blocks (sm_90)
 want paths && for cl in 2 4 8; do
