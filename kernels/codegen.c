@@ -89,6 +89,26 @@ static void put_comment_expr(text *t, const char *label, mn_expr *e)
 
 static bool binds_into_source(double value) { return value == 0.0 || value == 1.0 || value == -1.0; }
 
+/* What the source shows of a number: 0, 1 or -1 themselves, any other value not at all. */
+static double as_printed(double value) { return binds_into_source(value) ? value : 2.0; }
+
+bool mn_cuda_same_source_rule(const mn_rule *a, const mn_rule *b)
+{
+    for (int f = 0; f < mn_rule_field_count; f++) {
+        double x = mn_rule_field_get(a, f), y = mn_rule_field_get(b, f);
+        /* the NUM fields are parts' parameters: constants read at run time */
+        if (mn_rule_fields[f].type == MN_FIELD_NUM ? as_printed(x) != as_printed(y) : x != y) return false;
+    }
+    for (int i = 0; i < mn_rule_expr_slot_count; i++)
+        if (*mn_rule_expr_member((mn_rule *)a, i) != *mn_rule_expr_member((mn_rule *)b, i)) return false;
+    if (a->nconsts != b->nconsts) return false;
+    for (int i = 0; i < a->nconsts; i++)
+        if (strcmp(a->const_names[i], b->const_names[i]) != 0 ||
+            as_printed(a->const_values[i]) != as_printed(b->const_values[i]))
+            return false;
+    return true;
+}
+
 /* The constants one hook may read: the selected part's parameter (param,
  * the part list's what: "loss", "clip"), or, for a custom part, the rule's
  * named constants; each with its slot in mn_rule_k. */

@@ -21,6 +21,16 @@ char *mn_cuda_rule_source(const mn_rule *r, const mn_dims *d, mn_precision p);
 char *mn_cuda_source_for(const mn_rule *r, const mn_dims *d, mn_precision p, const char *const *templates,
                          const char *defines);
 
+/* Whether rules a and b give the same source text (at the same dims,
+ * precision, templates and defines) without generating it: the same
+ * fields, the same expression objects (expressions are immutable and
+ * shared by reference), the same constants' names, and numbers that differ
+ * only where the source does not print them (a part's parameter or a named
+ * constant is read at run time unless it is 0, 1 or -1, which are bound
+ * into the text). It errs only towards "different": two rules whose
+ * expressions are equal but separate objects differ here. */
+bool mn_cuda_same_source_rule(const mn_rule *a, const mn_rule *b);
+
 /* The source of the backward on the general path (kernels/grad_kernel.cuh,
  * its kernel MN_GRAD_KERNEL) for a rule that mn_cuda_backward_covers, in
  * fp32, or NULL with the error set (a rule it does not cover: why). */

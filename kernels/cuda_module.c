@@ -153,6 +153,15 @@ static mn_status move_on(mn_cuda_module *m, bool need_full)
     return s;
 }
 
+mn_status mn_cuda_module_touch(mn_cuda_module *m, double work)
+{
+    mn_compile_mode mode = default_mode;
+    MN_TRY(compile_mode(&mode));
+    /* a failed full compile leaves the fast kernels: the run goes on */
+    if (m->moves && !capturing()) (void)move_on(m, mode == MN_COMPILE_FULL || work > MN_FAST_TIER_WORK);
+    return MN_OK;
+}
+
 mn_status mn_cuda_module_get(const char *src, const char *const *names, double work, mn_cuda_module **out)
 {
     MN_TRY(mn_cuda_ensure_device());
@@ -164,10 +173,8 @@ mn_status mn_cuda_module_get(const char *src, const char *const *names, double w
     bool want_full = mode == MN_COMPILE_FULL || work > MN_FAST_TIER_WORK;
     for (mn_cuda_module *m = modules; m; m = m->next)
         if (strcmp(m->key, key) == 0) {
-            /* a failed full compile leaves the fast kernels: the run goes on */
-            if (m->moves && !capturing()) (void)move_on(m, want_full);
             *out = m;
-            return MN_OK;
+            return mn_cuda_module_touch(m, work);
         }
     /* the fast tier for a source new to the disk cache, where a child can
      * hand the full one over through that cache */

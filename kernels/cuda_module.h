@@ -52,6 +52,12 @@ double mn_cuda_run_work(const mn_rule *r, const mn_dims *d);
  * then: the graph holds the kernels loaded before it). */
 mn_status mn_cuda_module_get(const char *src, const char *const *names, double work, mn_cuda_module **out);
 
+/* What a later mn_cuda_module_get of m's source does to the m it finds:
+ * m, still on the fast tier, moves towards the full one (its background
+ * compile taken up where done; waited for where work asks for the full
+ * tier). For callers that found m without its source (kernels/module_memo.h). */
+mn_status mn_cuda_module_touch(mn_cuda_module *m, double work);
+
 /* 16 x P1's work (B=4, H=32, T=4096, MLP 64-256-64): on an H100 the fast
  * tier costs P1 about 14 ms more than the full one, so up to this work it
  * saves more than it costs (the full compile takes 1.5-2 s). */

@@ -11,6 +11,7 @@
 #include "codegen.h"
 #include "kernel_info.h"
 #include "cuda_module.h"
+#include "module_memo.h"
 #include "nvrtc.h"
 #include "plan.h"
 #include "engine_large.h"
@@ -42,12 +43,11 @@ static mn_status rule_module(const mn_rule *r, const mn_dims *d, mn_precision p,
     mn_cuda_plan general = {0};
     general.path = MN_PATH_GENERAL;
     if (!pl || pl->path == MN_PATH_LARGE) pl = &general;
-    char *src = mn_cuda_plan_source(r, d, p, pl);
-    if (!src) return MN_ERR_ARG;
+    char defs[512];
+    const char *defines;
+    const char *const *templates = mn_cuda_plan_parts(pl, defs, sizeof defs, &defines);
     bool fused = pl->path == MN_PATH_FUSED;
-    mn_status s = mn_cuda_module_get(src, fused ? fused_kernels : general_kernels, work, out);
-    free(src);
-    MN_TRY(s);
+    MN_TRY(mn_cuda_module_for(r, d, p, templates, defines, fused ? fused_kernels : general_kernels, work, out));
     /* past 48 KB, dynamic shared memory must be asked for */
     if (fused)
         MN_CUDA_CHECK(cudaKernelSetAttributeForDevice((*out)->k[K_STEP], cudaFuncAttributeMaxDynamicSharedMemorySize,

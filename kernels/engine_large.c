@@ -50,6 +50,7 @@
 #include "codegen.h"
 #include "cuda_check.h"
 #include "cuda_module.h"
+#include "module_memo.h"
 #include "nvrtc.h"
 #include "large_kernels.cuh" /* its first part is C: the argument structs */
 #include "rule_kernel.cuh"   /* and this one's: newton_schulz's workspace */
@@ -80,10 +81,11 @@ const char *const mn_large_kernel_names[] = {
     "mn_large_update_kernel", "mn_large_out_kernel",    "mn_large_row_kernel", "mn_large_ns_kernel",
     "mn_large_args_kernel",   NULL};
 
+const char *const mn_large_templates[] = {"update_math", "large_common", "large_kernels", NULL};
+
 char *mn_cuda_large_source(const mn_rule *r, const mn_dims *d, mn_precision p)
 {
-    static const char *const templates[] = {"update_math", "large_common", "large_kernels", NULL};
-    return mn_cuda_source_for(r, d, p, templates, NULL);
+    return mn_cuda_source_for(r, d, p, mn_large_templates, NULL);
 }
 
 long long mn_large_chunk_rows(long long memories, long long widest, long long rows)
@@ -106,11 +108,7 @@ unsigned mn_large_grid_blocks(long long elems, int scale)
 
 static mn_status module_for(const mn_rule *r, const mn_dims *d, mn_precision p, mn_cuda_module **out)
 {
-    char *src = mn_cuda_large_source(r, d, p);
-    if (!src) return MN_ERR_ARG;
-    mn_status s = mn_cuda_module_get(src, mn_large_kernel_names, mn_cuda_run_work(r, d), out);
-    free(src);
-    return s;
+    return mn_cuda_module_for(r, d, p, mn_large_templates, NULL, mn_large_kernel_names, mn_cuda_run_work(r, d), out);
 }
 
 /* ---- the stream, the event and the cuBLAS handle, created once ---- */

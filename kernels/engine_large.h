@@ -36,8 +36,10 @@ size_t mn_cuda_large_kept_bytes(void);
  * mn_last_error() set. Caller frees. No GPU needed. */
 char *mn_cuda_large_source(const mn_rule *r, const mn_dims *d, mn_precision p);
 
-/* The names of the kernels in that source (extern "C"), NULL-terminated. */
+/* The names of the kernels in that source (extern "C"), NULL-terminated,
+ * and the templates it is made of (mn_cuda_source_for's, no defines). */
 extern const char *const mn_large_kernel_names[];
+extern const char *const mn_large_templates[];
 
 /* The path's sizing, which its backward (kernels/grad_large.c) shares:
  * the rows of each memory in one chunk of a step of rows rows (all

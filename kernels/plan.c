@@ -318,20 +318,28 @@ long mn_fused_work_floats(const mn_rule *r, const mn_dims *d, int cluster)
     return mn_rule_refresh(r) == r->step ? g : g + padded_param_floats(r, d);
 }
 
+const char *const *mn_cuda_plan_parts(const mn_cuda_plan *pl, char *defs, size_t size, const char **defines)
+{
+    static const char *const fused[] = {"update_math", "rule_kernel", "fused_norm", "fused_kernel", "fused_step", NULL};
+    static const char *const general[] = {"update_math", "rule_kernel", NULL}; /* mn_cuda_rule_source's */
+    *defines = NULL;
+    if (pl->path == MN_PATH_LARGE) return mn_large_templates;
+    if (pl->path != MN_PATH_FUSED) return general;
+    mn_fused_defines(pl, defs, size);
+    /* an experiment's knob: MNEMO_FUSED_STREAM=0 takes the step kernel's
+     * evict-first hints on its inputs and outputs away (fused_kernel.cuh) */
+    const char *st = getenv("MNEMO_FUSED_STREAM");
+    if (st && !strcmp(st, "0")) snprintf(defs + strlen(defs), size - strlen(defs), "#define MN_STREAM 0\n");
+    *defines = defs;
+    return fused;
+}
+
 char *mn_cuda_plan_source(const mn_rule *r, const mn_dims *d, mn_precision p, const mn_cuda_plan *pl)
 {
-    if (pl->path == MN_PATH_FUSED) {
-        static const char *const fused[] = {"update_math", "rule_kernel", "fused_norm", "fused_kernel", "fused_step", NULL};
-        char defs[512];
-        mn_fused_defines(pl, defs, sizeof defs);
-        /* an experiment's knob: MNEMO_FUSED_STREAM=0 takes the step kernel's
-         * evict-first hints on its inputs and outputs away (fused_kernel.cuh) */
-        const char *st = getenv("MNEMO_FUSED_STREAM");
-        if (st && !strcmp(st, "0")) snprintf(defs + strlen(defs), sizeof defs - strlen(defs), "#define MN_STREAM 0\n");
-        return mn_cuda_source_for(r, d, p, fused, defs);
-    }
-    if (pl->path == MN_PATH_LARGE) return mn_cuda_large_source(r, d, p);
-    return mn_cuda_rule_source(r, d, p);
+    char defs[512];
+    const char *defines;
+    const char *const *templates = mn_cuda_plan_parts(pl, defs, sizeof defs, &defines);
+    return mn_cuda_source_for(r, d, p, templates, defines);
 }
 
 const char *mn_cuda_plan_step_kernel(const mn_cuda_plan *pl)

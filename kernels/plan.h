@@ -64,6 +64,11 @@ long mn_fused_work_floats(const mn_rule *r, const mn_dims *d, int cluster);
 /* The CUDA source of the plan's path (caller frees; NULL with the error
  * set), and the name of the kernel that walks the steps in it. */
 char *mn_cuda_plan_source(const mn_rule *r, const mn_dims *d, mn_precision p, const mn_cuda_plan *pl);
+/* The parts of that source: it is mn_cuda_source_for(r, d, p, templates,
+ * *defines) with the templates returned (a static list, the same address
+ * for every call of a path) and *defines either defs (size bytes, filled
+ * in) or NULL. The path's kernels are found by these (kernels/module_memo.h). */
+const char *const *mn_cuda_plan_parts(const mn_cuda_plan *pl, char *defs, size_t size, const char **defines);
 const char *mn_cuda_plan_step_kernel(const mn_cuda_plan *pl);
 #define MN_FUSED_STEP_KERNEL "mn_fused_step_kernel"
 

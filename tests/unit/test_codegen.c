@@ -524,6 +524,81 @@ static void test_source_contents(void)
     mn_rule_free(&bad);
 }
 
+/* The module memo's test (kernels/module_memo.h): where it says two rules
+ * give the same source, they do, to the byte; it says so across a sweep of
+ * a part's parameter or a constant (the point of it) and not across 0, 1
+ * or -1, a field, a constant's name, or separate expression objects. */
+static void test_same_source_rule(void)
+{
+    enum { NR = 2 * 3 * 3 * 3 };
+    static const mn_loss losses[2] = {MN_LOSS_MSE, MN_LOSS_HUBER};
+    static const mn_clip clips[3] = {MN_CLIP_NONE, MN_CLIP_NORM, MN_CLIP_VALUE};
+    static const double values[3] = {0.5, 1.0, 2.0};
+    mn_rule rs[NR];
+    char *srcs[NR];
+    mn_dims d = {1, 1, 4, 8, 8, 16, 1};
+    int n = 0;
+    for (int l = 0; l < 2; l++)
+        for (int c = 0; c < 3; c++)
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; j < 3; j++, n++) {
+                    mn_rule_init(&rs[n]);
+                    rs[n].layers = 2;
+                    rs[n].loss = losses[l];
+                    rs[n].clip = clips[c];
+                    rs[n].clip_max = values[i];
+                    rs[n].loss_delta = values[j];
+                    srcs[n] = mn_cuda_rule_source(&rs[n], &d, MN_PREC_FP32);
+                }
+    int same = 0, wrong = 0, missing = 0;
+    for (int a = 0; a < NR; a++) {
+        if (!srcs[a]) missing++;
+        for (int b = a + 1; b < NR; b++)
+            if (srcs[a] && srcs[b] && mn_cuda_same_source_rule(&rs[a], &rs[b])) {
+                same++;
+                wrong += strcmp(srcs[a], srcs[b]) != 0;
+            }
+    }
+    /* the pairs it calls the same: within each (loss, clip), the rules whose
+     * two numbers are 1 alike and the others 0.5 or 2 (4 rules with neither 1:
+     * 6 pairs; m = 1 or delta = 1 alone: 1 pair each), 8 x 6 */
+    CHECK("codegen/same_source_rule_implies_same_text", missing == 0 && wrong == 0);
+    CHECK("codegen/same_source_rule_sweeps", same == 48);
+    mn_rule *h05 = &rs[1 * 27 + 1 * 9 + 0 * 3 + 0], *h2 = &rs[1 * 27 + 1 * 9 + 2 * 3 + 2], *h1 = &rs[1 * 27 + 1 * 9 + 1 * 3 + 0];
+    CHECK("codegen/same_source_rule_parameters", mn_cuda_same_source_rule(h05, h2) && !mn_cuda_same_source_rule(h05, h1));
+    mn_rule other = *h05;
+    other.step = 4;
+    CHECK("codegen/same_source_rule_fields", !mn_cuda_same_source_rule(h05, &other));
+    for (int a = 0; a < NR; a++) {
+        free(srcs[a]);
+        mn_rule_free(&rs[a]);
+    }
+
+    /* custom parts: a copy shares its expressions; a rule made again does not */
+    mn_rule r, copy, again;
+    const rule_case *c = &cases[5]; /* constants w, c3, a, m, delta */
+    bool made = make_rule(c, &r) == MN_OK && mn_rule_copy(&copy, &r) == MN_OK && make_rule(c, &again) == MN_OK;
+    CHECK("codegen/same_source_rule_copy", made && mn_cuda_same_source_rule(&r, &copy));
+    CHECK("codegen/same_source_rule_other_objects", made && !mn_cuda_same_source_rule(&r, &again));
+    if (made) {
+        mn_rule_set_const(&copy, "w", 4.5);
+        char *x = mn_cuda_rule_source(&r, &d, MN_PREC_FP32), *y = mn_cuda_rule_source(&copy, &d, MN_PREC_FP32);
+        CHECK("codegen/same_source_rule_constant_values",
+              mn_cuda_same_source_rule(&r, &copy) && x && y && strcmp(x, y) == 0);
+        free(x);
+        free(y);
+        mn_rule_set_const(&copy, "w", 1.0);
+        CHECK("codegen/same_source_rule_constant_one", !mn_cuda_same_source_rule(&r, &copy));
+        mn_rule_set_const(&copy, "w", 0.7);
+        CHECK("codegen/same_source_rule_back", mn_cuda_same_source_rule(&r, &copy));
+        mn_rule_set_const(&copy, "extra", 0.7);
+        CHECK("codegen/same_source_rule_constant_names", !mn_cuda_same_source_rule(&r, &copy));
+    }
+    mn_rule_free(&r);
+    mn_rule_free(&copy);
+    mn_rule_free(&again);
+}
+
 static void test_cache_key(void)
 {
     const char *src = "extern \"C\" __global__ void k() {}";
@@ -1141,6 +1216,7 @@ int main(void)
     test_glu_backward();
     test_newton_schulz();
     test_cache_key();
+    test_same_source_rule();
     test_broken_source();
     test_source_contents();
     test_disk_cache();
