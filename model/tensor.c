@@ -669,6 +669,13 @@ mn_status mn_tensor_copy_into(mn_tensor *dst, const mn_tensor *src)
     mn_device dev = dst->storage->device;
     const mn_backend *be = mn_backend_for(dev);
     if (!be) return MN_ERR_DEVICE;
+    /* One f32 value from the host into an f32 tensor on another device (a
+     * gate given as a number, broadcast over [B,H,T]): a fill there, not an
+     * upload of four bytes and a broadcast copy (two allocations, a
+     * transfer from pageable memory and a kernel). The same float either way. */
+    if (src->storage->device == MN_CPU && dev != MN_CPU && src->dtype == MN_F32 && dst->dtype == MN_F32 &&
+        mn_tensor_numel(src) == 1)
+        return be->fill(dst, (double)*(const float *)mn_tensor_data(src));
     mn_tensor moved = {0}, safe = {0}, wide = {0};
     mn_status st = MN_OK;
     const mn_tensor *s = src;
