@@ -24,6 +24,17 @@ h5dump_fails_too() {
     timeout 20 h5dump -A "$art.h5" > /dev/null 2>&1
     [ $? -ge 124 ]
 }
+# hdf5_overreads_its_own_block LOG: ASan's report in LOG is a read past a
+# block that libhdf5 itself allocated, by libhdf5's H5HG_read (a damaged
+# global heap): the library's bug of tests/fuzz/upstream/, which h5dump,
+# built without ASan, reads past silently (and mnemo then names the bad
+# attribute). Needs $inner, the report's innermost frame.
+hdf5_overreads_its_own_block() {
+    grep -q 'AddressSanitizer: heap-buffer-overflow' "$1" || return 1
+    echo "$inner" | grep -q ' in H5HG_read .*libhdf5' || return 1
+    sed -n '/allocated by thread/,/^$/p' "$1" | grep -E '^ +#[0-9]+ ' | grep -vE ' in (malloc|calloc|realloc) ' |
+        head -1 | grep -q libhdf5
+}
 for bin in "$FUZZ_BUILD"/fuzz_*; do
     [ -x "$bin" ] || continue
     name=$(basename "$bin")           # fuzz_expr
@@ -59,6 +70,9 @@ for bin in "$FUZZ_BUILD"/fuzz_*; do
         # of its own HDF5 reader. Reported, neither passed nor failed.
         art=$(sed -n 's/.*Test unit written to //p' "$log" | tail -1)
         echo "SKIP fuzz $short: libhdf5 hung inside its own code after ${runs:-?} executions (an upstream bug; input kept in ${art:-$arts})"
+    elif hdf5_overreads_its_own_block "$log"; then
+        art=$(sed -n 's/.*Test unit written to //p' "$log" | tail -1)
+        echo "SKIP fuzz $short: libhdf5 read past its own block in H5HG_read after ${runs:-?} executions (a damaged global heap, an upstream bug; input kept in ${art:-$arts})"
     elif echo "$inner" | grep -q libhdf5 && h5dump_fails_too "$log"; then
         # a crash inside libhdf5 that the library's own h5dump has on the
         # same file: Debian's 1.10.8 reading a damaged global heap (mnemo
