@@ -657,9 +657,34 @@ mn_status mn_tensor_to_device(mn_tensor *out, const mn_tensor *src, mn_device de
     return st;
 }
 
-static bool same_storage(const mn_tensor *a, const mn_tensor *b)
+/* The bytes [lo, hi) of t's storage that its elements span. */
+static void byte_span(const mn_tensor *t, int64_t *lo, int64_t *hi)
 {
-    return a->storage == b->storage;
+    int64_t first = t->offset, last = t->offset;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] == 0) {
+            *lo = *hi = 0;
+            return;
+        }
+        const int64_t reach = (t->shape[i] - 1) * t->stride[i];
+        if (reach < 0) first += reach;
+        else last += reach;
+    }
+    const int64_t es = (int64_t)mn_dtype_size(t->dtype);
+    *lo = first * es;
+    *hi = (last + 1) * es;
+}
+
+/* Whether a write through a could change what b reads: the same storage
+ * and spans that meet (disjoint parts of one block, as the memory state's
+ * W and anchor are, copy directly). */
+static bool may_overlap(const mn_tensor *a, const mn_tensor *b)
+{
+    if (a->storage != b->storage) return false;
+    int64_t alo, ahi, blo, bhi;
+    byte_span(a, &alo, &ahi);
+    byte_span(b, &blo, &bhi);
+    return alo < bhi && blo < ahi;
 }
 
 mn_status mn_tensor_copy_into(mn_tensor *dst, const mn_tensor *src)
@@ -682,7 +707,7 @@ mn_status mn_tensor_copy_into(mn_tensor *dst, const mn_tensor *src)
     if (src->storage->device != dev) {
         if ((st = mn_tensor_to_device(&moved, src, dev)) != MN_OK) goto done;
         s = &moved;
-    } else if (same_storage(dst, src)) {
+    } else if (may_overlap(dst, src)) {
         /* Overlapping views would read elements already overwritten. */
         if ((st = mn_tensor_clone(&safe, src)) != MN_OK) goto done;
         s = &safe;

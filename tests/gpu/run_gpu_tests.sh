@@ -26,7 +26,8 @@
 #   - compute-sanitizer (memcheck; racecheck, initcheck, synccheck on fewer)
 #     on a few `mnemo run` calls, seven of them with the backward (fused and
 #     general, each also with newton_schulz; general through glu's gated
-#     layers; fused with qk_norm; large),
+#     layers; fused with qk_norm; large), and (memcheck, initcheck) on
+#     tests/lua/test_large_keep.lua: the large path's kept step graphs,
 #   - one mid-size run timed on cuda and cpu, and compared.
 # Logs go to $OUT (default: a temporary folder): summary.log (every
 # PASS/FAIL/SKIP line), conformance_{fp32,tf32,bf16,long,general,large,general_*,large_*,backward_*,cluster*}.log,
@@ -426,7 +427,24 @@ with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
                 "$LOGS/san_${tool}_$(basename "$f" .h5).log" | head -8
         fi
     }
+    # san_lua TOOL SCRIPT: a Lua test under the tool; its own checks must pass
+    # too (it exits non-zero on a FAIL line)
+    san_lua() {
+        tool=$1; f=$2; name=sanitizer/$tool/$(basename "$f" .lua)
+        "$SANITIZER" --tool "$tool" --error-exitcode 9 "$MNEMO" "$f" > "$LOGS/san_${tool}_$(basename "$f" .lua).log" 2>&1
+        rc=$?
+        if [ $rc -eq 0 ] && grep -qE '(ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards displayed \(0 errors)' \
+            "$LOGS/san_${tool}_$(basename "$f" .lua).log"; then
+            echo "PASS $name"
+        else
+            echo "FAIL $name: exit $rc"
+            grep -E 'ERROR SUMMARY|Invalid|Uninitialized|hazard|^FAIL' "$LOGS/san_${tool}_$(basename "$f" .lua).log" | head -8
+        fi
+    }
     {
+        # the large path's kept step graphs: captured, replayed on new
+        # inputs, evicted, given back (arguments read from device memory)
+        for tool in memcheck initcheck; do san_lua $tool tests/lua/test_large_keep.lua; done
         for f in "$WORK"/san/exp_0000[0-5].h5; do san memcheck "$f"; done
         for f in "$WORK"/san/exp_0000[67].h5; do san racecheck "$f"; done
         for f in "$WORK"/san/exp_0000[78].h5; do san initcheck "$f"; done

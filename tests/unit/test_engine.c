@@ -3,8 +3,10 @@
  * run equals the same sequence fed piece by piece; injected NaN skips exactly
  * the affected steps; every gate shape broadcasts like the full tensor;
  * built-in losses, activations and clips equal their expression forms run as
- * custom parts; every derivative against finite differences in float64; and
- * the errors that must come before anything runs. */
+ * custom parts; every derivative against finite differences in float64; the
+ * memory state as mn_memory_create lays it out (one block: W, anchors,
+ * momenta, each at 64 floats, the anchors W's values, given momenta kept);
+ * and the errors that must come before anything runs. */
 #include "check.h"
 #include "engine.h"
 #include "ops.h"
@@ -503,6 +505,69 @@ static void test_errors(void)
     case_free(&c);
 }
 
+
+/* mn_memory_create's one block (model/engine.c, state_block): every tensor
+ * its own 64-float-aligned, non-overlapping part; W the initial weights
+ * broadcast, biases not given and momenta not given zero, the anchor W's
+ * values in its own memory, momenta given kept; and a write to W reaching
+ * neither the anchor nor the momenta. */
+static void test_state_layout(void)
+{
+    run_case c;
+    case_make(&c, 2, 8, 4, 11);
+    mn_tensor_release(&c.init[1]); /* b1 not given: zeros */
+    mn_tensor mom[MN_MAX_PARAMS] = {{0}};
+    mn_rng rng;
+    mn_rng_seed(&rng, 5);
+    int64_t wshape[2] = {6, 4};
+    mn_tensor_randn(&mom[0], MN_F32, 2, wshape, 0, 1.0, &rng); /* S_W1 given as [dh, dk] */
+    mn_memory_state st;
+    bool made = mn_memory_create(&st, &c.rule, &c.dims, c.init, mom, MN_CPU) == MN_OK;
+    CHECK("state: created", made);
+    if (!made) {
+        mn_tensor_release(&mom[0]);
+        case_free(&c);
+        return;
+    }
+    bool aligned = true, one_block = true, disjoint = true, anchor_is_w = true, zeros = true, given = true;
+    const mn_tensor *all[3 * MN_MAX_PARAMS];
+    int n = 0;
+    for (int p = 0; p < st.nparams; p++) all[n++] = &st.params[p], all[n++] = &st.anchor[p], all[n++] = &st.momenta[p];
+    for (int i = 0; i < n; i++) {
+        aligned = aligned && all[i]->offset % 64 == 0 && mn_tensor_is_contiguous(all[i]);
+        one_block = one_block && all[i]->storage == all[0]->storage;
+        for (int j = 0; j < i; j++) {
+            const int64_t a0 = all[i]->offset, a1 = a0 + mn_tensor_numel(all[i]);
+            const int64_t b0 = all[j]->offset, b1 = b0 + mn_tensor_numel(all[j]);
+            disjoint = disjoint && (a1 <= b0 || b1 <= a0);
+        }
+    }
+    for (int p = 0; p < st.nparams; p++) {
+        const float *w = mn_tensor_data(&st.params[p]), *a = mn_tensor_data(&st.anchor[p]);
+        const float *m = mn_tensor_data(&st.momenta[p]);
+        const int64_t ne = mn_tensor_numel(&st.params[p]), per = ne / 4; /* B x H = 4 memories: S_W1's period */
+        const float *init = c.init[p].storage ? mn_tensor_data(&c.init[p]) : NULL;
+        const int64_t init_ne = init ? mn_tensor_numel(&c.init[p]) : 1; /* [B,H,...] or one memory's */
+        for (int64_t e = 0; e < ne; e++) {
+            anchor_is_w = anchor_is_w && a[e] == w[e] && (init ? w[e] == init[e % init_ne] : w[e] == 0.0f);
+            if (p == 0) given = given && m[e] == ((const float *)mn_tensor_data(&mom[0]))[e % per];
+            else zeros = zeros && m[e] == 0.0f;
+        }
+    }
+    CHECK("state: one block", one_block);
+    CHECK("state: every tensor contiguous at a multiple of 64 floats", aligned);
+    CHECK("state: no two tensors overlap", disjoint);
+    CHECK("state: W the initial weights broadcast (b1 not given: 0), the anchor equal", anchor_is_w);
+    CHECK("state: momenta not given are 0", zeros);
+    CHECK("state: S_W1 given [dh, dk] is broadcast over B x H", given);
+    const float before = ((const float *)mn_tensor_data(&st.params[0]))[0];
+    ((float *)mn_tensor_data(&st.params[0]))[0] = before + 1.0f;
+    CHECK("state: a write to W leaves the anchor", ((const float *)mn_tensor_data(&st.anchor[0]))[0] == before);
+    mn_memory_free(&st);
+    mn_tensor_release(&mom[0]);
+    case_free(&c);
+}
+
 int main(void)
 {
     test_closed_form();
@@ -518,6 +583,7 @@ int main(void)
     test_backward_fd(2, MN_ACT_SILU, "backward MLP silu vs finite differences");
     test_backward_fd(2, MN_ACT_TANH, "backward MLP tanh vs finite differences");
     test_backward_fd(3, MN_ACT_GELU, "backward 3-layer gelu vs finite differences");
+    test_state_layout();
     test_errors();
     return CHECK_DONE();
 }

@@ -320,6 +320,37 @@ static void test_copies(void)
     mn_tensor_release(&sqt);
     mn_tensor_release(&sq);
 
+    /* Parts of one storage: v[0:4] = v[2:6] (spans meet: read before any
+     * write), then v[6:8] = v[0:2] (apart: a direct copy), and columns of
+     * one matrix (interleaved spans, disjoint elements). */
+    int64_t eight = 8;
+    mn_tensor vec = {0}, lo = {0}, hi = {0};
+    mn_tensor_empty(&vec, MN_F32, 1, &eight, MN_CPU);
+    for (int64_t k = 0; k < 8; k++) mn_tensor_set(&vec, &k, (double)k);
+    mn_view_slice(&lo, &vec, 0, 0, 4, 1);
+    mn_view_slice(&hi, &vec, 0, 2, 6, 1);
+    CHECK("copy/into_shifted", mn_tensor_copy_into(&lo, &hi) == MN_OK);
+    float *vd = mn_tensor_data(&vec);
+    CHECK("copy/into_shifted_values", vd[0] == 2 && vd[1] == 3 && vd[2] == 4 && vd[3] == 5 && vd[4] == 4);
+    mn_tensor_release(&lo);
+    mn_tensor_release(&hi);
+    mn_view_slice(&lo, &vec, 0, 0, 2, 1);
+    mn_view_slice(&hi, &vec, 0, 6, 8, 1);
+    CHECK("copy/into_apart", mn_tensor_copy_into(&hi, &lo) == MN_OK);
+    CHECK("copy/into_apart_values", vd[6] == 2 && vd[7] == 3 && vd[0] == 2 && vd[5] == 5);
+    mn_tensor_release(&lo);
+    mn_tensor_release(&hi);
+    mn_tensor_release(&vec);
+    mn_tensor cols = grid(3, 2, MN_F32), c0 = {0}, c1 = {0};
+    mn_view_select(&c0, &cols, 1, 0);
+    mn_view_select(&c1, &cols, 1, 1);
+    CHECK("copy/into_interleaved", mn_tensor_copy_into(&c0, &c1) == MN_OK);
+    CHECK("copy/into_interleaved_values",
+          at2(&cols, 0, 0) == at2(&cols, 0, 1) && at2(&cols, 2, 0) == at2(&cols, 2, 1) && at2(&cols, 1, 1) == 11.0);
+    mn_tensor_release(&c0);
+    mn_tensor_release(&c1);
+    mn_tensor_release(&cols);
+
     /* fill on a strided view touches only the view. */
     mn_tensor col = {0};
     mn_view_select(&col, &a, 1, 1);
