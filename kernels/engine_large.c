@@ -35,7 +35,7 @@
  * it and the rest; a short last step runs directly. If capture or
  * instantiation fails, the steps run directly. The graph and the workspace
  * are kept for the next segment of the same shape, which replays the graph
- * from its first step ("steps kept between segments" below). A 2-layer MLP with biases,
+ * from its first step (kernels/large_keep.c). A 2-layer MLP with biases,
  * q = k, refresh = c, retrieve = after and y wanted is 14 launches a step
  * (5 GEMMs; stage, act, loss, 2 cols, norm, update, 2 row), 12 without y;
  * the finite check, clip and momentum never wait for the host.
@@ -52,7 +52,7 @@
 #include "cuda_module.h"
 #include "module_memo.h"
 #include "nvrtc.h"
-#include "large_kernels.cuh" /* its first part is C: the argument structs */
+#include "large_run.h"
 #include "rule_kernel.cuh"   /* and this one's: newton_schulz's workspace */
 
 #include <cublas_v2.h>
@@ -74,7 +74,6 @@
 /* Grid-stride kernels: at most this many blocks per SM. */
 #define BLOCKS_PER_SM 16
 
-enum { K_PARAMS, K_STAGE, K_ACT, K_LOSS, K_COLS, K_NORM, K_UPDATE, K_OUT, K_ROW, K_NS, K_ARGS, K_COUNT };
 const char *const mn_large_kernel_names[] = {
     "mn_large_params_kernel", "mn_large_stage_kernel",  "mn_large_act_kernel",
     "mn_large_loss_kernel",   "mn_large_cols_kernel",   "mn_large_norm_kernel",
@@ -151,43 +150,7 @@ static mn_status shared_init(void)
     return MN_OK;
 }
 
-/* ---- one segment or read: sizes, workspace, weights ---- */
-
-struct kept;
-
-typedef struct run {
-    mn_cuda_module *mod;
-    mn_large_kargs a;       /* the segment's arguments, built here ... */
-    mn_large_kargs *dargs;  /* ... and their device copy, which every kernel reads */
-    struct kept *kept;      /* the kept step this segment replays (its workspace), or NULL */
-    bool own;               /* the workspace holds the path's copies of W and A (a kept segment) */
-    float *own_W[MN_LARGE_MAX_PARAMS], *own_A[MN_LARGE_MAX_PARAMS]; /* kept: the path's W and A */
-    int L, per, np, refresh, step;
-    int nl;   /* the layers' parameters (W_i, b_i); glu's gates U_i, c_i follow (param_layout.h) */
-    bool ns;  /* precondition = newton_schulz: the ns kernel between the norm and the update */
-    bool glu; /* the hidden layers are gated: h = phi(z) u */
-    long long M, dk, dv, dh, wide, CR;
-    mn_precision prec;
-    bool training;
-    /* chunk buffers, [M, CR, width]: X, H, Db and DUb are GEMM operands (bf16
-     * in bf16); U (glu) holds the gate u, then dL/du, an operand in fp32/tf32 */
-    void *X, *H[MN_MAX_LAYERS], *Db, *DUb;
-    float *Z[MN_MAX_LAYERS], *U[MN_MAX_LAYERS], *Y, *D[2];
-    void *blas_ws;
-    void *work;
-    size_t work_bytes;
-    cudaGraphExec_t graph;
-    /* the weights: P the gradient point (fp32: biases, and the products in
-     * fp32/tf32), Pop and Wop the operands of the products at P and at W */
-    float *P[MN_LARGE_MAX_PARAMS];
-    const void *Pop[MN_LARGE_MAX_PARAMS], *Wop[MN_LARGE_MAX_PARAMS];
-    /* the segment */
-    const float *k, *q; /* q NULL: q = k */
-    float *y;           /* retrieval output or NULL */
-    bool after;         /* retrieve = after: the last row of a step sees W^(s+1) */
-    bool copy_y;        /* retrieval at W^(s) is the training forward (q = k, P = W) */
-    bool retrieve;      /* ... else a forward of its own */
-} run;
+/* ---- one segment or read: sizes, workspace, weights (the run: large_run.h) ---- */
 
 static float *f32(const mn_tensor *t) { return t->storage ? (float *)mn_tensor_data(t) : NULL; }
 
@@ -266,8 +229,7 @@ static void *take(char *base, size_t *off, size_t bytes)
     return p;
 }
 
-/* Carves the workspace at base (NULL: only counts); returns its bytes. */
-static size_t carve(run *R, char *base)
+size_t mn_large_carve(run *R, char *base)
 {
     mn_large_kargs *a = &R->a;
     const bool bf16 = R->prec == MN_PREC_BF16;
@@ -319,7 +281,7 @@ static size_t carve(run *R, char *base)
 /* The weights the products and the kernels read, once the workspace is
  * carved: a kept segment's are the path's own copies of W and A (the
  * caller's, Wu and Au, are copied in by begin and out by store). */
-static void point_weights(run *R)
+void mn_large_point_weights(run *R)
 {
     const bool at_w = R->refresh == R->step, bf16 = R->prec == MN_PREC_BF16;
     for (int p = 0; p < R->np; p++) {
@@ -339,157 +301,22 @@ static void point_weights(run *R)
 
 static mn_status alloc_work(run *R)
 {
-    R->work_bytes = carve(R, NULL);
+    R->work_bytes = mn_large_carve(R, NULL);
     MN_TRY(mn_cuda_alloc(R->work_bytes, &R->work));
-    carve(R, R->work);
-    point_weights(R);
+    mn_large_carve(R, R->work);
+    mn_large_point_weights(R);
     return MN_OK;
-}
-
-/* ---- steps kept between segments ----
- * A segment's host work is mostly the launches of its first steps: the
- * first step runs directly, the second is captured and instantiated (P2 of
- * issue 14, one step, spends 0.2 ms enqueueing 14 launches and 5 products
- * that the GPU runs in 0.15 ms). So a segment with at least one full step
- * keeps its workspace and its step's graph for the next segment of the
- * same shape, rule module and options (a sweep, a training loop): that one
- * writes its arguments, copies the weights in, replays the graph for every
- * full step from the first, and copies the weights out. The graph holds no
- * pointer to the caller's tensors: the kernels reach them through the
- * arguments in device memory (large_kernels.cuh), and the products read
- * only the workspace and the path's own copies of W and A.
- * At most KEPT_MAX shapes, least recently used first out, and at most a
- * quarter of the device's memory; mn_cuda_empty_cache and the allocator's
- * out-of-memory path give them back (mn_cuda_large_release).
- * MNEMO_LARGE_KEEP=0 turns this off. */
-
-#define KEPT_MAX 4
-
-/* What a captured step depends on besides its workspace: the kernels (a
- * module's move to the full tier changes them), the sizes, the options. */
-typedef struct kept_key {
-    cudaKernel_t k[K_COUNT];
-    long long M, dk, dv, dh, CR, step, refresh;
-    int prec, L, per, np, glu, ns, y, copy_y, retrieve, after, q;
-} kept_key;
-
-typedef struct kept {
-    kept_key key;
-    void *work;
-    size_t work_bytes;
-    cudaGraphExec_t graph;
-    bool warm;     /* a step ran directly: cuBLAS and the modules are loaded, a capture may follow */
-    bool no_graph; /* a capture failed: this shape's steps run directly */
-    unsigned long long used;
-} kept;
-
-static struct {
-    kept *e[KEPT_MAX];
-    int n;
-    unsigned long long clock;
-    size_t bytes;
-} keep;
-
-static bool keep_enabled(void)
-{
-    const char *knob = getenv("MNEMO_LARGE_KEEP");
-    return !(knob && strcmp(knob, "0") == 0);
-}
-
-static void kept_drop(int i)
-{
-    kept *E = keep.e[i];
-    if (E->graph) (void)cudaGraphExecDestroy(E->graph);
-    mn_cuda_free(E->work, E->work_bytes);
-    keep.bytes -= E->work_bytes;
-    free(E);
-    keep.e[i] = keep.e[--keep.n];
-}
-
-static void kept_forget(kept *E)
-{
-    for (int i = 0; i < keep.n; i++)
-        if (keep.e[i] == E) kept_drop(i);
 }
 
 void mn_cuda_large_release(void)
 {
-    if (keep.n == 0) return;
+    if (mn_large_kept_bytes() == 0) return;
     /* no segment is running (each waits for its stream), but a failed one may have left work queued */
     if (cudaStreamSynchronize(dev.stream) != cudaSuccess) (void)cudaGetLastError();
-    while (keep.n > 0) kept_drop(keep.n - 1);
+    mn_large_kept_drop_all();
 }
 
-size_t mn_cuda_large_kept_bytes(void) { return keep.bytes; }
-
-static void key_of(const run *R, kept_key *k)
-{
-    memset(k, 0, sizeof *k); /* the padding too: keys compare as bytes */
-    memcpy(k->k, R->mod->k, sizeof k->k);
-    k->M = R->M;
-    k->dk = R->dk;
-    k->dv = R->dv;
-    k->dh = R->dh;
-    k->CR = R->CR;
-    k->step = R->step;
-    k->refresh = R->refresh;
-    k->prec = (int)R->prec;
-    k->L = R->L;
-    k->per = R->per;
-    k->np = R->np;
-    k->glu = R->glu;
-    k->ns = R->ns;
-    k->y = R->y != NULL;
-    k->copy_y = R->copy_y;
-    k->retrieve = R->retrieve;
-    k->after = R->after;
-    k->q = R->q != NULL;
-}
-
-/* R's workspace from the kept entry of its key, or a new entry (NULL, no
- * error, where keeping is off or the workspace too large: alloc_work then). */
-static mn_status kept_attach(run *R)
-{
-    if (!keep_enabled()) return MN_OK;
-    kept_key key;
-    key_of(R, &key);
-    kept *E = NULL;
-    for (int i = 0; i < keep.n && !E; i++)
-        if (memcmp(&keep.e[i]->key, &key, sizeof key) == 0) E = keep.e[i];
-    R->own = true;
-    const size_t bytes = carve(R, NULL);
-    if (!E) {
-        if (bytes > dev.total_bytes / 4) {
-            R->own = false;
-            return MN_OK;
-        }
-        while (keep.n > 0 && (keep.n == KEPT_MAX || keep.bytes + bytes > dev.total_bytes / 4)) {
-            int lru = 0;
-            for (int i = 1; i < keep.n; i++)
-                if (keep.e[i]->used < keep.e[lru]->used) lru = i;
-            kept_drop(lru);
-        }
-        E = calloc(1, sizeof *E);
-        if (!E) return mn_fail(MN_ERR_OOM, "cuda large path: out of memory");
-        E->key = key;
-        E->work_bytes = bytes;
-        mn_status s = mn_cuda_alloc(bytes, &E->work);
-        if (s != MN_OK) {
-            free(E);
-            R->own = false;
-            return s;
-        }
-        keep.e[keep.n++] = E;
-        keep.bytes += bytes;
-    }
-    E->used = ++keep.clock;
-    R->kept = E;
-    R->work = E->work;
-    R->work_bytes = E->work_bytes;
-    carve(R, R->work);
-    point_weights(R);
-    return MN_OK;
-}
+size_t mn_cuda_large_kept_bytes(void) { return mn_large_kept_bytes(); }
 
 /* Waits for the stream (always: the workspace must not be handed out while
  * kernels still use it), frees everything; keeps the first error. A kept
@@ -499,7 +326,7 @@ static mn_status finish(run *R, mn_status s)
     if (s == MN_OK) s = MN_CUDA_ST(cudaStreamSynchronize(dev.stream));
     else if (cudaStreamSynchronize(dev.stream) != cudaSuccess) (void)cudaGetLastError(); /* already failing */
     if (R->kept) {
-        if (s != MN_OK) kept_forget(R->kept);
+        if (s != MN_OK) mn_large_kept_forget(R->kept);
         R->kept = NULL;
         R->work = NULL;
         return s;
@@ -869,7 +696,7 @@ mn_status mn_cuda_large_segment_run(mn_memory_state *st, const mn_segment_inputs
         a->heads = st->dims.H;
     }
     /* kept where there is a full step to replay (else alloc_work) */
-    if (n >= R.step) MN_TRY(kept_attach(&R));
+    if (n >= R.step) MN_TRY(mn_large_kept_attach(&R, dev.total_bytes));
     if (!R.kept) MN_TRY(alloc_work(&R));
     mn_status s = run_steps(&R, n);
     if (s == MN_OK) s = store(&R);

@@ -25,7 +25,7 @@ mn_status mn_cuda_large_read(const mn_memory_state *st, const mn_tensor *q, mn_t
 
 /* Segments with a full step keep their workspace and their step's CUDA
  * graph for the next segment of the same shape and rule module
- * (engine_large.c, "steps kept between segments"). These give them back
+ * (kernels/large_keep.c). These give them back
  * (mn_cuda_empty_cache, the allocator's out-of-memory path) and say how
  * many bytes they hold. */
 void mn_cuda_large_release(void);
