@@ -153,31 +153,39 @@ static mn_status broadcast_param(mn_tensor *out, const mn_tensor *given, const c
  * fills (P2's rule:run spent about 90 us here on an H100). A caller who
  * keeps only W keeps the block alive, as a view of any tensor does. */
 #define MN_STATE_ALIGN 64
-static mn_status state_block(mn_memory_state *st, const int64_t (*full)[4], const int *ndim)
+
+/* copies x n tensors of the shapes full[i] (ndim[i] dims), zeros, as views
+ * of one block in that order (sets[k][i]), each at a multiple of
+ * MN_STATE_ALIGN floats. */
+static mn_status zeros_in_one_block(int n, int copies, const int64_t (*full)[4], const int *ndim, mn_tensor *const *sets,
+                                    mn_device dev)
 {
-    int64_t off[MN_MAX_PARAMS + 1] = {0};
-    for (int i = 0; i < st->nparams; i++) {
-        int64_t n = 1;
-        for (int j = 0; j < ndim[i]; j++) n *= full[i][j];
-        off[i + 1] = off[i] + (n + MN_STATE_ALIGN - 1) / MN_STATE_ALIGN * MN_STATE_ALIGN;
+    int64_t off[MN_MAX_PARAMS + 1] = {0}, numel[MN_MAX_PARAMS];
+    for (int i = 0; i < n; i++) {
+        numel[i] = 1;
+        for (int j = 0; j < ndim[i]; j++) numel[i] *= full[i][j];
+        off[i + 1] = off[i] + (numel[i] + MN_STATE_ALIGN - 1) / MN_STATE_ALIGN * MN_STATE_ALIGN;
     }
-    const int64_t span = off[st->nparams], total = 3 * span;
+    const int64_t span = off[n], total = copies * span;
     mn_tensor block = {0};
-    MN_TRY(mn_tensor_zeros(&block, MN_F32, 1, &total, st->device));
+    MN_TRY(mn_tensor_zeros(&block, MN_F32, 1, &total, dev));
     mn_status s = MN_OK;
-    mn_tensor *sets[3] = {st->params, st->anchor, st->momenta};
-    for (int k = 0; k < 3 && s == MN_OK; k++)
-        for (int i = 0; i < st->nparams && s == MN_OK; i++) {
+    for (int k = 0; k < copies && s == MN_OK; k++)
+        for (int i = 0; i < n && s == MN_OK; i++) {
             mn_tensor flat = {0};
             const int64_t at = k * span + off[i];
-            int64_t n = 1;
-            for (int j = 0; j < ndim[i]; j++) n *= full[i][j];
-            s = mn_view_slice(&flat, &block, 0, at, at + n, 1);
+            s = mn_view_slice(&flat, &block, 0, at, at + numel[i], 1);
             if (s == MN_OK) s = mn_view_reshape(&sets[k][i], &flat, ndim[i], full[i]);
             mn_tensor_release(&flat);
         }
     mn_tensor_release(&block);
     return s;
+}
+
+static mn_status state_block(mn_memory_state *st, const int64_t (*full)[4], const int *ndim)
+{
+    mn_tensor *const sets[3] = {st->params, st->anchor, st->momenta};
+    return zeros_in_one_block(st->nparams, 3, full, ndim, sets, st->device);
 }
 
 /* The anchors' region of the block from the parameters' (state_block's
@@ -212,8 +220,8 @@ mn_status mn_memory_create(mn_memory_state *st, const mn_rule *rule, const mn_di
     st->dims = *dims;
     st->device = dev;
     st->nparams = mn_rule_param_count(rule);
-    int64_t full[MN_MAX_PARAMS][4];
-    int ndim[MN_MAX_PARAMS];
+    int64_t full[MN_MAX_PARAMS][4] = {{0}};
+    int ndim[MN_MAX_PARAMS] = {0};
     for (int i = 0; i < st->nparams; i++) {
         full[i][0] = dims->B;
         full[i][1] = dims->H;
@@ -483,41 +491,45 @@ mn_status mn_init_params(const mn_rule *rule, const mn_dims *dims, const char *s
     const mn_backend *be = dev == MN_CPU ? NULL : mn_backend_for(dev);
     if (dev != MN_CPU && !be) return MN_ERR_UNSUPPORTED; /* mn_backend_for said why */
     int np = mn_rule_param_count(rule);
-    mn_status s = MN_OK;
+    /* every parameter a view of one block of zeros (as the memory state's,
+     * above): one allocation, and the biases (and zeros) need nothing more */
+    int64_t full[MN_MAX_PARAMS][4] = {{0}};
+    int ndim[MN_MAX_PARAMS] = {0};
+    for (int i = 0; i < np; i++) {
+        full[i][0] = dims->B;
+        full[i][1] = dims->H;
+        ndim[i] = mn_rule_param_shape(rule, dims, i, full[i] + 2) + 2;
+    }
+    mn_tensor *const sets[1] = {params};
+    mn_status s = zeros_in_one_block(np, 1, (const int64_t(*)[4])full, ndim, sets, dev);
     for (int i = 0; i < np && s == MN_OK; i++) {
-        int64_t pshape[2], full[4] = {dims->B, dims->H};
-        int pdim = mn_rule_param_shape(rule, dims, i, pshape);
-        memcpy(full + 2, pshape, sizeof pshape);
+        const int pdim = ndim[i] - 2;
+        const int64_t *pshape = full[i] + 2;
         int layer;
         bool is_bias;
         mn_rule_param_role(rule, i, &layer, &is_bias);
-        bool zero = is_bias || kind == ZEROS;
+        if (is_bias || kind == ZEROS) continue;
         int64_t per = pdim == 2 ? pshape[0] * pshape[1] : pshape[0];
         int rk = kind == NORMAL ? MN_RC_NORMAL : MN_RC_UNIFORM;
         double scale = kind == NORMAL ? 0.02 : sqrt(6.0 / (double)(pshape[0] + pshape[1]));
         int64_t period = shared_across_memories ? per : 0;
-        if (zero) {
-            s = mn_tensor_zeros(&params[i], MN_F32, pdim + 2, full, dev);
-        } else if (!be || !be->init_fill) {
-            s = mn_tensor_zeros(&params[i], MN_F32, pdim + 2, full, MN_CPU);
-            if (s == MN_OK) {
-                float *data = mn_tensor_data(&params[i]);
-                int64_t n = mn_tensor_numel(&params[i]);
-#pragma omp parallel for schedule(static) if (n > 65536)
-                for (int64_t e = 0; e < n; e++)
-                    data[e] = mn_rc_init_value(rk, scale, seed, (uint64_t)i, (uint64_t)(period > 0 ? e % period : e));
-            }
-            if (s == MN_OK && dev != MN_CPU) {
-                mn_tensor host = params[i];
-                memset(&params[i], 0, sizeof params[i]);
-                s = mn_tensor_to_device(&params[i], &host, dev);
-                mn_tensor_release(&host);
-            }
-        } else {
-            s = mn_tensor_empty(&params[i], MN_F32, pdim + 2, full, dev);
-            if (s == MN_OK) s = be->init_fill(&params[i], rk, scale, seed, (uint64_t)i, period);
-            if (s != MN_OK) mn_tensor_release(&params[i]);
+        if (be && be->init_fill) {
+            s = be->init_fill(&params[i], rk, scale, seed, (uint64_t)i, period);
+            continue;
         }
+        /* drawn on the host: in place on the CPU, else uploaded into the view */
+        mn_tensor host = {0};
+        if (dev == MN_CPU) mn_tensor_share(&host, &params[i]);
+        else s = mn_tensor_empty(&host, MN_F32, ndim[i], full[i], MN_CPU);
+        if (s == MN_OK) {
+            float *data = mn_tensor_data(&host);
+            int64_t n = mn_tensor_numel(&host);
+#pragma omp parallel for schedule(static) if (n > 65536)
+            for (int64_t e = 0; e < n; e++)
+                data[e] = mn_rc_init_value(rk, scale, seed, (uint64_t)i, (uint64_t)(period > 0 ? e % period : e));
+        }
+        if (s == MN_OK && dev != MN_CPU) s = mn_tensor_copy_into(&params[i], &host);
+        mn_tensor_release(&host);
     }
     if (s != MN_OK)
         for (int j = 0; j < np; j++) mn_tensor_release(&params[j]);
