@@ -444,7 +444,10 @@ with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
     {
         # the large path's kept step graphs: captured, replayed on new
         # inputs, evicted, given back (arguments read from device memory)
-        for tool in memcheck initcheck; do san_lua $tool tests/lua/test_large_keep.lua; done
+        # (memcheck on its own shapes; initcheck, slower, on width 16 with the path forced)
+        san_lua memcheck tests/lua/test_large_keep.lua
+        ( MNEMO_CUDA_PATH=large MNEMO_TEST_KEEP_WIDTH=16 && export MNEMO_CUDA_PATH MNEMO_TEST_KEEP_WIDTH &&
+          san_lua initcheck tests/lua/test_large_keep.lua )
         for f in "$WORK"/san/exp_0000[0-5].h5; do san memcheck "$f"; done
         for f in "$WORK"/san/exp_0000[67].h5; do san racecheck "$f"; done
         for f in "$WORK"/san/exp_0000[78].h5; do san initcheck "$f"; done

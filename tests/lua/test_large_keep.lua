@@ -29,7 +29,10 @@ if forced and forced ~= "" and forced ~= "auto" and forced ~= "large" then
 end
 local keep_off = os.getenv("MNEMO_LARGE_KEEP") == "0"
 
-local B, H, d, hid, c = 1, 2, 256, 256, 32
+-- MNEMO_TEST_KEEP_WIDTH=N: d = hidden = N (with MNEMO_CUDA_PATH=large
+-- below 256), a shape small enough for compute-sanitizer (run_gpu_tests.sh)
+local width = math.tointeger(tonumber(os.getenv("MNEMO_TEST_KEEP_WIDTH") or "")) or 256
+local B, H, d, hid, c = 1, 2, width, width, 32
 local function rule_of(extra)
   local spec = { layers = 2, hidden = hid, activation = "gelu", step = c, theta = 0.02, eta = 0.5, alpha = 0.01,
                  clip = "norm", clip_max = 4 }
