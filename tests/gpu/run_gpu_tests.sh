@@ -444,7 +444,9 @@ with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
     {
         # the large path's kept step graphs: captured, replayed on new
         # inputs, evicted, given back (arguments read from device memory)
-        # (memcheck on its own shapes; initcheck, slower, on width 16 with the path forced)
+        # (memcheck on its own shapes; initcheck, slower, on width 16 with the path forced.
+        # 2026-11-27: initcheck FAILs there, uninitialized reads of G in the norm kernel in
+        # the two-pieces section, on 5b5270b too; tests/bench/RESULTS.md has what is known)
         san_lua memcheck tests/lua/test_large_keep.lua
         ( MNEMO_CUDA_PATH=large MNEMO_TEST_KEEP_WIDTH=16 && export MNEMO_CUDA_PATH MNEMO_TEST_KEEP_WIDTH &&
           san_lua initcheck tests/lua/test_large_keep.lua )
