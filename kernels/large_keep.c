@@ -31,8 +31,8 @@ typedef struct kept_key {
     int prec, L, per, np, glu, ns, y, copy_y, retrieve, after, q;
 } kept_key;
 
-/* An entry: its step (large_run.h's kept, first so that a kept * is an
- * entry's address), its key and its workspace. */
+/* An entry: its step (large_run.h's kept, which the segment holds a
+ * pointer to), its key and its workspace. */
 typedef struct entry {
     kept step;
     kept_key key;
