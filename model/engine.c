@@ -140,7 +140,7 @@ static mn_status broadcast_param(mn_tensor *out, const mn_tensor *given, const c
                        name, shape_str(given, buf), shape_str(&tmp, want), want, want,
                        (long long)d->B, (long long)d->H);
     }
-    if (out->storage) return mn_tensor_copy_into(out, given); /* a place made for it (state_block) */
+    if (out->storage) return mn_tensor_copy_into(out, given); /* a place made for it (the state's block) */
     return materialize(out, given, pdim + 2, full, dev);
 }
 
@@ -182,14 +182,19 @@ static mn_status zeros_in_one_block(int n, int copies, const int64_t (*full)[4],
     return s;
 }
 
-static mn_status state_block(mn_memory_state *st, const int64_t (*full)[4], const int *ndim)
+/* Each parameter's full shape [B, H, ...] (ndim[i] dims), for the blocks above. */
+static void param_full_shapes(const mn_rule *rule, const mn_dims *dims, int np, int64_t (*full)[4], int *ndim)
 {
-    mn_tensor *const sets[3] = {st->params, st->anchor, st->momenta};
-    return zeros_in_one_block(st->nparams, 3, full, ndim, sets, st->device);
+    for (int i = 0; i < np; i++) {
+        full[i][0] = dims->B;
+        full[i][1] = dims->H;
+        ndim[i] = mn_rule_param_shape(rule, dims, i, full[i] + 2) + 2;
+    }
 }
 
-/* The anchors' region of the block from the parameters' (state_block's
- * layout, the gaps' zeros with them): one copy. */
+/* The anchors' region of the block from the parameters' (mn_memory_create's
+ * layout: W, then the anchors in the same order; the gaps' zeros with them):
+ * one copy. */
 static mn_status anchors_from_params(mn_memory_state *st)
 {
     const mn_tensor *w0 = &st->params[0], *wl = &st->params[st->nparams - 1];
@@ -222,12 +227,9 @@ mn_status mn_memory_create(mn_memory_state *st, const mn_rule *rule, const mn_di
     st->nparams = mn_rule_param_count(rule);
     int64_t full[MN_MAX_PARAMS][4] = {{0}};
     int ndim[MN_MAX_PARAMS] = {0};
-    for (int i = 0; i < st->nparams; i++) {
-        full[i][0] = dims->B;
-        full[i][1] = dims->H;
-        ndim[i] = mn_rule_param_shape(rule, dims, i, full[i] + 2) + 2;
-    }
-    mn_status s = state_block(st, (const int64_t(*)[4])full, ndim);
+    param_full_shapes(rule, dims, st->nparams, full, ndim);
+    mn_tensor *const sets[3] = {st->params, st->anchor, st->momenta}; /* anchors_from_params reads this order */
+    mn_status s = zeros_in_one_block(st->nparams, 3, (const int64_t(*)[4])full, ndim, sets, dev);
     for (int i = 0; i < st->nparams && s == MN_OK; i++) {
         char name[16], sname[20];
         const int pdim = ndim[i] - 2;
@@ -495,11 +497,7 @@ mn_status mn_init_params(const mn_rule *rule, const mn_dims *dims, const char *s
      * above): one allocation, and the biases (and zeros) need nothing more */
     int64_t full[MN_MAX_PARAMS][4] = {{0}};
     int ndim[MN_MAX_PARAMS] = {0};
-    for (int i = 0; i < np; i++) {
-        full[i][0] = dims->B;
-        full[i][1] = dims->H;
-        ndim[i] = mn_rule_param_shape(rule, dims, i, full[i] + 2) + 2;
-    }
+    param_full_shapes(rule, dims, np, full, ndim);
     mn_tensor *const sets[1] = {params};
     mn_status s = zeros_in_one_block(np, 1, (const int64_t(*)[4])full, ndim, sets, dev);
     for (int i = 0; i < np && s == MN_OK; i++) {
