@@ -407,39 +407,35 @@ with h5py.File(sys.argv[1], 'r') as src, h5py.File(sys.argv[2], 'a') as f:
         attach_upstream ns_r$refresh dy dloss
     done
     cp "$WORK/san/grad_r0.h5" "$WORK/san/grad_r0_general.h5"
+    # san_verdict NAME LOG RC: PASS when the tool exited 0 and summed up
+    # clean (racecheck as "RACECHECK SUMMARY: 0 hazards displayed (0 errors,
+    # ..."), else FAIL with the log's telling lines
+    san_verdict() {
+        if [ "$3" -eq 0 ] && grep -qE '(ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards displayed \(0 errors)' "$2"; then
+            echo "PASS $1"
+        else
+            echo "FAIL $1: exit $3"
+            grep -E 'ERROR SUMMARY|Invalid|Uninitialized|hazard|Barrier|mnemo run|^FAIL' "$2" | head -8
+        fi
+    }
     san() { # tool file
-        tool=$1; f=$2; name=sanitizer/$tool/$(basename "$f" .h5)
+        tool=$1; f=$2; log=$LOGS/san_${tool}_$(basename "$f" .h5).log
         "$SANITIZER" --tool "$tool" --error-exitcode 9 "$MNEMO" run "$f" -o "$WORK/san_$tool.h5" --device cuda \
-            > "$LOGS/san_${tool}_$(basename "$f" .h5).log" 2>&1
+            > "$log" 2>&1
         rc=$?
-        # racecheck sums up as "RACECHECK SUMMARY: 0 hazards displayed (0 errors, ..."
         # a file with /upstream must have had its backward run: /grads in the result
         case "$(basename "$f")" in
         grad_*) "$PYTHON" -c "import h5py, sys; sys.exit(0 if 'grads' in h5py.File(sys.argv[1], 'r') else 1)" \
                     "$WORK/san_$tool.h5" || rc=8 ;;
         esac
-        if [ $rc -eq 0 ] && grep -qE '(ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards displayed \(0 errors)' \
-            "$LOGS/san_${tool}_$(basename "$f" .h5).log"; then
-            echo "PASS $name"
-        else
-            echo "FAIL $name: exit $rc"
-            grep -E 'ERROR SUMMARY|Invalid|Uninitialized|hazard|Barrier|mnemo run' \
-                "$LOGS/san_${tool}_$(basename "$f" .h5).log" | head -8
-        fi
+        san_verdict "sanitizer/$tool/$(basename "$f" .h5)" "$log" $rc
     }
     # san_lua TOOL SCRIPT: a Lua test under the tool; its own checks must pass
     # too (it exits non-zero on a FAIL line)
     san_lua() {
-        tool=$1; f=$2; name=sanitizer/$tool/$(basename "$f" .lua)
-        "$SANITIZER" --tool "$tool" --error-exitcode 9 "$MNEMO" "$f" > "$LOGS/san_${tool}_$(basename "$f" .lua).log" 2>&1
-        rc=$?
-        if [ $rc -eq 0 ] && grep -qE '(ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards displayed \(0 errors)' \
-            "$LOGS/san_${tool}_$(basename "$f" .lua).log"; then
-            echo "PASS $name"
-        else
-            echo "FAIL $name: exit $rc"
-            grep -E 'ERROR SUMMARY|Invalid|Uninitialized|hazard|^FAIL' "$LOGS/san_${tool}_$(basename "$f" .lua).log" | head -8
-        fi
+        tool=$1; f=$2; log=$LOGS/san_${tool}_$(basename "$f" .lua).log
+        "$SANITIZER" --tool "$tool" --error-exitcode 9 "$MNEMO" "$f" > "$log" 2>&1
+        san_verdict "sanitizer/$tool/$(basename "$f" .lua)" "$log" $?
     }
     {
         # the large path's kept step graphs: captured, replayed on new
