@@ -74,6 +74,15 @@ static_assert(MN_DH_FULL % MN_CLUSTER == 0, "whole slices");
 /* every parameter's rows (and sizes) a multiple of 4 floats: the update goes by float4 */
 #define MN_VEC4 (MN_DK % 4 == 0 && MN_DV % 4 == 0 && (MN_LAYERS == 1 || MN_DH % 4 == 0))
 
+/* The products' operands from shared memory by ldmatrix (mn_gemm): in tf32
+ * only. Measured on an H100 (tests/bench/RESULTS.md, 2026-11-27): P1's
+ * forward 4.27 -> 3.80 ms in tf32, M1's 6.64 -> 6.41; in fp32 (three mma a
+ * tile, twice the operand registers) P1 4.92 without it, 4.98-5.01 with.
+ * MNEMO_FUSED_LDSM=0 or 1 (plan.c) sets it for a measurement. */
+#ifndef MN_LDSM
+#define MN_LDSM (MN_PREC == 1)
+#endif
+
 #if MN_PREC == 2
 #define MN_KSTEP 16
 #else
@@ -284,9 +293,16 @@ struct mn_no_post {
  * too long to repeat in each of the unrolled epilogue's calls.
  *   A(m, k) = AT ? a[k lda + m] : a[m lda + k]
  *   B(k, n) = BK ? b[k ldb + n] : b[n ldb + k]   (BK false: b holds B^T rows, as W does)
- * The k index inside one instruction is permuted (the same way for A and
- * B, so the sum is unchanged) so that each thread's operands are adjacent
- * along k: one wide load where k is the contiguous direction. */
+ * a is in shared memory; b too unless BSH is false (the weights' padded
+ * copy in the workspace). tf32 (MN_LDSM) with b in shared memory loads the
+ * fragments of an operand stored by rows (A with AT false, B with BK
+ * false) by ldmatrix, four 8 x 4 blocks an instruction straight into the
+ * registers the mma reads (ncu on P1: the two 8-byte loads an A fragment
+ * took before needed four register moves each mma, as many instructions as
+ * the mma itself). Otherwise (bf16, or b in global memory) the k index
+ * inside one instruction is permuted (the same way for A and B, so the sum
+ * is unchanged) so that each thread's operands are adjacent along k: one
+ * wide load where k is the contiguous direction. */
 /* The output tiles of an M x N product: 16 x (8 NT8) each, NB of them
  * across N, TILES in all, warp w taking w, w + MN_FWARPS, ... (mn_gemm and
  * the emulation's, which must give each thread the same elements). */
@@ -299,7 +315,8 @@ template <int M, int N> struct mn_gemm_shape {
 /* The emulation's mn_gemm (tests/emu/cuda_shim.h): the same tiles to the
  * same threads, pre before, epi after and post after the tile, each output
  * a plain fp32 sum. */
-template <int M, int N, int K, bool AT, bool BK, class Epi, class Pre = mn_no_pre, class Post = mn_no_post>
+template <int M, int N, int K, bool AT, bool BK, bool BSH = true, class Epi, class Pre = mn_no_pre,
+          class Post = mn_no_post>
 __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre(),
                                         Post post = Post())
 {
@@ -325,11 +342,28 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
     }
 }
 #else
-template <int M, int N, int K, bool AT, bool BK, class Epi, class Pre = mn_no_pre, class Post = mn_no_post>
+/* Four 8 x 4 blocks of floats (each row 16 bytes, 16-byte aligned, in shared
+ * memory) into r[0..3] in one instruction: ldmatrix moves 8 x 8 blocks of
+ * 16-bit elements, which is 8 x 4 of 32-bit ones, and gives lane l the
+ * element (l / 4, l % 4) of each block: the m16n8k8 tf32 operands' layout.
+ * Lanes 8i .. 8i + 7 name the rows of block i. volatile: it reads what other
+ * threads stored before a barrier, which the compiler must not move it above. */
+__device__ __forceinline__ void mn_ldsm_x4(unsigned (&r)[4], const float *row)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+template <int M, int N, int K, bool AT, bool BK, bool BSH = true, class Epi, class Pre = mn_no_pre,
+          class Post = mn_no_post>
 __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre(),
                                         Post post = Post())
 {
     constexpr int NT8 = mn_gemm_shape<M, N>::NT8, NB = mn_gemm_shape<M, N>::NB, TILES = mn_gemm_shape<M, N>::TILES;
+    /* tf32 (fp32: MN_LDSM) with both operands in shared memory: fragments by ldmatrix */
+    constexpr bool LDSM = MN_PREC != 2 && BSH && MN_LDSM;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     for (int tile = warp; tile < TILES; tile += MN_FWARPS) {
         const int m0 = (tile / NB) * 16, n0 = (tile % NB) * (8 * NT8);
@@ -356,7 +390,56 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
                 mn_mma_bf16(acc[j], a0, a1, a2, a3, mn_bf16x2(br.x, br.y), mn_bf16x2(br.z, br.w));
             }
 #else
-            /* slots t and t+4 of the instruction hold k = 2t and 2t+1 */
+            if (LDSM) {
+                /* k in its own order: slot t holds k0 + t and slot t+4 k0 + t + 4.
+                 * A: from rows (!AT) by one ldmatrix (blocks: rows 0-7 and 8-15
+                 * at k0, then at k0 + 4), else four loads; B likewise (!BK: two
+                 * n-tiles an ldmatrix, blocks k0 and k0 + 4 of each) */
+                unsigned ar[4];
+                if (!AT) {
+                    mn_ldsm_x4(ar, a + (m0 + (lane & 7) + ((lane >> 3) & 1) * 8) * lda + k0 + (lane >> 4) * 4);
+                } else {
+                    ar[0] = __float_as_uint(a[(k0 + t) * lda + m0 + g]);
+                    ar[1] = __float_as_uint(a[(k0 + t) * lda + m0 + g + 8]);
+                    ar[2] = __float_as_uint(a[(k0 + t + 4) * lda + m0 + g]);
+                    ar[3] = __float_as_uint(a[(k0 + t + 4) * lda + m0 + g + 8]);
+                }
+                unsigned ah[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) ah[i] = mn_tf32_bits(__uint_as_float(ar[i]));
+#if MN_PREC == 0
+                unsigned al[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) al[i] = mn_tf32_bits(__uint_as_float(ar[i]) - __uint_as_float(ah[i]));
+#endif
+#pragma unroll
+                for (int j = 0; j < NT8; j += 2) {
+                    unsigned br[4]; /* b0, b1 of tile j, then of tile j + 1 */
+                    if (!BK) {
+                        mn_ldsm_x4(br, b + (n0 + 8 * j + (lane & 7) + (lane >> 4) * 8) * ldb + k0 + ((lane >> 3) & 1) * 4);
+                    } else {
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            br[2 * h] = __float_as_uint(b[(k0 + t) * ldb + n0 + 8 * (j + h) + g]);
+                            br[2 * h + 1] = __float_as_uint(b[(k0 + t + 4) * ldb + n0 + 8 * (j + h) + g]);
+                        }
+                    }
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const float b0 = __uint_as_float(br[2 * h]), b1 = __uint_as_float(br[2 * h + 1]);
+                        const unsigned bh0 = mn_tf32_bits(b0), bh1 = mn_tf32_bits(b1);
+#if MN_PREC == 0
+                        const unsigned bl0 = mn_tf32_bits(b0 - __uint_as_float(bh0));
+                        const unsigned bl1 = mn_tf32_bits(b1 - __uint_as_float(bh1));
+                        mn_mma_tf32(acc[j + h], al[0], al[1], al[2], al[3], bh0, bh1);
+                        mn_mma_tf32(acc[j + h], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+#endif
+                        mn_mma_tf32(acc[j + h], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+                    }
+                }
+                continue;
+            }
+            /* B in global memory: slots t and t+4 of the instruction hold k = 2t and 2t+1 */
             const float2 ar0 = mn_pair<AT>(a, lda, m0 + g, k0 + 2 * t);
             const float2 ar1 = mn_pair<AT>(a, lda, m0 + g + 8, k0 + 2 * t);
             const float af[4] = {ar0.x, ar1.x, ar0.y, ar1.y};
@@ -519,12 +602,14 @@ __device__ __forceinline__ void mn_cl_params(float **p)
  * added; with out_norm, o (the bias added, not the residual: the callers
  * normalise the rows and add it). Padded hidden units and rows hold h = 0, so whatever phi(0) is
  * never reaches a product. GRAD (the step's forward): fb.z is left holding
- * phi'(z), what the backward needs of z (0 in padding). Ends with a barrier. */
-template <bool GRAD, class EpiY>
+ * phi'(z), what the backward needs of z (0 in padding). BSH: P is in shared
+ * memory (false: the weights' padded copy in the workspace, mn_gemm). Ends
+ * with a barrier. */
+template <bool GRAD, bool BSH = true, class EpiY>
 __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf &fb, int cr, EpiY epi_y)
 {
 #if MN_LAYERS == 2
-    mn_gemm<MN_FR, MN_PDH, MN_PDK, false, false>(fb.x, MN_LDK, P.w[0], MN_LLD(0),
+    mn_gemm<MN_FR, MN_PDH, MN_PDK, false, false, BSH>(fb.x, MN_LDK, P.w[0], MN_LLD(0),
                                                  [&](int r, int j, float a0, float a1) {
         float2 z = make_float2(a0, a1);
         if (MN_BIAS) z.x += P.b[0][j], z.y += P.b[0][j + 1];
@@ -540,8 +625,17 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
             const int r = m0 + e / width, j = n0 + e % width;
             const bool real = r < cr && j < MN_DH;
             const float z = fb.z[r * MN_LDH + j];
-            fb.h[r * MN_LDH + j] = real ? mn_hook_act(z) : 0.0f;
-            if (GRAD) fb.z[r * MN_LDH + j] = real ? mn_hook_act_grad(z) : 0.0f;
+            /* phi and phi' in one branch, with no store between them, so
+             * the compiler computes their common terms once (gelu's erfc:
+             * about 50 instructions, which it computed twice when each
+             * sat in a branch of its own; ncu on P1, RESULTS.md) */
+            float hv = 0.0f, dv = 0.0f;
+            if (real) {
+                hv = mn_hook_act(z);
+                if (GRAD) dv = mn_hook_act_grad(z);
+            }
+            fb.h[r * MN_LDH + j] = hv;
+            if (GRAD) fb.z[r * MN_LDH + j] = dv;
         }
     });
     __syncthreads();
@@ -550,7 +644,7 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
      * leading dimension of the layer's padded weights */
     constexpr int OUT = MN_LAYERS - 1;
     const bool lead = MN_CL_LEAD; /* in a cluster, b2 and the residual are added once, by rank 0 */
-    mn_gemm<MN_FR, MN_PDV, MN_LPIN(OUT), false, false>(MN_LAYERS == 2 ? fb.h : fb.x, MN_LLD(OUT), P.w[OUT],
+    mn_gemm<MN_FR, MN_PDV, MN_LPIN(OUT), false, false, BSH>(MN_LAYERS == 2 ? fb.h : fb.x, MN_LLD(OUT), P.w[OUT],
                                                         MN_LLD(OUT), [&](int r, int j, float a0, float a1) {
         float y0 = a0, y1 = a1;
         if (MN_BIAS && lead) y0 += P.b[OUT][j], y1 += P.b[OUT][j + 1];

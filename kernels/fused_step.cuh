@@ -291,12 +291,12 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                 float *yo = y_out + t * MN_DV;
 #if MN_OUT_NORM
                 /* o into fb.y (free: the loss pass is done with it), then the norm by rows */
-                mn_fused_forward<false>(Wp, fb, cr, [&](int r, int j, float y0, float y1) {
+                mn_fused_forward<false, MN_P_AT_W>(Wp, fb, cr, [&](int r, int j, float y0, float y1) {
                     *reinterpret_cast<float2 *>(fb.y + r * MN_LDV + j) = make_float2(y0, y1);
                 });
                 mn_fused_norm_rows(fb, ret_rows, MN_LN_G, MN_LN_B, yo);
 #else
-                mn_fused_forward<false>(Wp, fb, cr, [&](int r, int j, float y0, float y1) {
+                mn_fused_forward<false, MN_P_AT_W>(Wp, fb, cr, [&](int r, int j, float y0, float y1) {
                     if (lead && r < ret_rows && j < MN_DV) mn_st_once(yo + r * MN_DV + j, y0);
                     if (lead && r < ret_rows && j + 1 < MN_DV) mn_st_once(yo + r * MN_DV + j + 1, y1);
                 });

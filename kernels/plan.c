@@ -301,7 +301,13 @@ void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len)
      * 8) in place of fused_kernel.cuh's measured defaults; it trades NVRTC
      * time and stack for overlap of the loads with the tensor cores */
     const int ku = power_knob("MNEMO_FUSED_KUNROLL");
-    if (used > 0 && (size_t)used < len && ku) snprintf(buf + used, len - (size_t)used, "#define MN_KUNROLL %d\n", ku);
+    if (used > 0 && (size_t)used < len && ku)
+        used += snprintf(buf + used, len - (size_t)used, "#define MN_KUNROLL %d\n", ku);
+    /* and MNEMO_FUSED_LDSM=0 or 1: the products' operands loaded by
+     * ldmatrix or not (fused_kernel.cuh's mn_gemm; by default in tf32 only) */
+    const char *ldsm = getenv("MNEMO_FUSED_LDSM");
+    if (used > 0 && (size_t)used < len && ldsm && (!strcmp(ldsm, "0") || !strcmp(ldsm, "1")))
+        snprintf(buf + used, len - (size_t)used, "#define MN_LDSM %s\n", ldsm);
 }
 
 long mn_fused_work_floats(const mn_rule *r, const mn_dims *d, int cluster)
