@@ -362,8 +362,12 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
                                         Post post = Post())
 {
     constexpr int NT8 = mn_gemm_shape<M, N>::NT8, NB = mn_gemm_shape<M, N>::NB, TILES = mn_gemm_shape<M, N>::TILES;
-    /* tf32 (fp32: MN_LDSM) with both operands in shared memory: fragments by ldmatrix */
-    constexpr bool LDSM = MN_PREC != 2 && BSH && MN_LDSM;
+    /* tf32 (fp32: MN_LDSM) with both operands in shared memory, one of them
+     * stored by rows: fragments by ldmatrix. Where both are stored by
+     * columns (the weight gradients' products) the permuted order's loads
+     * stay: rows k0 + 2t and 2t + 1 of a buffer whose rows are 4 banks
+     * apart hit 32 banks, where k0 + t and t + 4 would hit 16 twice */
+    constexpr bool LDSM = MN_PREC != 2 && BSH && MN_LDSM && (!AT || !BK);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     for (int tile = warp; tile < TILES; tile += MN_FWARPS) {
         const int m0 = (tile / NB) * 16, n0 = (tile % NB) * (8 * NT8);
