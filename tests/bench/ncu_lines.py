@@ -36,6 +36,47 @@ def line_table(path):
     return table
 
 
+def blanked(text):
+    """text with comments and string literals replaced by spaces (newlines
+    kept), so that braces and parentheses in them do not count."""
+    def keep_lines(m):
+        return re.sub(r"[^\n]", " ", m.group(0))
+    return re.sub(r'/\*.*?\*/|//[^\n]*|"(?:\\.|[^"\\\n])*"', keep_lines, text, flags=re.S)
+
+
+NOT_FUNCTIONS = {"if", "for", "while", "switch", "return", "sizeof", "defined", "static_assert", "asm"}
+
+
+def function_starts(text):
+    """(line, name) of every function body and struct in a source, sorted
+    by line: a name, its parameter list (headers over several lines too,
+    as the step kernel's) and an opening brace; a struct's members named
+    Struct::member. Lines are attributed to the last start above them."""
+    text = blanked(text)
+    line_of = lambda pos: text.count("\n", 0, pos) + 1
+    structs = []  # (open brace, close brace, name)
+    for m in re.finditer(r"\bstruct\s+(\w+)\s*(?::[^{;]*)?\{", text):
+        depth, i = 0, m.end() - 1
+        while i < len(text):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                break
+            i += 1
+        structs.append((m.end() - 1, i, m.group(1)))
+    found = [(line_of(m.start(1)), "struct " + m.group(1))
+             for m in re.finditer(r"\bstruct\s+(\w+)\s*(?::[^{;]*)?\{", text)]
+    params = r"\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)"
+    for m in re.finditer(r"\b(operator\s*\(\s*\)|\w+)\s*" + params + r"\s*(?:const\s*)?\{", text):
+        name = re.sub(r"\s+", "", m.group(1))
+        if name in NOT_FUNCTIONS:
+            continue
+        inner = [st for st in structs if st[0] < m.start() < st[1]]
+        if inner:  # the innermost struct
+            name = max(inner, key=lambda st: st[0])[2] + "::" + name
+        found.append((line_of(m.start(1)), name))
+    return sorted(found)
+
+
 def main():
     if len(sys.argv) < 4:
         sys.exit(__doc__)
@@ -55,11 +96,7 @@ def main():
         stall[line] += s
         done[line] += e
     total_s, total_e = sum(stall.values()) or 1.0, sum(done.values()) or 1.0
-    funcs = []
-    for i, text in enumerate(src, 1):
-        m = re.match(r"^(?:template.*)?(?:__device__|extern|static|inline|MN_DEVICE_FN).*?\b(mn_\w+)\s*\(", text)
-        if m:
-            funcs.append((i, m.group(1)))
+    funcs = function_starts("\n".join(src))
     starts = [f[0] for f in funcs]
     fs, fe = collections.Counter(), collections.Counter()
     for line, s in stall.items():
