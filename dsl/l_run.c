@@ -243,12 +243,9 @@ typedef struct run_guard {
 static void guard_release(run_guard *g)
 {
     /* the slots that hold storage (the memset below clears the rest) */
-    for (int i = 0; i < MN_MAX_PARAMS; i++) {
-        if (g->params[i].storage) mn_tensor_release(&g->params[i]);
-        if (g->momenta[i].storage) mn_tensor_release(&g->momenta[i]);
-    }
-    for (int j = 0; j < MN_OUTER_COUNT; j++)
-        if (g->outer[j].storage) mn_tensor_release(&g->outer[j]);
+    mn_tensor_release_held(g->params, MN_MAX_PARAMS);
+    mn_tensor_release_held(g->momenta, MN_MAX_PARAMS);
+    mn_tensor_release_held(g->outer, MN_OUTER_COUNT);
     mn_memory_free(&g->state);
     mn_segment_outputs_free(&g->out);
     mn_node_free(g->tree);

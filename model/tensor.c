@@ -230,6 +230,12 @@ void mn_tensor_release(mn_tensor *t)
     memset(t, 0, sizeof *t);
 }
 
+void mn_tensor_release_held(mn_tensor *t, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (t[i].storage) mn_tensor_release(&t[i]);
+}
+
 void mn_tensor_share(mn_tensor *out, const mn_tensor *src)
 {
     if (!out || out == src) return;

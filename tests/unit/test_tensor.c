@@ -133,6 +133,16 @@ static void test_refcounts(void)
     mn_tensor_release(&d);
     CHECK("refs/freed_at_zero", live_blocks == 0);
 
+    /* mn_tensor_release_held: the slots with storage released, the empty
+     * ones (one with stale fields, which it leaves) untouched */
+    mn_tensor slots[3] = {grid(2, 2, MN_F32), {0}, {0}};
+    slots[1].ndim = 2;
+    mn_tensor_share(&slots[2], &slots[0]);
+    CHECK("refs/held_before", live_blocks == 1 && slots[0].storage->refs == 2);
+    mn_tensor_release_held(slots, 3);
+    CHECK("refs/held_released", live_blocks == 0 && !slots[0].storage && !slots[2].storage && slots[0].ndim == 0 &&
+                                    slots[1].ndim == 2);
+
     /* The other order, and temporaries inside ops free themselves. */
     a = grid(5, 6, MN_F32);
     mn_view_slice(&b, &a, 1, 1, 5, 2);
