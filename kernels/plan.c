@@ -298,13 +298,13 @@ void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len)
         used += snprintf(buf + used, len - (size_t)used, "#define MN_CLUSTER %d\n#define MN_DH_FULL %d\n", pl->cluster,
                          pl->dh);
     /* an experiment's knob: the unroll of the products' K loops (1, 2, 4 or
-     * 8) in place of fused_kernel.cuh's measured defaults; it trades NVRTC
+     * 8) in place of fused_gemm.cuh's measured defaults; it trades NVRTC
      * time and stack for overlap of the loads with the tensor cores */
     const int ku = power_knob("MNEMO_FUSED_KUNROLL");
     if (used > 0 && (size_t)used < len && ku)
         used += snprintf(buf + used, len - (size_t)used, "#define MN_KUNROLL %d\n", ku);
     /* and MNEMO_FUSED_LDSM=0 or 1: the products' operands loaded by
-     * ldmatrix or not (fused_kernel.cuh's mn_gemm; by default in tf32 only) */
+     * ldmatrix or not (fused_gemm.cuh's mn_gemm; by default in tf32 only) */
     const char *ldsm = getenv("MNEMO_FUSED_LDSM");
     if (used > 0 && (size_t)used < len && ldsm && (!strcmp(ldsm, "0") || !strcmp(ldsm, "1")))
         snprintf(buf + used, len - (size_t)used, "#define MN_LDSM %s\n", ldsm);
@@ -326,7 +326,7 @@ long mn_fused_work_floats(const mn_rule *r, const mn_dims *d, int cluster)
 
 const char *const *mn_cuda_plan_parts(const mn_cuda_plan *pl, char *defs, size_t size, const char **defines)
 {
-    static const char *const fused[] = {"update_math", "rule_kernel", "fused_norm", "fused_kernel", "fused_step", NULL};
+    static const char *const fused[] = {"update_math", "rule_kernel", "fused_norm", "fused_gemm", "fused_kernel", "fused_step", NULL};
     static const char *const general[] = {"update_math", "rule_kernel", NULL}; /* mn_cuda_rule_source's */
     *defines = NULL;
     if (pl->path == MN_PATH_LARGE) return mn_large_templates;
@@ -468,7 +468,7 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
 
 char *mn_cuda_fused_grad_source(const mn_rule *r, const mn_dims *d, mn_precision p, const mn_cuda_plan *pl)
 {
-    static const char *const parts[] = {"update_math", "rule_kernel", "fused_norm", "fused_kernel", "grad_common",
+    static const char *const parts[] = {"update_math", "rule_kernel", "fused_norm", "fused_gemm", "fused_kernel", "grad_common",
                                         "grad_ns_adjoint", "fused_grad_model", "fused_grad", NULL};
     char defs[320];
     mn_fused_defines(pl, defs, sizeof defs);

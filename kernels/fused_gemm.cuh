@@ -1,0 +1,314 @@
+/* fused_gemm.cuh: the fused kernels' tensor-core products (mn_gemm), the
+ * one piece of the fused source that every fused kernel (the step kernel,
+ * the fused backward) builds its chunk's products from: C = A B over the
+ * block, operands in shared memory, fragments to mma.sync (tf32 m16n8k8,
+ * bf16 m16n8k16, fp32 as 3xTF32), a pre and an epilogue per output pair so
+ * that callers fuse their loads and elementwise work into the product. It
+ * comes first in the fused sources (kernels/plan.c), before fused_kernel.cuh
+ * and its design notes; under tests/emu/cuda_shim.h (MN_EMULATED) mn_gemm is
+ * a plain loop over the same tiles. */
+
+#ifdef __CUDACC_RTC__
+
+#define MN_FT MN_FUSED_THREADS
+#define MN_FWARPS (MN_FT / 32)
+static_assert(MN_FT % 32 == 0 && MN_FT <= 1024, "whole warps");
+
+/* The products' operands from shared memory by ldmatrix (mn_gemm): in tf32
+ * only. Measured on an H100 (tests/bench/RESULTS.md, 2026-11-27): P1's
+ * forward 4.27 -> 3.80 ms in tf32, M1's 6.64 -> 6.41; in fp32 (three mma a
+ * tile, twice the operand registers) P1 4.92 without it, 4.98-5.01 with.
+ * MNEMO_FUSED_LDSM=0 or 1 (plan.c) sets it for a measurement. */
+#ifndef MN_LDSM
+#define MN_LDSM (MN_PREC == 1)
+#endif
+
+#if MN_PREC == 2
+#define MN_KSTEP 16
+#else
+#define MN_KSTEP 8
+#endif
+/* The K loops' unroll (at most; MNEMO_FUSED_KUNROLL overrides it, plan.c).
+ * Measured on an H100 (tests/bench/RESULTS.md, 2026-11-26): the backward
+ * is fastest not unrolled (P1 fp32 74.0 -> 54.9 ms: unrolled, ptxas gave it
+ * a 2.4 KB stack frame; tf32 50.2 -> 47.9 ms) and compiles 1-2 s sooner;
+ * the forward in fp32 at 4 (P1 -5%, M1 -13%), in tf32 and bf16 at 8 (M1's
+ * tf32 forward is 16% slower at 4). The order of the products' sums is the
+ * same at every unroll: the results are too. */
+#ifndef MN_KUNROLL
+#if defined(MN_FUSED_GRAD)
+#define MN_KUNROLL 1
+#elif MN_PREC == 0
+#define MN_KUNROLL 4
+#else
+#define MN_KUNROLL 8
+#endif
+#endif
+
+/* ---- tensor-core fragments ---- */
+#ifndef MN_EMULATED /* tests/emu/cuda_shim.h: no PTX there; mn_gemm is a loop below */
+
+__device__ __forceinline__ unsigned mn_tf32_bits(float x)
+{
+    unsigned u;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(x));
+    return u;
+}
+
+/* Two floats to bf16x2 (lo in the low half), round to nearest even, NaN
+ * kept NaN: what mn_round does in bf16 mode, in one instruction. */
+__device__ __forceinline__ unsigned mn_bf16x2(float lo, float hi)
+{
+    unsigned u;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(hi), "f"(lo));
+    return u;
+}
+
+__device__ __forceinline__ void mn_mma_tf32(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                            unsigned b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mn_mma_bf16(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                            unsigned b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+#endif /* !MN_EMULATED */
+
+/* Elements (i, j) and (i, j + 1) of a row-major matrix with leading
+ * dimension ld (one 8-byte load), or of its transpose (two loads); four
+ * elements (i, j .. j + 3) likewise. j is even (a multiple of 4), ld a
+ * multiple of 4 and the base 16-byte aligned, so the wide loads are aligned. */
+template <bool T> __device__ __forceinline__ float2 mn_pair(const float *p, int ld, int i, int j)
+{
+    if (T) return make_float2(p[j * ld + i], p[(j + 1) * ld + i]);
+    return *reinterpret_cast<const float2 *>(p + i * ld + j);
+}
+
+template <bool T> __device__ __forceinline__ float4 mn_quad(const float *p, int ld, int i, int j)
+{
+    if (T) return make_float4(p[j * ld + i], p[(j + 1) * ld + i], p[(j + 2) * ld + i], p[(j + 3) * ld + i]);
+    return *reinterpret_cast<const float4 *>(p + i * ld + j);
+}
+
+/* No value to add to a product. */
+struct mn_no_pre {
+    __device__ __forceinline__ float2 operator()(int, int) const { return make_float2(0.0f, 0.0f); }
+};
+
+/* Nothing to do after a tile. */
+struct mn_no_post {
+    __device__ __forceinline__ void operator()(int, int, int) const {}
+};
+
+/* C = A B over the block, M x N x K all multiples of 16, every warp taking
+ * 16 x (8 NT8) output tiles in turn; epi(row, col, c0, c1) gets elements
+ * (row, col) and (row, col + 1), col even, once, from the thread that holds
+ * them (the same thread for the same tile in every call, which is what lets
+ * G accumulate without atomics), with pre(row, col) added: pre is called
+ * before the tile's products, so a load from global memory there is in
+ * flight while the tensor cores work. post(m0, n0, width), when given, is
+ * called by the whole warp after the epilogue of its tile (rows m0 .. m0 +
+ * 15, columns n0 .. n0 + width - 1): elementwise work on the tile that is
+ * too long to repeat in each of the unrolled epilogue's calls.
+ *   A(m, k) = AT ? a[k lda + m] : a[m lda + k]
+ *   B(k, n) = BK ? b[k ldb + n] : b[n ldb + k]   (BK false: b holds B^T rows, as W does)
+ * a is in shared memory; b too unless BSH is false (the weights' padded
+ * copy in the workspace). tf32 (MN_LDSM) with b in shared memory loads the
+ * fragments of an operand stored by rows (A with AT false, B with BK
+ * false) by ldmatrix, four 8 x 4 blocks an instruction straight into the
+ * registers the mma reads (ncu on P1: the two 8-byte loads an A fragment
+ * took before needed four register moves each mma, as many instructions as
+ * the mma itself). Otherwise (bf16, or b in global memory) the k index
+ * inside one instruction is permuted (the same way for A and B, so the sum
+ * is unchanged) so that each thread's operands are adjacent along k: one
+ * wide load where k is the contiguous direction. */
+/* The output tiles of an M x N product: 16 x (8 NT8) each, NB of them
+ * across N, TILES in all, warp w taking w, w + MN_FWARPS, ... (mn_gemm and
+ * the emulation's, which must give each thread the same elements). */
+template <int M, int N> struct mn_gemm_shape {
+    /* enumerators, not static members: no device globals in the module */
+    enum { NT8 = ((M / 16) * (N / 32) >= MN_FWARPS && N % 32 == 0) ? 4 : 2, NB = N / (8 * NT8), TILES = (M / 16) * NB };
+};
+
+#ifdef MN_EMULATED
+/* The emulation's mn_gemm (tests/emu/cuda_shim.h): the same tiles to the
+ * same threads, pre before, epi after and post after the tile, each output
+ * a plain fp32 sum. */
+template <int M, int N, int K, bool AT, bool BK, bool BSH = true, class Epi, class Pre = mn_no_pre,
+          class Post = mn_no_post>
+__device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre(),
+                                        Post post = Post())
+{
+    constexpr int NT8 = mn_gemm_shape<M, N>::NT8, NB = mn_gemm_shape<M, N>::NB, TILES = mn_gemm_shape<M, N>::TILES;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    for (int tile = warp; tile < TILES; tile += MN_FWARPS) {
+        const int m0 = (tile / NB) * 16, n0 = (tile % NB) * (8 * NT8);
+        float2 old[NT8][2];
+        for (int j = 0; j < NT8; j++)
+            for (int hf = 0; hf < 2; hf++) old[j][hf] = pre(m0 + g + 8 * hf, n0 + 8 * j + 2 * t);
+        for (int j = 0; j < NT8; j++)
+            for (int hf = 0; hf < 2; hf++) {
+                const int i = m0 + g + 8 * hf, n = n0 + 8 * j + 2 * t;
+                float c0 = 0.0f, c1 = 0.0f;
+                for (int k = 0; k < K; k++) {
+                    const float av = AT ? a[k * lda + i] : a[i * lda + k];
+                    c0 += av * (BK ? b[k * ldb + n] : b[n * ldb + k]);
+                    c1 += av * (BK ? b[k * ldb + n + 1] : b[(n + 1) * ldb + k]);
+                }
+                epi(i, n, old[j][hf].x + c0, old[j][hf].y + c1);
+            }
+        post(m0, n0, 8 * NT8);
+    }
+}
+#else
+/* Four 8 x 4 blocks of floats (each row 16 bytes, 16-byte aligned, in shared
+ * memory) into r[0..3] in one instruction: ldmatrix moves 8 x 8 blocks of
+ * 16-bit elements, which is 8 x 4 of 32-bit ones, and gives lane l the
+ * element (l / 4, l % 4) of each block: the m16n8k8 tf32 operands' layout.
+ * Lanes 8i .. 8i + 7 name the rows of block i. volatile: it reads what other
+ * threads stored before a barrier, which the compiler must not move it above. */
+__device__ __forceinline__ void mn_ldsm_x4(unsigned (&r)[4], const float *row)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+template <int M, int N, int K, bool AT, bool BK, bool BSH = true, class Epi, class Pre = mn_no_pre,
+          class Post = mn_no_post>
+__device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre(),
+                                        Post post = Post())
+{
+    constexpr int NT8 = mn_gemm_shape<M, N>::NT8, NB = mn_gemm_shape<M, N>::NB, TILES = mn_gemm_shape<M, N>::TILES;
+    /* tf32 (fp32: MN_LDSM) with both operands in shared memory, one of them
+     * stored by rows: fragments by ldmatrix. Where both are stored by
+     * columns (the weight gradients' products) the permuted order's loads
+     * stay: rows k0 + 2t and 2t + 1 of a buffer whose rows are 4 banks
+     * apart hit 32 banks, where k0 + t and t + 4 would hit 16 twice */
+    constexpr bool LDSM = MN_PREC != 2 && BSH && MN_LDSM && (!AT || !BK);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    for (int tile = warp; tile < TILES; tile += MN_FWARPS) {
+        const int m0 = (tile / NB) * 16, n0 = (tile % NB) * (8 * NT8);
+        float acc[NT8][4];
+        float2 old[NT8][2];
+#pragma unroll
+        for (int j = 0; j < NT8; j++) {
+            const int n = n0 + 8 * j + 2 * t;
+            acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+            old[j][0] = pre(m0 + g, n);
+            old[j][1] = pre(m0 + g + 8, n);
+        }
+#pragma unroll(K / MN_KSTEP <= MN_KUNROLL ? K / MN_KSTEP : MN_KUNROLL)
+        for (int k0 = 0; k0 < K; k0 += MN_KSTEP) {
+#if MN_PREC == 2
+            /* slots 2t, 2t+1, 2t+8, 2t+9 of the instruction hold k = 4t .. 4t+3 */
+            const float4 ar0 = mn_quad<AT>(a, lda, m0 + g, k0 + 4 * t);
+            const float4 ar1 = mn_quad<AT>(a, lda, m0 + g + 8, k0 + 4 * t);
+            const unsigned a0 = mn_bf16x2(ar0.x, ar0.y), a2 = mn_bf16x2(ar0.z, ar0.w);
+            const unsigned a1 = mn_bf16x2(ar1.x, ar1.y), a3 = mn_bf16x2(ar1.z, ar1.w);
+#pragma unroll
+            for (int j = 0; j < NT8; j++) {
+                const float4 br = mn_quad<BK>(b, ldb, n0 + 8 * j + g, k0 + 4 * t);
+                mn_mma_bf16(acc[j], a0, a1, a2, a3, mn_bf16x2(br.x, br.y), mn_bf16x2(br.z, br.w));
+            }
+#else
+            if (LDSM) {
+                /* k in its own order: slot t holds k0 + t and slot t+4 k0 + t + 4.
+                 * A: from rows (!AT) by one ldmatrix (blocks: rows 0-7 and 8-15
+                 * at k0, then at k0 + 4), else four loads; B likewise (!BK: two
+                 * n-tiles an ldmatrix, blocks k0 and k0 + 4 of each) */
+                unsigned ar[4];
+                if (!AT) {
+                    mn_ldsm_x4(ar, a + (m0 + (lane & 7) + ((lane >> 3) & 1) * 8) * lda + k0 + (lane >> 4) * 4);
+                } else {
+                    ar[0] = __float_as_uint(a[(k0 + t) * lda + m0 + g]);
+                    ar[1] = __float_as_uint(a[(k0 + t) * lda + m0 + g + 8]);
+                    ar[2] = __float_as_uint(a[(k0 + t + 4) * lda + m0 + g]);
+                    ar[3] = __float_as_uint(a[(k0 + t + 4) * lda + m0 + g + 8]);
+                }
+                unsigned ah[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) ah[i] = mn_tf32_bits(__uint_as_float(ar[i]));
+#if MN_PREC == 0
+                unsigned al[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) al[i] = mn_tf32_bits(__uint_as_float(ar[i]) - __uint_as_float(ah[i]));
+#endif
+#pragma unroll
+                for (int j = 0; j < NT8; j += 2) {
+                    unsigned br[4]; /* b0, b1 of tile j, then of tile j + 1 */
+                    if (!BK) {
+                        mn_ldsm_x4(br, b + (n0 + 8 * j + (lane & 7) + (lane >> 4) * 8) * ldb + k0 + ((lane >> 3) & 1) * 4);
+                    } else {
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            br[2 * h] = __float_as_uint(b[(k0 + t) * ldb + n0 + 8 * (j + h) + g]);
+                            br[2 * h + 1] = __float_as_uint(b[(k0 + t + 4) * ldb + n0 + 8 * (j + h) + g]);
+                        }
+                    }
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const float b0 = __uint_as_float(br[2 * h]), b1 = __uint_as_float(br[2 * h + 1]);
+                        const unsigned bh0 = mn_tf32_bits(b0), bh1 = mn_tf32_bits(b1);
+#if MN_PREC == 0
+                        const unsigned bl0 = mn_tf32_bits(b0 - __uint_as_float(bh0));
+                        const unsigned bl1 = mn_tf32_bits(b1 - __uint_as_float(bh1));
+                        mn_mma_tf32(acc[j + h], al[0], al[1], al[2], al[3], bh0, bh1);
+                        mn_mma_tf32(acc[j + h], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+#endif
+                        mn_mma_tf32(acc[j + h], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+                    }
+                }
+                continue;
+            }
+            /* B in global memory: slots t and t+4 of the instruction hold k = 2t and 2t+1 */
+            const float2 ar0 = mn_pair<AT>(a, lda, m0 + g, k0 + 2 * t);
+            const float2 ar1 = mn_pair<AT>(a, lda, m0 + g + 8, k0 + 2 * t);
+            const float af[4] = {ar0.x, ar1.x, ar0.y, ar1.y};
+            unsigned ah[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) ah[i] = mn_tf32_bits(af[i]);
+#if MN_PREC == 0
+            unsigned al[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) al[i] = mn_tf32_bits(af[i] - __uint_as_float(ah[i]));
+#endif
+#pragma unroll
+            for (int j = 0; j < NT8; j++) {
+                const float2 br = mn_pair<BK>(b, ldb, n0 + 8 * j + g, k0 + 2 * t);
+                const unsigned bh0 = mn_tf32_bits(br.x), bh1 = mn_tf32_bits(br.y);
+#if MN_PREC == 0
+                /* small terms first: they are the ones fp32 accumulation would lose */
+                const unsigned bl0 = mn_tf32_bits(br.x - __uint_as_float(bh0));
+                const unsigned bl1 = mn_tf32_bits(br.y - __uint_as_float(bh1));
+                mn_mma_tf32(acc[j], al[0], al[1], al[2], al[3], bh0, bh1);
+                mn_mma_tf32(acc[j], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+#endif
+                mn_mma_tf32(acc[j], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+            }
+#endif
+        }
+#pragma unroll
+        for (int j = 0; j < NT8; j++) {
+            const int n = n0 + 8 * j + 2 * t;
+            epi(m0 + g, n, old[j][0].x + acc[j][0], old[j][0].y + acc[j][1]);
+            epi(m0 + g + 8, n, old[j][1].x + acc[j][2], old[j][1].y + acc[j][3]);
+        }
+        post(m0, n0, 8 * NT8);
+    }
+}
+
+#endif /* MN_EMULATED */
+
+#endif /* __CUDACC_RTC__ */
