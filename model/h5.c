@@ -94,6 +94,7 @@ void mn_h5_ctx_init(mn_h5_ctx *cx, const char *verb, const char *file)
     cx->plen = 1;
     snprintf(cx->where, sizeof cx->where, "file");
     cx->gcpl = cx->lcpl = cx->acpl = H5I_INVALID_HID;
+    cx->writeback_fd = -1;
     /* Our checks report errors; HDF5 printing its stack to stderr would only
      * duplicate them (and interleave with the REPL). */
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
@@ -159,8 +160,12 @@ static mn_status staged_move(void *ctx, size_t offset, size_t nbytes, void *host
     }
     H5C(H5Sselect_hyperslab(sp->fspace, H5S_SELECT_SET, start, NULL, count, NULL));
     H5C(mspace = H5Screate_simple(1, &n, NULL));
-    if (sp->write) H5C(H5Dwrite(sp->ds, sp->mtype, mspace, sp->fspace, H5P_DEFAULT, host));
-    else H5C(H5Dread(sp->ds, sp->mtype, mspace, sp->fspace, H5P_DEFAULT, host));
+    if (sp->write) {
+        H5C(H5Dwrite(sp->ds, sp->mtype, mspace, sp->fspace, H5P_DEFAULT, host));
+        mn_h5_start_writeback(cx); /* the disk takes each piece while the next one downloads */
+    } else {
+        H5C(H5Dread(sp->ds, sp->mtype, mspace, sp->fspace, H5P_DEFAULT, host));
+    }
 done:
     CLOSE(H5Sclose, mspace);
     if (st != MN_OK) sp->move_failed = true;
@@ -294,6 +299,7 @@ static mn_status write_dataset(mn_h5_ctx *cx, hid_t gid, const mn_node *n)
     H5C(ds = H5Dcreate2(gid, n->name, ftype, space, cx->lcpl, H5P_DEFAULT, H5P_DEFAULT));
     if (mn_tensor_numel(&dense) > 0)
         H5C(H5Dwrite(ds, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, mn_tensor_data(&dense)));
+    if (nbytes >= MN_H5_STAGE_MIN) mn_h5_start_writeback(cx); /* while the next datasets are written */
     cx->io->bytes += (double)nbytes;
     CLOSE_CHECKED(H5Dclose, ds);
 done:
@@ -388,6 +394,16 @@ static mn_status check_target(const char *path)
     return MN_OK;
 }
 
+void mn_h5_start_writeback(const mn_h5_ctx *cx)
+{
+#if defined(__linux__) && defined(SYNC_FILE_RANGE_WRITE)
+    /* a hint: a failure (a filesystem without it) leaves the work to fsync */
+    if (cx->writeback_fd >= 0) (void)sync_file_range(cx->writeback_fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+#else
+    (void)cx;
+#endif
+}
+
 /* Make the finished temporary file durable before it replaces the old one. */
 static mn_status sync_file(const char *path, const char *tmp)
 {
@@ -449,6 +465,9 @@ mn_status mn_h5_save_io(const char *path, const mn_node *root, mn_h5_io *io)
     WHERE("creating temporary file '%s'", tmp);
     H5C(file = H5Fcreate(tmp, H5F_ACC_TRUNC, fcpl, fapl));
     created = true;
+    /* our own descriptor of the file, for the writeback hints only: HDF5's
+     * writes go through its own (a failure here only loses the hints) */
+    cx->writeback_fd = open(tmp, O_RDONLY | O_CLOEXEC);
     WHERE("group '/'");
     H5C(rootg = H5Gopen2(file, "/", H5P_DEFAULT));
     if ((st = write_group(cx, rootg, root)) != MN_OK) goto done;
@@ -475,6 +494,7 @@ done:
     CLOSE(H5Pclose, cx->gcpl);
     CLOSE(H5Pclose, cx->lcpl);
     CLOSE(H5Pclose, cx->acpl);
+    if (cx->writeback_fd >= 0) close(cx->writeback_fd);
     if (created) remove(tmp);
     free(tmp);
     H5Eclear2(H5E_DEFAULT);

@@ -22,6 +22,7 @@ typedef struct {
     hid_t gcpl, lcpl, acpl;        /* save: creation property lists */
     mn_status cb_status;           /* failure recorded inside an iteration callback */
     mn_h5_io *io;                  /* never NULL inside a load or save */
+    int writeback_fd;              /* save: the temporary file, for early writeback (-1: none) */
 } mn_h5_ctx;
 
 /* An HDF5 call failed: HDF5's innermost message (cleared after), prefixed
@@ -57,6 +58,11 @@ void mn_h5_path_pop(mn_h5_ctx *cx, size_t saved);
 
 /* The whole of dataset ds to or from t (contiguous, on a device whose
  * backend stages), piece by piece. */
+/* Save: starts the disk writes of what the temporary file holds so far,
+ * without waiting for them (Linux's sync_file_range; nothing elsewhere),
+ * so that the fsync before the rename finds most of a big file on disk. */
+void mn_h5_start_writeback(const mn_h5_ctx *cx);
+
 mn_status mn_h5_staged_transfer(mn_h5_ctx *cx, hid_t ds, hid_t mtype, const mn_tensor *t, bool write);
 /* Whether a device's backend stages (ops.h). */
 bool mn_h5_device_stages(mn_device dev);
