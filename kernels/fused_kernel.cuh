@@ -481,13 +481,36 @@ template <int N> __device__ void mn_block_sums(double *v)
 {
     double(*part)[MN_FWARPS] = mn_block_parts();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    /* The warp's sums. While a lane holds two values or more, each stage is
+     * a reduce-scatter: a lane sends its partner half of its values and
+     * adds the partner's half of the other half to its own, so N values
+     * cost about N + 4 shuffles, not 5 N (ncu on M1: five rounds for each of
+     * 4 values were 7.5% of the step kernel's stalls). Then a butterfly on
+     * the one value left; every lane ends with the warp's sum of value
+     * `which` (the same bits in the lanes that share it). */
+    static_assert(N >= 1 && N <= 8, "up to 8 values");
+    constexpr int M = N == 1 ? 1 : N == 2 ? 2 : N <= 4 ? 4 : 8; /* N padded to a power of two */
+    double w[M];
 #pragma unroll
-    for (int i = 0; i < N; i++)
-        for (int off = 16; off > 0; off >>= 1) v[i] += __shfl_down_sync(0xffffffffu, v[i], off);
+    for (int i = 0; i < M; i++) w[i] = i < N ? v[i] : 0.0;
+    int which = 0;
+#pragma unroll
+    for (int s = 0; s < 5; s++) {
+        const int off = 16 >> s, cnt = M >> s; /* values a lane holds before this stage */
+        if (cnt >= 2) {
+            const bool upper = lane & off;
+#pragma unroll
+            for (int j = 0; j < cnt / 2; j++) {
+                const double send = upper ? w[j] : w[j + cnt / 2], keep = upper ? w[j + cnt / 2] : w[j];
+                w[j] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+            }
+            if (upper) which += cnt / 2;
+        } else {
+            w[0] += __shfl_xor_sync(0xffffffffu, w[0], off);
+        }
+    }
     __syncthreads();
-    if (lane == 0)
-#pragma unroll
-        for (int i = 0; i < N; i++) part[i][warp] = v[i];
+    if ((lane & (32 / M - 1)) == 0 && which < N) part[which][warp] = w[0];
     __syncthreads();
     /* The warps' partials summed by a butterfly over each group of
      * MN_FWARPS lanes (a power of two): at every stage a lane and its partner
@@ -580,7 +603,10 @@ struct mn_gacc {
             if (c + 1 < cols) p[1] = s1;
             else s1 = 0.0f;
         }
-        if (last) *ss += (double)s0 * s0 + (double)s1 * s1;
+        /* the pair's squares summed in float (a rounding of 6e-8 on a sum
+         * of two), then in double: one conversion and one add a pair, where
+         * two squares in double were the epilogue's largest line (ncu on M1) */
+        if (last) *ss += (double)fmaf(s0, s0, s1 * s1);
     }
 };
 
