@@ -220,7 +220,7 @@ static mn_status prepare(const mn_memory_state *st, int64_t memories, const mn_c
         mn_rule_layout_out_norm(&lo, d->dv, mn_rule_chunk_rows(r->step));
     }
     /* a workspace per block: in a cluster, of the block's slice */
-    a->work_floats = pl && pl->path == MN_PATH_FUSED ? mn_fused_work_floats(r, d, pl->cluster) : lo.total;
+    a->work_floats = pl && pl->path == MN_PATH_FUSED ? mn_fused_work_floats(r, d, pl) : lo.total;
     *work_bytes = sizeof(float) * (size_t)a->work_floats * (size_t)blocks;
     return mn_cuda_alloc(*work_bytes, work);
 }

@@ -25,9 +25,11 @@
  * MN_FUSED_THREADS threads (512: more warps to hide the latency of the
  * many short dependent steps; tests/bench/RESULTS.md has the measurements).
  *
- * Workspace per memory (floats): G of each parameter (unpadded, in
- * parameter order, total rounded up to 4), then, when refresh != step, W in
- * P's padded layout.
+ * The step's gradient G of each parameter (unpadded, in parameter order,
+ * total rounded up to 4 floats) sits in shared memory after the chunk
+ * buffers where it fits (MN_G_SHARED, kernels/plan.c), else first in the
+ * block's workspace (global); when refresh != step the workspace then holds
+ * W in P's padded layout.
  *
  * This file holds the pieces: the padded weights (mn_pset), the chunk
  * buffers, the chunk's forward and gradient (on mn_gemm's products) and the

@@ -46,6 +46,10 @@ __device__ void mn_fused_padding_tail(const mn_rule_kargs &a, const mn_pset &Wp,
 #define MN_CLUSTER_DIMS
 #endif
 
+#ifndef MN_G_SHARED
+#define MN_G_SHARED 0 /* kernels/plan.c defines it 1 where G fits in shared memory */
+#endif
+
 extern "C" __global__ void __launch_bounds__(MN_FT, MN_FUSED_MINB) MN_CLUSTER_DIMS
 mn_fused_step_kernel(const mn_rule_kargs a)
 {
@@ -81,25 +85,24 @@ mn_fused_step_kernel(const mn_rule_kargs a)
     sp += MN_PDV;
     fb.lrow = sp;
 
-    /* workspace: G per parameter, then W padded when P is the anchor */
+    /* G per parameter: in shared memory after the chunk buffers where the
+     * plan found room for it (MN_G_SHARED, counted in its shared memory),
+     * else first in the workspace; then, in the workspace, W padded when P
+     * is the anchor */
     float *work = a.work + (long long)blockIdx.x * a.work_floats; /* a block's own, in a cluster too */
     float *G[MN_NPARAMS];
+    long long gfloats = 0;
     {
-        long long off = 0;
+        float *gbase = MN_G_SHARED ? fb.lrow + MN_FR : work;
 #pragma unroll
         for (int p = 0; p < MN_NPARAMS; p++) {
-            G[p] = work + off;
-            off += MN_NUMEL(p);
+            G[p] = gbase + gfloats;
+            gfloats += MN_NUMEL(p);
         }
     }
     mn_pset Wp; /* where the current W lives: P itself, or the padded global copy */
     if (MN_P_AT_W) Wp = P;
-    else {
-        long long off = 0;
-#pragma unroll
-        for (int p = 0; p < MN_NPARAMS; p++) off += MN_NUMEL(p);
-        mn_pset_init(&Wp, work + ((off + 3) & ~3LL));
-    }
+    else mn_pset_init(&Wp, work + (MN_G_SHARED ? 0 : ((gfloats + 3) & ~3LL)));
 
     float *W[MN_NPARAMS], *Sm[MN_NPARAMS], *A[MN_NPARAMS];
     mn_memory_params(a.W, m, W);

@@ -51,6 +51,28 @@ long mn_fused_smem_bytes(const mn_rule *r, const mn_dims *d, int rows)
     return f * (long)sizeof(float);
 }
 
+/* The step kernel's static shared memory: the block sums' partials (and
+ * newton_schulz's, mn_ns_block_sum's 32 doubles; a cluster's sums,
+ * mn_cl_sums's), and a little. */
+static long fused_static_smem(const mn_rule *r, int threads, int cluster)
+{
+    long fixed = 64 + 8L * r->layers * (r->bias ? 2 : 1) * (threads / 32);
+    if (r->precondition != MN_PRECOND_NONE) fixed += 8L * 32;
+    if (cluster > 1) fixed += 8L * (r->layers * (r->bias ? 2 : 1) + 1);
+    return fixed;
+}
+
+/* Floats of a block's step gradient G (unpadded, every parameter in order;
+ * a cluster's block: its slice's), rounded up to whole float4s. */
+static long fused_grad_floats(const mn_rule *r, const mn_dims *d, int cluster)
+{
+    mn_dims slice = *d;
+    if (cluster > 1) slice.dh = d->dh / cluster;
+    mn_param_layout lo;
+    mn_param_layout_init(&lo, r->layers, r->bias, r->glu, slice.dk, slice.dv, slice.dh);
+    return (lo.total + 3) & ~3L;
+}
+
 /* Whether the fused kernel holds one memory of the rule at the dims, in one
  * block or, cluster > 1, split by hidden units over that many blocks (the
  * dims' hidden the whole memory's): the rows per chunk and the shared
@@ -74,16 +96,9 @@ static int fused_fit(const mn_rule *r, const mn_dims *d, int cluster, long limit
         return 0;
     }
     long first = up16(r->step < 64 ? r->step : 64);
-    /* the kernel's static shared memory: the block sums' partials (and
-     * newton_schulz's, mn_ns_block_sum's 32 doubles; a cluster's sums,
-     * mn_cl_sums's), and a little */
-    long fixed = 64 + 8L * r->layers * (r->bias ? 2 : 1) * (threads / 32);
-    if (r->precondition != MN_PRECOND_NONE) fixed += 8L * 32;
+    long fixed = fused_static_smem(r, threads, cluster);
     mn_dims slice = *d;
-    if (cluster > 1) {
-        slice.dh = d->dh / cluster;
-        fixed += 8L * (r->layers * (r->bias ? 2 : 1) + 1);
-    }
+    if (cluster > 1) slice.dh = d->dh / cluster;
     for (int rows = 64; rows >= 16; rows /= 2) {
         if (rows > first) continue;
         long need = mn_fused_smem_bytes(r, &slice, rows);
@@ -278,6 +293,22 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
          * latencies interleave on one SM instead of one memory's 16 warps. */
         out->min_blocks = 1;
         if (out->threads == 256 && out->cluster == 1 && 2 * (smem + 2048) <= smem_limit + 1024) out->min_blocks = 2;
+        /* The step's gradient G in shared memory, after the chunk buffers,
+         * where it fits beside them without costing a block an SM (M1's
+         * 64-128-64 memory, a linear 64 x 64 one; not P1's): the update then
+         * reads G at shared memory's latency, not L2's, and no step writes
+         * it out. MNEMO_FUSED_GSHARED=0, an experiment's knob, keeps it in
+         * the workspace. */
+        const char *gs = getenv("MNEMO_FUSED_GSHARED");
+        const long gbytes = (long)sizeof(float) * fused_grad_floats(r, d, out->cluster),
+                   fixed = fused_static_smem(r, out->threads, out->cluster);
+        if (!(gs && !strcmp(gs, "0")) && out->min_blocks == 1 && smem + gbytes + fixed <= smem_limit) {
+            out->g_shared = true;
+            out->smem_bytes += gbytes;
+            const size_t used = strlen(out->why);
+            snprintf(out->why + used, sizeof out->why - used, "; the step's gradient beside them (%ld KB)",
+                     gbytes / 1024);
+        }
     } else {
         out->cluster = 1;
         out->pdh = r->layers > 1 ? (int)up16(d->dh) : 0;
@@ -294,6 +325,8 @@ void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len)
                         pl->rows, pl->threads, pl->pdk, pl->pdv, pl->pdh, PAD, pl->threads);
     if (used > 0 && (size_t)used < len && pl->min_blocks > 1)
         used += snprintf(buf + used, len - (size_t)used, "#define MN_FUSED_MINB %d\n", pl->min_blocks);
+    if (used > 0 && (size_t)used < len && pl->g_shared)
+        used += snprintf(buf + used, len - (size_t)used, "#define MN_G_SHARED 1\n");
     if (used > 0 && (size_t)used < len && pl->cluster > 1)
         used += snprintf(buf + used, len - (size_t)used, "#define MN_CLUSTER %d\n#define MN_DH_FULL %d\n", pl->cluster,
                          pl->dh);
@@ -310,18 +343,14 @@ void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len)
         snprintf(buf + used, len - (size_t)used, "#define MN_LDSM %s\n", ldsm);
 }
 
-long mn_fused_work_floats(const mn_rule *r, const mn_dims *d, int cluster)
+long mn_fused_work_floats(const mn_rule *r, const mn_dims *d, const mn_cuda_plan *pl)
 {
-    mn_dims slice = *d; /* a block's share of the memory */
-    if (cluster > 1) slice.dh = d->dh / cluster;
-    d = &slice;
-    long g = 0;
-    mn_param_layout lo;
-    mn_param_layout_init(&lo, r->layers, r->bias, r->glu, d->dk, d->dv, d->dh);
-    g += lo.total;
-    g = (g + 3) & ~3L;
-    /* and W in the padded layout when the gradient point is the anchor */
-    return mn_rule_refresh(r) == r->step ? g : g + padded_param_floats(r, d);
+    const long g = pl->g_shared ? 0 : fused_grad_floats(r, d, pl->cluster);
+    if (mn_rule_refresh(r) == r->step) return g;
+    /* and W in the padded layout (a block's slice) when the gradient point is the anchor */
+    mn_dims slice = *d;
+    if (pl->cluster > 1) slice.dh = d->dh / pl->cluster;
+    return g + padded_param_floats(r, &slice);
 }
 
 const char *const *mn_cuda_plan_parts(const mn_cuda_plan *pl, char *defs, size_t size, const char **defines)

@@ -39,6 +39,7 @@ typedef struct mn_cuda_plan {
     int cluster;          /* blocks a memory: fused over a cluster on sm_90 (split by hidden units), else 1 */
     int min_blocks;       /* fused: blocks an SM the forward is compiled to share (__launch_bounds__), 1 or 2 */
     int dh;               /* fused, cluster > 1: the whole memory's hidden width */
+    bool g_shared;        /* fused: the step kernel keeps G in shared memory (counted in smem_bytes), not the workspace */
     char why[384];        /* one line: why this path */
 } mn_cuda_plan;
 
@@ -56,10 +57,11 @@ long mn_fused_smem_bytes(const mn_rule *r, const mn_dims *d, int rows);
 mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, int64_t memories, int arch,
                             long smem_limit, mn_cuda_plan *out);
 
-/* Workspace floats per block of the fused kernel (a memory's, or with
- * cluster > 1 blocks a memory one block's slice): the step's gradient, and
- * W in the padded layout when the gradient point is the anchor. */
-long mn_fused_work_floats(const mn_rule *r, const mn_dims *d, int cluster);
+/* Workspace floats per block of the plan's fused kernel (a memory's, or with
+ * a cluster one block's slice): the step's gradient unless the plan keeps
+ * it in shared memory, and W in the padded layout when the gradient point
+ * is the anchor. */
+long mn_fused_work_floats(const mn_rule *r, const mn_dims *d, const mn_cuda_plan *pl);
 
 /* The CUDA source of the plan's path (caller frees; NULL with the error
  * set), and the name of the kernel that walks the steps in it. */

@@ -810,6 +810,53 @@ static void test_newton_schulz(void)
  * path at run time: the source does not change with them, and a run with
  * lengths keeps the path the same rule has without them (fused for a small
  * rule, large for a wide one); a forced path takes them. */
+/* The step's gradient G in shared memory (issue 14): M1's memory (64-128-64,
+ * c = 8) has room beside its weights and chunk buffers, so its plan counts G
+ * in the shared memory, says so, leaves it out of the workspace and defines
+ * MN_G_SHARED (the source compiles, with the retrieval row folded into the
+ * next step's chunk too, c = 8 < 16 rows); P1's memory (64-256-64) has no
+ * room, nor M1's on sm_80 (163 KB), nor with MNEMO_FUSED_GSHARED=0. */
+static void test_grad_in_shared(void)
+{
+    mn_rule r;
+    mn_rule_init(&r);
+    r.layers = 2;
+    r.bias = true;
+    r.step = 8;
+    mn_dims m1 = {32, 16, 1024, 64, 64, 128, 0}, p1 = {4, 32, 4096, 64, 64, 256, 0};
+    const long m1_grad = 128 * 64 + 128 + 64 * 128 + 64, p1_grad = 256 * 64 + 256 + 64 * 256 + 64;
+    mn_cuda_plan pl;
+    unsetenv("MNEMO_CUDA_PATH");
+    unsetenv("MNEMO_FUSED_GSHARED");
+    bool ok = mn_cuda_plan_rule(&r, &m1, MN_PREC_TF32, 512, 90, 0, &pl) == MN_OK && pl.path == MN_PATH_FUSED;
+    CHECK("codegen/grad_in_shared/m1", ok && pl.g_shared && pl.rows == 16 &&
+                                           pl.smem_bytes == mn_fused_smem_bytes(&r, &m1, 16) + 4 * m1_grad &&
+                                           strstr(pl.why, "the step's gradient beside them (64 KB)") &&
+                                           mn_fused_work_floats(&r, &m1, &pl) == 0);
+    char *src = ok ? mn_cuda_plan_source(&r, &m1, MN_PREC_TF32, &pl) : NULL;
+    CHECK("codegen/grad_in_shared/m1_source", src && strstr(src, "#define MN_G_SHARED 1\n"));
+    if (src) compile_line("codegen/nvrtc_sm90/grad_in_shared_m1", src);
+    free(src);
+    r.refresh = 16; /* the anchor: the workspace keeps W's padded copy only */
+    ok = mn_cuda_plan_rule(&r, &m1, MN_PREC_TF32, 512, 90, 0, &pl) == MN_OK;
+    CHECK("codegen/grad_in_shared/m1_anchor_workspace",
+          ok && pl.g_shared && mn_fused_work_floats(&r, &m1, &pl) == mn_fused_padded_floats(&r, &m1));
+    r.refresh = 0;
+    ok = mn_cuda_plan_rule(&r, &m1, MN_PREC_TF32, 512, 80, 0, &pl) == MN_OK;
+    CHECK("codegen/grad_in_shared/m1_sm80_no_room", ok && pl.path == MN_PATH_FUSED && !pl.g_shared &&
+                                                        pl.smem_bytes == mn_fused_smem_bytes(&r, &m1, 16) &&
+                                                        mn_fused_work_floats(&r, &m1, &pl) == m1_grad);
+    setenv("MNEMO_FUSED_GSHARED", "0", 1);
+    ok = mn_cuda_plan_rule(&r, &m1, MN_PREC_TF32, 512, 90, 0, &pl) == MN_OK;
+    CHECK("codegen/grad_in_shared/m1_knob_off", ok && !pl.g_shared && !strstr(pl.why, "gradient"));
+    unsetenv("MNEMO_FUSED_GSHARED");
+    r.step = 64;
+    ok = mn_cuda_plan_rule(&r, &p1, MN_PREC_TF32, 128, 90, 0, &pl) == MN_OK;
+    CHECK("codegen/grad_in_shared/p1_no_room", ok && pl.path == MN_PATH_FUSED && !pl.g_shared && pl.rows == 32 &&
+                                                   mn_fused_work_floats(&r, &p1, &pl) == p1_grad);
+    mn_rule_free(&r);
+}
+
 static void test_ragged_plan(void)
 {
     mn_rule r;
@@ -1210,6 +1257,7 @@ static void test_glu_backward(void)
 
 int main(void)
 {
+    test_grad_in_shared();
     test_ragged_plan();
     test_out_norm();
     test_glu();
