@@ -237,12 +237,15 @@ __device__ __forceinline__ void mn_rows_fetch(float (&x)[MN_NX], const float *sr
     }
 }
 
-__device__ __forceinline__ void mn_rows_store(float *dst, const float (&x)[MN_NX], int cr)
+/* extra (shared memory, dk floats), where given, becomes row cr (the step
+ * kernel's retrieval row; cr < MN_FR then) */
+__device__ __forceinline__ void mn_rows_store(float *dst, const float (&x)[MN_NX], int cr, const float *extra = 0)
 {
 #pragma unroll
     for (int u = 0; u < MN_NX; u++) {
         const int e = threadIdx.x + u * MN_FT, r = e / MN_PDK, j = e % MN_PDK;
-        if (e < MN_FR * MN_PDK) dst[r * MN_LDK + j] = r < cr ? x[u] : 0.0f;
+        if (e < MN_FR * MN_PDK)
+            dst[r * MN_LDK + j] = r < cr ? x[u] : (extra && r == cr && j < MN_DK ? extra[j] : 0.0f);
     }
 }
 
@@ -312,11 +315,14 @@ __device__ __forceinline__ void mn_cl_params(float **p)
  * normalise the rows and add it). Padded hidden units and rows hold h = 0, so whatever phi(0) is
  * never reaches a product. GRAD (the step's forward): fb.z is left holding
  * phi'(z), what the backward needs of z (0 in padding). BSH: P is in shared
- * memory (false: the weights' padded copy in the workspace, mn_gemm). Ends
- * with a barrier. */
-template <bool GRAD, bool BSH = true, class EpiY>
-__device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf &fb, int cr, EpiY epi_y)
+ * memory (false: the weights' padded copy in the workspace, mn_gemm).
+ * HROWS (the step kernel's retrieval row): rows cr .. hrows - 1 get their
+ * h (and y) too, but phi' = 0, as a padded row's. Ends with a barrier. */
+template <bool GRAD, bool BSH = true, bool HROWS = false, class EpiY>
+__device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf &fb, int cr, EpiY epi_y,
+                                                 int hrows = 0)
 {
+    if (!HROWS) hrows = cr;
 #if MN_LAYERS == 2
     mn_gemm<MN_FR, MN_PDH, MN_PDK, false, false, BSH>(fb.x, MN_LDK, P.w[0], MN_LLD(0),
                                                  [&](int r, int j, float a0, float a1) {
@@ -332,7 +338,7 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
 #pragma unroll 2
         for (int e = lane; e < 16 * width; e += 32) {
             const int r = m0 + e / width, j = n0 + e % width;
-            const bool real = r < cr && j < MN_DH;
+            const bool real = r < hrows && j < MN_DH;
             const float z = fb.z[r * MN_LDH + j];
             /* phi and phi' in one branch, with no store between them, so
              * the compiler computes their common terms once (gelu's erfc:
@@ -341,7 +347,7 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
             float hv = 0.0f, dv = 0.0f;
             if (real) {
                 hv = mn_hook_act(z);
-                if (GRAD) dv = mn_hook_act_grad(z);
+                if (GRAD && (!HROWS || r < cr)) dv = mn_hook_act_grad(z);
             }
             fb.h[r * MN_LDH + j] = hv;
             if (GRAD) fb.z[r * MN_LDH + j] = dv;

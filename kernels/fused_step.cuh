@@ -50,6 +50,18 @@ __device__ void mn_fused_padding_tail(const mn_rule_kargs &a, const mn_pset &Wp,
 #define MN_G_SHARED 0 /* kernels/plan.c defines it 1 where G fits in shared memory */
 #endif
 
+/* Under retrieve = after, a step's last token is read at W^(s+1), after
+ * the update: on its own, by mn_fused_row (two layers of dot products on
+ * the CUDA cores and their barriers, 8% of M1's instructions at c = 8).
+ * When W^(s+1) is the next step's gradient point (refresh = step) and that
+ * step's first chunk has a spare row (c not a multiple of the chunk's rows:
+ * its padding is computed anyway), the token rides in that row instead:
+ * its h and y come out of the chunk's products, its phi' is 0, and its h
+ * and x are zeroed before the gradient's products, so that the step's G,
+ * loss and dL/dy are those of the real rows alone, bit for bit. Not with
+ * out_norm (its rows are normalised by their own pass). */
+#define MN_FOLD (MN_P_AT_W && !MN_RETRIEVE_BEFORE && !MN_OUT_NORM && MN_STEP % MN_FR != 0)
+
 extern "C" __global__ void __launch_bounds__(MN_FT, MN_FUSED_MINB) MN_CLUSTER_DIMS
 mn_fused_step_kernel(const mn_rule_kargs a)
 {
@@ -134,6 +146,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
 
     float xnext[MN_NX]; /* the next chunk's k rows, in flight */
     mn_rows_fetch(xnext, k, n < MN_FR ? (int)n : MN_FR);
+    bool pending = false; /* MN_FOLD: the last step's last token waits in fb.xs for this step's first chunk */
 
     for (long long sl = 0; sl < nsteps; sl++) {
         const long long s_global = a.steps_done + sl, t0 = sl * MN_STEP;
@@ -176,8 +189,9 @@ mn_fused_step_kernel(const mn_rule_kargs a)
             const int cr = grows - r0 < MN_FR ? grows - r0 : MN_FR;
             const long long t = t0 + r0;
             const bool first = r0 == 0, last = r0 + MN_FR >= grows;
+            const bool fold = MN_FOLD && pending && first; /* row cr: the last step's last token */
             last_cr = cr;
-            mn_rows_store(fb.x, xnext, cr);
+            mn_rows_store(fb.x, xnext, cr, fold ? fb.xs : 0);
             {
                 const long long tn = t + cr;
                 mn_rows_fetch(xnext, k + tn * MN_DK, tn >= n ? 0 : (n - tn < MN_FR ? (int)(n - tn) : MN_FR));
@@ -197,9 +211,9 @@ mn_fused_step_kernel(const mn_rule_kargs a)
             }
 #endif
             __syncthreads();
-            mn_fused_forward<true>(P, fb, cr, [&](int r, int j, float y0, float y1) {
+            mn_fused_forward<true, true, MN_FOLD>(P, fb, cr, [&](int r, int j, float y0, float y1) {
                 *reinterpret_cast<float2 *>(fb.y + r * MN_LDV + j) = make_float2(y0, y1);
-            });
+            }, fold ? cr + 1 : cr);
 
             /* loss terms (into fb.y) and dL/dy, token weights theta (and 1/rows for mean) */
             const bool y_here = y_out && !q && at_current;
@@ -257,8 +271,14 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                     if (y_here && lead && r0 + r < before_rows) mn_st_once(y_out + (t + r) * MN_DV + j, yy);
                     fb.y[r * MN_LDV + j] = mn_hook_loss(yy, vv, rr);
                     d = (float)((double)wt * R * (double)mn_hook_loss_grad(yy, vv, rr));
+                } else if (fold && r == cr && j < MN_DV && lead) {
+                    mn_st_once(y_out + (t0 - 1) * MN_DV + j, fb.y[r * MN_LDV + j]); /* the last step's last token */
                 }
                 fb.dy[r * MN_LDV + j] = d;
+            }
+            if (fold) { /* the retrieval row out of the gradient's products */
+                for (int j = tid; j < MN_LDH && MN_LAYERS == 2; j += MN_FT) fb.h[cr * MN_LDH + j] = 0.0f;
+                for (int j = tid; j < MN_LDK; j += MN_FT) fb.x[cr * MN_LDK + j] = 0.0f;
             }
             __syncthreads();
             for (int r = tid; r < cr; r += MN_FT) {
@@ -308,6 +328,20 @@ mn_fused_step_kernel(const mn_rule_kargs a)
         }
 
         if (grows < rows && lead) mn_zero_padding(y_out, loss_out, t0 + grows, t0 + rows);
+
+        /* MN_FOLD: this step's last token rides in the next step's first
+         * chunk where it is real and has a spare row; its k row waits in
+         * fb.xs (the block sums' barriers below publish it) */
+        bool defer = false;
+        if (MN_FOLD && y_out && !q && grows == rows && sl + 1 < nsteps) {
+            const long long tn = t0 + MN_STEP;
+            const int rows_n = (int)(tn + MN_STEP <= n ? MN_STEP : n - tn);
+            const int grows_n = (int)(tn >= real_end ? 0 : (tn + rows_n <= real_end ? rows_n : real_end - tn));
+            defer = grows_n > 0 && grows_n < MN_FR;
+            if (defer)
+                for (int j = tid; j < MN_DK; j += MN_FT) fb.xs[j] = fb.x[(last_cr - 1) * MN_LDK + j];
+        }
+        pending = defer;
 
         /* the step's gradient norm, clip and update */
 #pragma unroll
@@ -415,7 +449,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
             mn_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, o, step_lsum, grows, ctl);
             a.weight_norm[o] = (float)sqrt(wsq);
         }
-        if (y_out && !MN_RETRIEVE_BEFORE && grows == rows) { /* a padding last token keeps y = 0 */
+        if (y_out && !MN_RETRIEVE_BEFORE && grows == rows && !defer) { /* a padding last token keeps y = 0 */
             const long long lastt = t0 + rows - 1;
             /* with q = k, the last chunk's k rows are still in fb.x */
             const float *xr = fb.x + (last_cr - 1) * MN_LDK;

@@ -834,14 +834,15 @@ static void test_grad_in_shared(void)
                                            strstr(pl.why, "the step's gradient beside them (64 KB)") &&
                                            mn_fused_work_floats(&r, &m1, &pl) == 0);
     char *src = ok ? mn_cuda_plan_source(&r, &m1, MN_PREC_TF32, &pl) : NULL;
-    CHECK("codegen/grad_in_shared/m1_source", src && strstr(src, "#define MN_G_SHARED 1\n"));
+    CHECK("codegen/grad_in_shared/m1_source", src && strstr(src, "#define MN_G_SHARED 1\n") &&
+                                                  strstr(src, "#define MN_FOLD ("));
     if (src) compile_line("codegen/nvrtc_sm90/grad_in_shared_m1", src);
     free(src);
     r.refresh = 16; /* the anchor: the workspace keeps W's padded copy only */
     ok = mn_cuda_plan_rule(&r, &m1, MN_PREC_TF32, 512, 90, 0, &pl) == MN_OK;
     CHECK("codegen/grad_in_shared/m1_anchor_workspace",
           ok && pl.g_shared && mn_fused_work_floats(&r, &m1, &pl) == mn_fused_padded_floats(&r, &m1));
-    r.refresh = 0;
+    r.refresh = -1; /* = step again */
     ok = mn_cuda_plan_rule(&r, &m1, MN_PREC_TF32, 512, 80, 0, &pl) == MN_OK;
     CHECK("codegen/grad_in_shared/m1_sm80_no_room", ok && pl.path == MN_PATH_FUSED && !pl.g_shared &&
                                                         pl.smem_bytes == mn_fused_smem_bytes(&r, &m1, 16) &&
