@@ -144,7 +144,7 @@ template <int M, int N> struct mn_gemm_shape {
 /* The emulation's mn_gemm (tests/emu/cuda_shim.h): the same tiles to the
  * same threads, pre before, epi after and post after the tile, each output
  * a plain fp32 sum. */
-template <int M, int N, int K, bool AT, bool BK, bool BSH = true, class Epi, class Pre = mn_no_pre,
+template <int M, int N, int K, bool AT, bool BK, bool BSH = true, bool AR = false, bool BR = false, class Epi, class Pre = mn_no_pre,
           class Post = mn_no_post>
 __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre(),
                                         Post post = Post())
@@ -185,12 +185,16 @@ __device__ __forceinline__ void mn_ldsm_x4(unsigned (&r)[4], const float *row)
                  : "r"(s));
 }
 
-template <int M, int N, int K, bool AT, bool BK, bool BSH = true, class Epi, class Pre = mn_no_pre,
-          class Post = mn_no_post>
+template <int M, int N, int K, bool AT, bool BK, bool BSH = true, bool AR = false, bool BR = false, class Epi,
+          class Pre = mn_no_pre, class Post = mn_no_post>
 __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre(),
                                         Post post = Post())
 {
     constexpr int NT8 = mn_gemm_shape<M, N>::NT8, NB = mn_gemm_shape<M, N>::NB, TILES = mn_gemm_shape<M, N>::TILES;
+    /* AR, BR: the caller stored that operand rounded to tf32 already
+     * (mn_round), so in tf32 its fragments go to the mma as loaded: no
+     * conversion (two instructions on sm_90) at each of its many loads */
+    constexpr bool ARD = AR && MN_PREC == 1, BRD = BR && MN_PREC == 1;
     /* tf32 (fp32: MN_LDSM) with both operands in shared memory, one of them
      * stored by rows: fragments by ldmatrix. Where both are stored by
      * columns (the weight gradients' products) the permuted order's loads
@@ -239,7 +243,7 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
                 }
                 unsigned ah[4];
 #pragma unroll
-                for (int i = 0; i < 4; i++) ah[i] = mn_tf32_bits(__uint_as_float(ar[i]));
+                for (int i = 0; i < 4; i++) ah[i] = ARD ? ar[i] : mn_tf32_bits(__uint_as_float(ar[i]));
 #if MN_PREC == 0
                 unsigned al[4];
 #pragma unroll
@@ -260,7 +264,8 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         const float b0 = __uint_as_float(br[2 * h]), b1 = __uint_as_float(br[2 * h + 1]);
-                        const unsigned bh0 = mn_tf32_bits(b0), bh1 = mn_tf32_bits(b1);
+                        const unsigned bh0 = BRD ? br[2 * h] : mn_tf32_bits(b0),
+                                       bh1 = BRD ? br[2 * h + 1] : mn_tf32_bits(b1);
 #if MN_PREC == 0
                         const unsigned bl0 = mn_tf32_bits(b0 - __uint_as_float(bh0));
                         const unsigned bl1 = mn_tf32_bits(b1 - __uint_as_float(bh1));
@@ -278,7 +283,7 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
             const float af[4] = {ar0.x, ar1.x, ar0.y, ar1.y};
             unsigned ah[4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) ah[i] = mn_tf32_bits(af[i]);
+            for (int i = 0; i < 4; i++) ah[i] = ARD ? __float_as_uint(af[i]) : mn_tf32_bits(af[i]);
 #if MN_PREC == 0
             unsigned al[4];
 #pragma unroll
@@ -287,7 +292,8 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
 #pragma unroll
             for (int j = 0; j < NT8; j++) {
                 const float2 br = mn_pair<BK>(b, ldb, n0 + 8 * j + g, k0 + 2 * t);
-                const unsigned bh0 = mn_tf32_bits(br.x), bh1 = mn_tf32_bits(br.y);
+                const unsigned bh0 = BRD ? __float_as_uint(br.x) : mn_tf32_bits(br.x),
+                               bh1 = BRD ? __float_as_uint(br.y) : mn_tf32_bits(br.y);
 #if MN_PREC == 0
                 /* small terms first: they are the ones fp32 accumulation would lose */
                 const unsigned bl0 = mn_tf32_bits(br.x - __uint_as_float(bh0));

@@ -238,14 +238,18 @@ __device__ __forceinline__ void mn_rows_fetch(float (&x)[MN_NX], const float *sr
 }
 
 /* extra (shared memory, dk floats), where given, becomes row cr (the step
- * kernel's retrieval row; cr < MN_FR then) */
+ * kernel's retrieval row; cr < MN_FR then). PRE: stored rounded as the
+ * products round their operands (mn_round; see MN_PRE) */
+template <bool PRE = false>
 __device__ __forceinline__ void mn_rows_store(float *dst, const float (&x)[MN_NX], int cr, const float *extra = 0)
 {
 #pragma unroll
     for (int u = 0; u < MN_NX; u++) {
         const int e = threadIdx.x + u * MN_FT, r = e / MN_PDK, j = e % MN_PDK;
-        if (e < MN_FR * MN_PDK)
-            dst[r * MN_LDK + j] = r < cr ? x[u] : (extra && r == cr && j < MN_DK ? extra[j] : 0.0f);
+        if (e < MN_FR * MN_PDK) {
+            const float v = r < cr ? x[u] : (extra && r == cr && j < MN_DK ? extra[j] : 0.0f);
+            dst[r * MN_LDK + j] = PRE ? mn_round(v) : v;
+        }
     }
 }
 
@@ -317,14 +321,17 @@ __device__ __forceinline__ void mn_cl_params(float **p)
  * phi'(z), what the backward needs of z (0 in padding). BSH: P is in shared
  * memory (false: the weights' padded copy in the workspace, mn_gemm).
  * HROWS (the step kernel's retrieval row): rows cr .. hrows - 1 get their
- * h (and y) too, but phi' = 0, as a padded row's. Ends with a barrier. */
-template <bool GRAD, bool BSH = true, bool HROWS = false, class EpiY>
+ * h (and y) too, but phi' = 0, as a padded row's. PRE: fb.x holds its rows
+ * rounded as the products round them (mn_rows_store<true>), and h is stored
+ * so too: the products then take both as they are (MN_PRE). Ends with a
+ * barrier. */
+template <bool GRAD, bool BSH = true, bool HROWS = false, bool PRE = false, class EpiY>
 __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf &fb, int cr, EpiY epi_y,
                                                  int hrows = 0)
 {
     if (!HROWS) hrows = cr;
 #if MN_LAYERS == 2
-    mn_gemm<MN_FR, MN_PDH, MN_PDK, false, false, BSH>(fb.x, MN_LDK, P.w[0], MN_LLD(0),
+    mn_gemm<MN_FR, MN_PDH, MN_PDK, false, false, BSH, PRE>(fb.x, MN_LDK, P.w[0], MN_LLD(0),
                                                  [&](int r, int j, float a0, float a1) {
         float2 z = make_float2(a0, a1);
         if (MN_BIAS) z.x += P.b[0][j], z.y += P.b[0][j + 1];
@@ -349,7 +356,7 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
                 hv = mn_hook_act(z);
                 if (GRAD && (!HROWS || r < cr)) dv = mn_hook_act_grad(z);
             }
-            fb.h[r * MN_LDH + j] = hv;
+            fb.h[r * MN_LDH + j] = PRE ? mn_round(hv) : hv;
             if (GRAD) fb.z[r * MN_LDH + j] = dv;
         }
     });
@@ -359,7 +366,7 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
      * leading dimension of the layer's padded weights */
     constexpr int OUT = MN_LAYERS - 1;
     const bool lead = MN_CL_LEAD; /* in a cluster, b2 and the residual are added once, by rank 0 */
-    mn_gemm<MN_FR, MN_PDV, MN_LPIN(OUT), false, false, BSH>(MN_LAYERS == 2 ? fb.h : fb.x, MN_LLD(OUT), P.w[OUT],
+    mn_gemm<MN_FR, MN_PDV, MN_LPIN(OUT), false, false, BSH, PRE>(MN_LAYERS == 2 ? fb.h : fb.x, MN_LLD(OUT), P.w[OUT],
                                                         MN_LLD(OUT), [&](int r, int j, float a0, float a1) {
         float y0 = a0, y1 = a1;
         if (MN_BIAS && lead) y0 += P.b[OUT][j], y1 += P.b[OUT][j + 1];
@@ -649,13 +656,16 @@ __device__ __forceinline__ void mn_bias_grad(float *gb, const float *src, int ld
  * parameter) through mn_gacc: the step's first chunk writes, later ones
  * add, its last squares the sums into ss. fb.z is left holding dz. The
  * step kernel and the fused backward's recompute share it, so that the
- * recomputed G is the run's. The caller ends it with a barrier. */
+ * recomputed G is the run's (PRE, x and h stored rounded, changes no
+ * product: rounding twice is rounding once). The caller ends it with a
+ * barrier. */
+template <bool PRE = false>
 __device__ __forceinline__ void mn_fused_chunk_grad(const mn_pset &P, const mn_fbuf &fb, float *const *G, int cr,
                                                     bool first, bool last, double *ss)
 {
 #if MN_LAYERS == 2
     const mn_gacc g2 = {G[1 * MN_PER], MN_DV, MN_DH, first, last, &ss[1 * MN_PER]};
-    mn_gemm<MN_PDV, MN_PDH, MN_FR, true, true>(fb.dy, MN_LDV, fb.h, MN_LDH, g2, g2.pre());
+    mn_gemm<MN_PDV, MN_PDH, MN_FR, true, true, true, false, PRE>(fb.dy, MN_LDV, fb.h, MN_LDH, g2, g2.pre());
     mn_gemm<MN_FR, MN_PDH, MN_PDV, false, true>(fb.dy, MN_LDV, P.w[1], MN_LLD(1), [&](int r, int j, float a0, float a1) {
         /* fb.z holds phi'(z) since the forward (mn_fused_forward<true>) */
         float2 *zp = reinterpret_cast<float2 *>(fb.z + r * MN_LDH + j);
@@ -666,11 +676,11 @@ __device__ __forceinline__ void mn_fused_chunk_grad(const mn_pset &P, const mn_f
     if (MN_BIAS) mn_bias_grad<MN_DV>(G[1 * MN_PER + 1], fb.dy, MN_LDV, cr, first, last, &ss[MN_PER + 1]);
     __syncthreads();
     const mn_gacc g1 = {G[0], MN_DH, MN_DK, first, last, &ss[0]};
-    mn_gemm<MN_PDH, MN_PDK, MN_FR, true, true>(fb.z, MN_LDH, fb.x, MN_LDK, g1, g1.pre());
+    mn_gemm<MN_PDH, MN_PDK, MN_FR, true, true, true, false, PRE>(fb.z, MN_LDH, fb.x, MN_LDK, g1, g1.pre());
     if (MN_BIAS) mn_bias_grad<MN_DH>(G[1], fb.z, MN_LDH, cr, first, last, &ss[1]);
 #else
     const mn_gacc g1 = {G[0], MN_DV, MN_DK, first, last, &ss[0]};
-    mn_gemm<MN_PDV, MN_PDK, MN_FR, true, true>(fb.dy, MN_LDV, fb.x, MN_LDK, g1, g1.pre());
+    mn_gemm<MN_PDV, MN_PDK, MN_FR, true, true, true, false, PRE>(fb.dy, MN_LDV, fb.x, MN_LDK, g1, g1.pre());
     if (MN_BIAS) mn_bias_grad<MN_DV>(G[1], fb.dy, MN_LDV, cr, first, last, &ss[1]);
     (void)P, (void)cr;
 #endif

@@ -62,6 +62,16 @@ __device__ void mn_fused_padding_tail(const mn_rule_kargs &a, const mn_pset &Wp,
  * out_norm (its rows are normalised by their own pass). */
 #define MN_FOLD (MN_P_AT_W && !MN_RETRIEVE_BEFORE && !MN_OUT_NORM && MN_STEP % MN_FR != 0)
 
+/* In tf32, the chunk's x rows and h are stored rounded as the products
+ * round them, where nothing but products reads them (no residual, no
+ * out_norm): each product then takes them as they are, not converting each
+ * element again at every tile that loads it (P1: x's elements went through
+ * 8 to 16 conversions a chunk, h's 4 to 8). The products, and so every
+ * output, are the same bits (rounding twice is rounding once), and the
+ * fused backward, which stores them unrounded and rounds at its loads,
+ * recomputes the same G. */
+#define MN_PRE (MN_PREC == 1 && !MN_RESIDUAL && !MN_OUT_NORM)
+
 extern "C" __global__ void __launch_bounds__(MN_FT, MN_FUSED_MINB) MN_CLUSTER_DIMS
 mn_fused_step_kernel(const mn_rule_kargs a)
 {
@@ -191,7 +201,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
             const bool first = r0 == 0, last = r0 + MN_FR >= grows;
             const bool fold = MN_FOLD && pending && first; /* row cr: the last step's last token */
             last_cr = cr;
-            mn_rows_store(fb.x, xnext, cr, fold ? fb.xs : 0);
+            mn_rows_store<MN_PRE>(fb.x, xnext, cr, fold ? fb.xs : 0);
             {
                 const long long tn = t + cr;
                 mn_rows_fetch(xnext, k + tn * MN_DK, tn >= n ? 0 : (n - tn < MN_FR ? (int)(n - tn) : MN_FR));
@@ -211,7 +221,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
             }
 #endif
             __syncthreads();
-            mn_fused_forward<true, true, MN_FOLD>(P, fb, cr, [&](int r, int j, float y0, float y1) {
+            mn_fused_forward<true, true, MN_FOLD, MN_PRE>(P, fb, cr, [&](int r, int j, float y0, float y1) {
                 *reinterpret_cast<float2 *>(fb.y + r * MN_LDV + j) = make_float2(y0, y1);
             }, fold ? cr + 1 : cr);
 
@@ -291,7 +301,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
 #endif
 
             /* backward at P */
-            mn_fused_chunk_grad(P, fb, G, cr, first, last, ss);
+            mn_fused_chunk_grad<MN_PRE>(P, fb, G, cr, first, last, ss);
             __syncthreads();
 
             /* the step's loss sum (trace), from the chunk's rows in shared memory */
@@ -308,7 +318,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                 {
                     float xq[MN_NX];
                     mn_rows_fetch(xq, (q ? q : k) + t * MN_DK, cr);
-                    mn_rows_store(fb.x, xq, cr);
+                    mn_rows_store<MN_PRE>(fb.x, xq, cr);
                 }
                 __syncthreads();
                 float *yo = y_out + t * MN_DV;
@@ -319,7 +329,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                 });
                 mn_fused_norm_rows(fb, ret_rows, MN_LN_G, MN_LN_B, yo);
 #else
-                mn_fused_forward<false, MN_P_AT_W>(Wp, fb, cr, [&](int r, int j, float y0, float y1) {
+                mn_fused_forward<false, MN_P_AT_W, false, MN_PRE>(Wp, fb, cr, [&](int r, int j, float y0, float y1) {
                     if (lead && r < ret_rows && j < MN_DV) mn_st_once(yo + r * MN_DV + j, y0);
                     if (lead && r < ret_rows && j + 1 < MN_DV) mn_st_once(yo + r * MN_DV + j + 1, y1);
                 });
