@@ -160,7 +160,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
 
     for (long long sl = 0; sl < nsteps; sl++) {
         const long long s_global = a.steps_done + sl, t0 = sl * MN_STEP;
-        const int rows = (int)(t0 + MN_STEP <= n ? MN_STEP : n - t0);
+        const int rows = (int)mn_step_rows_at(t0, n);
         bool at_current = MN_P_AT_W;
         if (!MN_P_AT_W && MN_REFRESH > 0 && s_global % (MN_REFRESH > 0 ? MN_REFRESH / MN_STEP : 1) == 0) {
             /* a new refresh block: the gradient point becomes W^(s) */
@@ -181,7 +181,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
         /* A step that starts in the padding leaves S and W as they are, and so
          * does every later one: the segment's tail is written at once. A step
          * that ends in it takes its grows real rows only. */
-        const int grows = (int)(t0 >= real_end ? 0 : (t0 + rows <= real_end ? rows : real_end - t0));
+        const int grows = (int)mn_real_rows_at(t0, rows, real_end);
         if (grows == 0) {
             mn_fused_padding_tail(a, Wp, A, sl, y_out, loss_out);
             break;
@@ -345,8 +345,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
         bool defer = false;
         if (MN_FOLD && y_out && !q && grows == rows && sl + 1 < nsteps) {
             const long long tn = t0 + MN_STEP;
-            const int rows_n = (int)(tn + MN_STEP <= n ? MN_STEP : n - tn);
-            const int grows_n = (int)(tn >= real_end ? 0 : (tn + rows_n <= real_end ? rows_n : real_end - tn));
+            const int rows_n = (int)mn_step_rows_at(tn, n), grows_n = (int)mn_real_rows_at(tn, rows_n, real_end);
             defer = grows_n > 0 && grows_n < MN_FR;
             if (defer)
                 for (int j = tid; j < MN_DK; j += MN_FT) fb.xs[j] = fb.x[(last_cr - 1) * MN_LDK + j];

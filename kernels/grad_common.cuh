@@ -239,18 +239,14 @@ __device__ double mn_vdot(const float *a, const float *b, long long n)
 
 /* ---- the run's index arithmetic (grad_cpu.c) ---- */
 
-__device__ __forceinline__ long long mn_steps_rows(long long n, long long s)
-{
-    return s * MN_STEP + MN_STEP <= n ? MN_STEP : n - s * MN_STEP;
-}
+__device__ __forceinline__ long long mn_steps_rows(long long n, long long s) { return mn_step_rows_at(s * MN_STEP, n); }
 
 /* Rows of step s that are real tokens (0: the step starts in the padding). */
 __device__ __forceinline__ long long mn_real_rows(const mn_grad_kargs &a, long long m, long long s)
 {
     long long t0 = s * MN_STEP, rows = mn_steps_rows(a.n, s);
     if (!a.lengths) return rows;
-    long long real = a.lengths[m / a.heads];
-    return t0 >= real ? 0 : (t0 + rows <= real ? rows : real - t0);
+    return mn_real_rows_at(t0, rows, a.lengths[m / a.heads]);
 }
 
 __device__ __forceinline__ bool mn_refresh_start(long long s)

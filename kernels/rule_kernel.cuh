@@ -409,6 +409,22 @@ __device__ __forceinline__ void mn_memory_params(float *const *base, long long m
 
 #define MN_NUMEL(p) mn_param_numel_glu(MN_LAYERS, MN_BIAS, MN_DK, MN_DV, MN_DH, (p))
 
+/* The rows of the step that starts at token t0 (the run's last step may be
+ * short), and how many of them are real tokens, before real_end (SPEC.md
+ * section 2's ragged batches; 0: the step starts in the padding). Every
+ * walk over the steps counts them so, forward and backward. rows keeps its
+ * caller's type (int in the forwards, long long in the backwards): so each
+ * kernel compiles to the instructions it had with the expression inline. */
+__device__ __forceinline__ long long mn_step_rows_at(long long t0, long long n)
+{
+    return t0 + MN_STEP <= n ? MN_STEP : n - t0;
+}
+
+template <class Rows> __device__ __forceinline__ long long mn_real_rows_at(long long t0, Rows rows, long long real_end)
+{
+    return t0 >= real_end ? 0 : (t0 + rows <= real_end ? rows : real_end - t0);
+}
+
 /* Ragged batches: padding tokens [from, to) of a memory have y = 0 and
  * loss = 0 (y_out NULL: no retrieval). No barrier: nothing else in the step
  * writes these rows. In the fused kernel the loops stay rolled: stores
@@ -470,7 +486,7 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kerne
 
     for (long long sl = 0; sl < nsteps; sl++) {
         const long long s_global = a.steps_done + sl, t0 = sl * MN_STEP;
-        const int rows = (int)(t0 + MN_STEP <= n ? MN_STEP : n - t0);
+        const int rows = (int)mn_step_rows_at(t0, n);
         /* Gradient point: the weights at the start of this step's refresh block. */
         float *const *P = W;
         bool at_current = MN_REFRESH == MN_STEP;
@@ -485,7 +501,7 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kerne
         }
         /* A step that starts in the padding leaves S and W as they are; the
          * others take their grows real rows (gradient, loss, retrieval). */
-        const int grows = (int)(t0 >= real ? 0 : (t0 + rows <= real ? rows : real - t0));
+        const int grows = (int)mn_real_rows_at(t0, rows, real);
         if (grows == 0) {
             mn_zero_padding(y_out, loss_out, t0, t0 + rows);
             const double wsq = mn_block_sum(mn_weight_sumsq_part(W));
