@@ -62,12 +62,20 @@ static long fused_static_smem(const mn_rule *r, int threads, int cluster)
     return fixed;
 }
 
+/* The dims of one block's share of a memory: with a cluster, its slice of
+ * the hidden units (fused_kernel.cuh's MN_DH). */
+static mn_dims block_slice(const mn_dims *d, int cluster)
+{
+    mn_dims slice = *d;
+    if (cluster > 1) slice.dh = d->dh / cluster;
+    return slice;
+}
+
 /* Floats of a block's step gradient G (unpadded, every parameter in order;
  * a cluster's block: its slice's), rounded up to whole float4s. */
 static long fused_grad_floats(const mn_rule *r, const mn_dims *d, int cluster)
 {
-    mn_dims slice = *d;
-    if (cluster > 1) slice.dh = d->dh / cluster;
+    const mn_dims slice = block_slice(d, cluster);
     mn_param_layout lo;
     mn_param_layout_init(&lo, r->layers, r->bias, r->glu, slice.dk, slice.dv, slice.dh);
     return (lo.total + 3) & ~3L;
@@ -97,8 +105,7 @@ static int fused_fit(const mn_rule *r, const mn_dims *d, int cluster, long limit
     }
     long first = up16(r->step < 64 ? r->step : 64);
     long fixed = fused_static_smem(r, threads, cluster);
-    mn_dims slice = *d;
-    if (cluster > 1) slice.dh = d->dh / cluster;
+    const mn_dims slice = block_slice(d, cluster);
     for (int rows = 64; rows >= 16; rows /= 2) {
         if (rows > first) continue;
         long need = mn_fused_smem_bytes(r, &slice, rows);
@@ -348,8 +355,7 @@ long mn_fused_work_floats(const mn_rule *r, const mn_dims *d, const mn_cuda_plan
     const long g = pl->g_shared ? 0 : fused_grad_floats(r, d, pl->cluster);
     if (mn_rule_refresh(r) == r->step) return g;
     /* and W in the padded layout (a block's slice) when the gradient point is the anchor */
-    mn_dims slice = *d;
-    if (pl->cluster > 1) slice.dh = d->dh / pl->cluster;
+    const mn_dims slice = block_slice(d, pl->cluster);
     return g + padded_param_floats(r, &slice);
 }
 
