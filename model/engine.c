@@ -146,19 +146,39 @@ static mn_status broadcast_param(mn_tensor *out, const mn_tensor *given, const c
 
 /* The memory state's tensors, W, then the anchors, then the momenta, each
  * parameter at a multiple of 64 floats (256 bytes, as cudaMalloc aligns: the
- * kernels' vector loads need 16), in one storage: one allocation, one fill
- * with zeros (the momenta, and the gaps, so that no copy reads unset
- * memory), the parameters written in, and the anchors copied from them in
- * one copy, where per tensor it was three allocations and three copies or
- * fills (P2's rule:run spent about 90 us here on an H100). A caller who
- * keeps only W keeps the block alive, as a view of any tensor does. */
+ * kernels' vector loads need 16), in one storage: one allocation, the
+ * parameters written in, the anchors copied from them in one copy, and
+ * zeros in one fill a run of what nothing writes (the momenta and biases
+ * not given, and the gaps, so that no copy reads unset memory), where per
+ * tensor it was three allocations and three copies or fills (P2's rule:run
+ * spent about 90 us here on an H100). A caller who keeps only W keeps the
+ * block alive, as a view of any tensor does.
+ *
+ * Where refresh = step, every step opens a refresh block and sets its
+ * anchor to W before anything reads it: the anchor is W itself there (the
+ * same view), and the block has no anchors' region. On M1 (512 memories of
+ * 16.6 k floats) the zeros over the whole block and the anchors' copy were
+ * about 50 us of GPU work queued before the step kernel. */
 #define MN_STATE_ALIGN 64
 
-/* copies x n tensors of the shapes full[i] (ndim[i] dims), zeros, as views
- * of one block in that order (sets[k][i]), each at a multiple of
- * MN_STATE_ALIGN floats. */
-static mn_status zeros_in_one_block(int n, int copies, const int64_t (*full)[4], const int *ndim, mn_tensor *const *sets,
-                                    mn_device dev)
+/* Zeros over floats [from, to) of block: one fill (a memset on the GPU). */
+static mn_status zero_range(const mn_tensor *block, int64_t from, int64_t to)
+{
+    if (from >= to) return MN_OK;
+    mn_tensor run = {0};
+    MN_TRY(mn_view_slice(&run, block, 0, from, to, 1));
+    mn_status s = mn_tensor_fill(&run, 0.0);
+    mn_tensor_release(&run);
+    return s;
+}
+
+/* sets_n x n tensors of the shapes full[i] (ndim[i] dims) as views of one
+ * block in that order (sets[k][i]), each at a multiple of MN_STATE_ALIGN
+ * floats. Where written[k][i], the caller writes tensor i of set k in full
+ * next; everything else (the other tensors, every gap) is made zero, each
+ * run of them in one fill. */
+static mn_status state_block(int n, int sets_n, const int64_t (*full)[4], const int *ndim, mn_tensor *const *sets,
+                             const bool (*written)[MN_MAX_PARAMS], mn_device dev)
 {
     int64_t off[MN_MAX_PARAMS + 1] = {0}, numel[MN_MAX_PARAMS];
     for (int i = 0; i < n; i++) {
@@ -166,18 +186,27 @@ static mn_status zeros_in_one_block(int n, int copies, const int64_t (*full)[4],
         for (int j = 0; j < ndim[i]; j++) numel[i] *= full[i][j];
         off[i + 1] = off[i] + (numel[i] + MN_STATE_ALIGN - 1) / MN_STATE_ALIGN * MN_STATE_ALIGN;
     }
-    const int64_t span = off[n], total = copies * span;
+    const int64_t span = off[n], total = sets_n * span;
     mn_tensor block = {0};
-    MN_TRY(mn_tensor_zeros(&block, MN_F32, 1, &total, dev));
+    MN_TRY(mn_tensor_empty(&block, MN_F32, 1, &total, dev));
     mn_status s = MN_OK;
-    for (int k = 0; k < copies && s == MN_OK; k++)
+    int64_t z0 = 0, z1 = 0; /* the run of zeros being gathered */
+    for (int k = 0; k < sets_n && s == MN_OK; k++)
         for (int i = 0; i < n && s == MN_OK; i++) {
             mn_tensor flat = {0};
-            const int64_t at = k * span + off[i];
+            const int64_t at = k * span + off[i], end = k * span + off[i + 1];
             s = mn_view_slice(&flat, &block, 0, at, at + numel[i], 1);
             if (s == MN_OK) s = mn_view_reshape(&sets[k][i], &flat, ndim[i], full[i]);
             mn_tensor_release(&flat);
+            const int64_t from = written[k][i] ? at + numel[i] : at; /* a written tensor's gap only */
+            if (s != MN_OK || from == end) continue;
+            if (from != z1) {
+                s = zero_range(&block, z0, z1);
+                z0 = from;
+            }
+            z1 = end;
         }
+    if (s == MN_OK) s = zero_range(&block, z0, z1);
     mn_tensor_release(&block);
     return s;
 }
@@ -228,8 +257,19 @@ mn_status mn_memory_create(mn_memory_state *st, const mn_rule *rule, const mn_di
     int64_t full[MN_MAX_PARAMS][4] = {{0}};
     int ndim[MN_MAX_PARAMS] = {0};
     param_full_shapes(rule, dims, st->nparams, full, ndim);
-    mn_tensor *const sets[3] = {st->params, st->anchor, st->momenta}; /* anchors_from_params reads this order */
-    mn_status s = zeros_in_one_block(st->nparams, 3, (const int64_t(*)[4])full, ndim, sets, dev);
+    /* which tensors come written: the parameters given, the anchors (copied
+     * from W below), the momenta given; the rest of the block is zeros */
+    const bool own_anchor = mn_rule_refresh(rule) != rule->step;
+    mn_tensor *const sets[3] = {st->params, own_anchor ? st->anchor : st->momenta, st->momenta};
+    const int sets_n = own_anchor ? 3 : 2; /* anchors_from_params reads this order */
+    bool written[3][MN_MAX_PARAMS] = {{false}};
+    for (int i = 0; i < st->nparams; i++) {
+        written[0][i] = init_params && init_params[i].storage;
+        written[1][i] = own_anchor || (init_momenta && init_momenta[i].storage);
+        written[2][i] = init_momenta && init_momenta[i].storage;
+    }
+    mn_status s = state_block(st->nparams, sets_n, (const int64_t(*)[4])full, ndim, sets,
+                              (const bool(*)[MN_MAX_PARAMS])written, dev);
     for (int i = 0; i < st->nparams && s == MN_OK; i++) {
         char name[16], sname[20];
         const int pdim = ndim[i] - 2;
@@ -245,8 +285,9 @@ mn_status mn_memory_create(mn_memory_state *st, const mn_rule *rule, const mn_di
         /* biases not given stay the block's zeros, as momenta not given do */
         const mn_tensor *m = init_momenta ? &init_momenta[i] : NULL;
         if (s == MN_OK && m && m->storage) s = broadcast_param(&st->momenta[i], m, sname, dims, pdim, pshape, dev);
+        if (s == MN_OK && !own_anchor) mn_tensor_share(&st->anchor[i], &st->params[i]);
     }
-    if (s == MN_OK && st->nparams > 0) s = anchors_from_params(st);
+    if (s == MN_OK && st->nparams > 0 && own_anchor) s = anchors_from_params(st);
     if (s == MN_OK) s = mn_memory_set_outer(st, NULL);
     if (s != MN_OK) mn_memory_free(st);
     return s;
@@ -492,13 +533,21 @@ mn_status mn_init_params(const mn_rule *rule, const mn_dims *dims, const char *s
     const mn_backend *be = dev == MN_CPU ? NULL : mn_backend_for(dev);
     if (dev != MN_CPU && !be) return MN_ERR_UNSUPPORTED; /* mn_backend_for said why */
     int np = mn_rule_param_count(rule);
-    /* every parameter a view of one block of zeros (as the memory state's,
-     * above): one allocation, and the biases (and zeros) need nothing more */
+    /* every parameter a view of one block (as the memory state's, above):
+     * one allocation; the weights drawn below are written in full, the
+     * biases (and every tensor under zeros) are the block's zeros */
     int64_t full[MN_MAX_PARAMS][4] = {{0}};
     int ndim[MN_MAX_PARAMS] = {0};
     param_full_shapes(rule, dims, np, full, ndim);
     mn_tensor *const sets[1] = {params};
-    mn_status s = zeros_in_one_block(np, 1, (const int64_t(*)[4])full, ndim, sets, dev);
+    bool drawn[1][MN_MAX_PARAMS] = {{false}};
+    for (int i = 0; i < np; i++) {
+        int layer;
+        bool is_bias;
+        mn_rule_param_role(rule, i, &layer, &is_bias);
+        drawn[0][i] = !is_bias && kind != ZEROS;
+    }
+    mn_status s = state_block(np, 1, (const int64_t(*)[4])full, ndim, sets, (const bool(*)[MN_MAX_PARAMS])drawn, dev);
     for (int i = 0; i < np && s == MN_OK; i++) {
         const int pdim = ndim[i] - 2;
         const int64_t *pshape = full[i] + 2;

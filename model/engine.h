@@ -23,7 +23,8 @@ typedef struct mn_memory_state {
     int nparams;
     mn_tensor params[MN_MAX_PARAMS];   /* W^(s) */
     mn_tensor momenta[MN_MAX_PARAMS];  /* S^(s) */
-    mn_tensor anchor[MN_MAX_PARAMS];   /* the gradient point Wbar of the current refresh block */
+    mn_tensor anchor[MN_MAX_PARAMS];   /* the gradient point Wbar of the current refresh block (where
+                                          refresh = step, W itself: the same views) */
     mn_tensor outer[MN_OUTER_COUNT];   /* out_norm's ln_g, ln_b [B,H,dv] (rule.h); empty without out_norm */
     int64_t steps_done;           /* s: steps taken since the initial state */
     mn_device device;

@@ -5,7 +5,8 @@
  * built-in losses, activations and clips equal their expression forms run as
  * custom parts; every derivative against finite differences in float64; the
  * memory state as mn_memory_create lays it out (one block: W, anchors,
- * momenta, each at 64 floats, the anchors W's values, given momenta kept);
+ * momenta, each at 64 floats, gaps zero, the anchors W's values or, where
+ * refresh = step, W's own views, given momenta kept);
  * and the errors that must come before anything runs. */
 #include "check.h"
 #include "engine.h"
@@ -508,39 +509,69 @@ static void test_errors(void)
 
 /* mn_memory_create's one block (model/engine.c, state_block): every tensor
  * its own 64-float-aligned, non-overlapping part; W the initial weights
- * broadcast, biases not given and momenta not given zero, the anchor W's
- * values in its own memory, momenta given kept; and a write to W reaching
- * neither the anchor nor the momenta. */
-static void test_state_layout(void)
+ * broadcast, biases not given and momenta not given zero, every gap zero
+ * (the block is made where junk was, so unset memory would show), given
+ * momenta kept; the anchor W's values in its own memory where refresh !=
+ * step (a write to W reaches neither it nor the momenta), and W itself (the
+ * same view, no region of its own) where refresh = step. */
+static void test_state_layout(int refresh_steps)
 {
+    char label[160];
     run_case c;
     case_make(&c, 2, 8, 4, 11);
+    c.rule.refresh = refresh_steps * c.rule.step;
+    const bool own_anchor = refresh_steps != 1;
     mn_tensor_release(&c.init[1]); /* b1 not given: zeros */
     mn_tensor mom[MN_MAX_PARAMS] = {{0}};
     mn_rng rng;
     mn_rng_seed(&rng, 5);
     int64_t wshape[2] = {6, 4};
     mn_tensor_randn(&mom[0], MN_F32, 2, wshape, 0, 1.0, &rng); /* S_W1 given as [dh, dk] */
+    /* junk where the block will be (a small block: malloc reuses the chunk) */
+    size_t junk_bytes = 3 * 4 * (128 + 64 + 64 + 64) * sizeof(float);
+    unsigned char *junk = malloc(junk_bytes);
+    if (junk) memset(junk, 0x7f, junk_bytes);
+    free(junk);
     mn_memory_state st;
     bool made = mn_memory_create(&st, &c.rule, &c.dims, c.init, mom, MN_CPU) == MN_OK;
-    CHECK("state: created", made);
+    snprintf(label, sizeof label, "state (refresh = %d steps): created", refresh_steps);
+    CHECK(label, made);
     if (!made) {
         mn_tensor_release(&mom[0]);
         case_free(&c);
         return;
     }
     bool aligned = true, one_block = true, disjoint = true, anchor_is_w = true, zeros = true, given = true;
-    const mn_tensor *all[3 * MN_MAX_PARAMS];
+    bool anchor_view = true;
+    const mn_tensor *all[3 * MN_MAX_PARAMS] = {0};
     int n = 0;
-    for (int p = 0; p < st.nparams; p++) all[n++] = &st.params[p], all[n++] = &st.anchor[p], all[n++] = &st.momenta[p];
+    for (int p = 0; p < st.nparams; p++) {
+        all[n++] = &st.params[p];
+        all[n++] = &st.momenta[p];
+        if (own_anchor) all[n++] = &st.anchor[p];
+        else anchor_view = anchor_view && st.anchor[p].storage == st.params[p].storage &&
+                           st.anchor[p].offset == st.params[p].offset &&
+                           mn_tensor_numel(&st.anchor[p]) == mn_tensor_numel(&st.params[p]);
+    }
+    int64_t covered = 0, gaps_nonzero = 0;
     for (int i = 0; i < n; i++) {
         aligned = aligned && all[i]->offset % 64 == 0 && mn_tensor_is_contiguous(all[i]);
         one_block = one_block && all[i]->storage == all[0]->storage;
+        covered += mn_tensor_numel(all[i]);
         for (int j = 0; j < i; j++) {
             const int64_t a0 = all[i]->offset, a1 = a0 + mn_tensor_numel(all[i]);
             const int64_t b0 = all[j]->offset, b1 = b0 + mn_tensor_numel(all[j]);
             disjoint = disjoint && (a1 <= b0 || b1 <= a0);
         }
+    }
+    /* every float of the block that no tensor covers */
+    const int64_t block_floats = (int64_t)(all[0]->storage->nbytes / sizeof(float));
+    const float *base = (const float *)all[0]->storage->data;
+    for (int64_t e = 0; e < block_floats; e++) {
+        bool inside = false;
+        for (int i = 0; i < n && !inside; i++)
+            inside = e >= all[i]->offset && e < all[i]->offset + mn_tensor_numel(all[i]);
+        if (!inside && base[e] != 0.0f) gaps_nonzero++;
     }
     for (int p = 0; p < st.nparams; p++) {
         const float *w = mn_tensor_data(&st.params[p]), *a = mn_tensor_data(&st.anchor[p]);
@@ -554,15 +585,31 @@ static void test_state_layout(void)
             else zeros = zeros && m[e] == 0.0f;
         }
     }
-    CHECK("state: one block", one_block);
-    CHECK("state: every tensor contiguous at a multiple of 64 floats", aligned);
-    CHECK("state: no two tensors overlap", disjoint);
-    CHECK("state: W the initial weights broadcast (b1 not given: 0), the anchor equal", anchor_is_w);
-    CHECK("state: momenta not given are 0", zeros);
-    CHECK("state: S_W1 given [dh, dk] is broadcast over B x H", given);
+#define CHECK_STATE(what, cond)                                                                                        \
+    do {                                                                                                               \
+        snprintf(label, sizeof label, "state (refresh = %d steps): %s", refresh_steps, what);                          \
+        CHECK(label, cond);                                                                                            \
+    } while (0)
+    CHECK_STATE("one block", one_block);
+    CHECK_STATE("every tensor contiguous at a multiple of 64 floats", aligned);
+    CHECK_STATE("no two tensors overlap", disjoint);
+    CHECK_STATE("W the initial weights broadcast (b1 not given: 0), the anchor equal", anchor_is_w);
+    CHECK_STATE("momenta not given are 0", zeros);
+    CHECK_STATE("S_W1 given [dh, dk] is broadcast over B x H", given);
+    CHECK_STATE("the gaps between tensors are 0", gaps_nonzero == 0 && block_floats > covered);
     const float before = ((const float *)mn_tensor_data(&st.params[0]))[0];
     ((float *)mn_tensor_data(&st.params[0]))[0] = before + 1.0f;
-    CHECK("state: a write to W leaves the anchor", ((const float *)mn_tensor_data(&st.anchor[0]))[0] == before);
+    const float anchor_now = ((const float *)mn_tensor_data(&st.anchor[0]))[0];
+    int64_t span = 0; /* one set's floats: each parameter at a multiple of 64 */
+    for (int p = 0; p < st.nparams; p++) span += (mn_tensor_numel(&st.params[p]) + 63) / 64 * 64;
+    CHECK_STATE("the block is W's, the momenta's and (refresh != step) the anchors' sets",
+                block_floats == (own_anchor ? 3 : 2) * span);
+    if (own_anchor) {
+        CHECK_STATE("a write to W leaves the anchor", anchor_now == before);
+    } else {
+        CHECK_STATE("the anchor is W's view (a write to W is the anchor's)", anchor_view && anchor_now == before + 1.0f);
+    }
+#undef CHECK_STATE
     mn_memory_free(&st);
     mn_tensor_release(&mom[0]);
     case_free(&c);
@@ -583,7 +630,8 @@ int main(void)
     test_backward_fd(2, MN_ACT_SILU, "backward MLP silu vs finite differences");
     test_backward_fd(2, MN_ACT_TANH, "backward MLP tanh vs finite differences");
     test_backward_fd(3, MN_ACT_GELU, "backward 3-layer gelu vs finite differences");
-    test_state_layout();
+    test_state_layout(1);
+    test_state_layout(2);
     test_errors();
     return CHECK_DONE();
 }
