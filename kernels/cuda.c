@@ -434,6 +434,7 @@ static const mn_backend cuda_backend = {
     .rownorm = mn_cuda_rownorm,
     .rownorm_vjp = mn_cuda_rownorm_vjp,
     .init_fill = mn_cuda_init_fill,
+    .tile_many = mn_cuda_tile_many,
     .stage_in = mn_cuda_stage_in,
     .stage_out = mn_cuda_stage_out,
 };

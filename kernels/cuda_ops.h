@@ -23,6 +23,7 @@ mn_status mn_cuda_copy(mn_tensor *dst, const mn_tensor *src);
 mn_status mn_cuda_fill(mn_tensor *dst, double value);
 /* Initial weights drawn on the device (model/random_counter.h; ops.h's init_fill). */
 mn_status mn_cuda_init_fill(mn_tensor *dst, int kind, double scale, uint64_t seed, uint64_t stream, int64_t period);
+mn_status mn_cuda_tile_many(int n, mn_tensor *const *dst, const mn_tensor *const *src);
 /* The row normalisation of model/rownorm.h (qk_norm's keys), with each
  * row's scale where scale is given, and its adjoint: one warp a row
  * (rownorm_warp.cuh). */

@@ -475,6 +475,57 @@ extern "C" mn_status mn_cuda_rownorm_vjp(mn_tensor *xbar, const mn_tensor *nhat,
     return MN_OK;
 }
 
+/* ---- several tiled copies in one launch (model/ops.h: tile_many) ---- */
+
+struct TileMany {
+    float *dst[MN_TILE_MANY];
+    const float *src[MN_TILE_MANY]; /* NULL: value[i] everywhere */
+    float value[MN_TILE_MANY];
+    int64_t n[MN_TILE_MANY], period[MN_TILE_MANY];
+};
+
+/* blockIdx.y picks the copy; the x blocks stride over it */
+__global__ void k_tile_many(const __grid_constant__ TileMany t)
+{
+    const int i = blockIdx.y;
+    float *d = t.dst[i];
+    const float *s = t.src[i];
+    const float value = t.value[i];
+    const int64_t n = t.n[i], period = t.period[i];
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x)
+        d[e] = !s ? value : s[period == n ? e : period == 1 ? 0 : e % period];
+}
+
+extern "C" mn_status mn_cuda_tile_many(int n, mn_tensor *const *dst, const mn_tensor *const *src)
+{
+    if (n < 0 || n > MN_TILE_MANY) return mn_fail(MN_ERR_ARG, "cuda tile_many: %d copies, at most %d", n, MN_TILE_MANY);
+    TileMany t;
+    memset(&t, 0, sizeof t);
+    int64_t most = 0;
+    for (int i = 0; i < n; i++) {
+        const int64_t dn = mn_tensor_numel(dst[i]), sn = mn_tensor_numel(src[i]);
+        const bool value = src[i]->storage && src[i]->storage->device == MN_CPU && sn == 1;
+        const mn_tensor *pair[2] = {dst[i], src[i]};
+        MN_TRY(check_cuda("tile_many", value ? 1 : 2, pair, false));
+        if (dst[i]->dtype != MN_F32 || src[i]->dtype != MN_F32 || !mn_tensor_is_contiguous(dst[i]) ||
+            !mn_tensor_is_contiguous(src[i]) || (dn > 0 && (sn == 0 || dn % sn != 0)))
+            return mn_fail(MN_ERR_ARG, "cuda tile_many: copy %d needs contiguous f32 tensors, the source's size "
+                                       "dividing the destination's (%lld into %lld)",
+                           i, (long long)sn, (long long)dn);
+        t.dst[i] = (float *)mn_tensor_data(dst[i]);
+        if (value) t.value[i] = *(const float *)mn_tensor_data(src[i]);
+        else t.src[i] = (const float *)mn_tensor_data(src[i]);
+        t.n[i] = dn;
+        t.period[i] = sn;
+        if (dn > most) most = dn;
+    }
+    if (most == 0) return MN_OK;
+    dim3 grid = {blocks_for(most), (unsigned)n, 1};
+    k_tile_many<<<grid, THREADS, 0, MN_STREAM>>>(t);
+    MN_CUDA_CHECK_LAUNCH();
+    return MN_OK;
+}
+
 /* ---- initial weights (model/random_counter.h): each element its own draw ---- */
 
 __global__ void k_init_fill(float *d, int64_t n, int kind, double scale, uint64_t seed, uint64_t stream,

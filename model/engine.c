@@ -118,11 +118,9 @@ static mn_status key_view(mn_tensor *out, const mn_tensor *src, const int64_t *s
 }
 
 /* Initial parameter or momentum i: [...], [H,...] or [B,H,...]. */
-static mn_status broadcast_param(mn_tensor *out, const mn_tensor *given, const char *name,
-                                 const mn_dims *d, int pdim, const int64_t *pshape, mn_device dev)
+static mn_status check_param_shape(const mn_tensor *given, const char *name, const mn_dims *d, int pdim,
+                                   const int64_t *pshape)
 {
-    int64_t full[MN_MAX_DIMS] = {d->B, d->H};
-    memcpy(full + 2, pshape, sizeof(int64_t) * pdim);
     char buf[128], want[128];
     int g = given->ndim;
     bool fits = g == pdim || g == pdim + 1 || g == pdim + 2;
@@ -140,8 +138,76 @@ static mn_status broadcast_param(mn_tensor *out, const mn_tensor *given, const c
                        name, shape_str(given, buf), shape_str(&tmp, want), want, want,
                        (long long)d->B, (long long)d->H);
     }
-    if (out->storage) return mn_tensor_copy_into(out, given); /* a place made for it (the state's block) */
+    return MN_OK;
+}
+
+/* Such a tensor into out, a place made for it (the state's block) where out
+ * has storage, else a new tensor. */
+static mn_status broadcast_param(mn_tensor *out, const mn_tensor *given, const char *name,
+                                 const mn_dims *d, int pdim, const int64_t *pshape, mn_device dev)
+{
+    MN_TRY(check_param_shape(given, name, d, pdim, pshape));
+    if (out->storage) return mn_tensor_copy_into(out, given);
+    int64_t full[MN_MAX_DIMS] = {d->B, d->H};
+    memcpy(full + 2, pshape, sizeof(int64_t) * pdim);
     return materialize(out, given, pdim + 2, full, dev);
+}
+
+/* Copies gathered for one launch (the backend's tile_many), where the
+ * device has it: a run's several small copies and fills each cost a driver
+ * call of microseconds, in rule:run's wall time. */
+typedef struct copy_batch {
+    const mn_backend *be; /* NULL: each at once */
+    int n;
+    mn_tensor *dst[MN_TILE_MANY];
+    const mn_tensor *src[MN_TILE_MANY];
+} copy_batch;
+
+static void batch_init(copy_batch *c, mn_device dev)
+{
+    memset(c, 0, sizeof *c);
+    const mn_backend *be = mn_backend_for(dev);
+    c->be = be && be->tile_many ? be : NULL;
+}
+
+static mn_status batch_run(copy_batch *c)
+{
+    if (c->n == 0) return MN_OK;
+    mn_status s = c->be->tile_many(c->n, c->dst, c->src);
+    c->n = 0;
+    return s;
+}
+
+/* The state's initial tensor given into its place: a given already on the
+ * device, contiguous and f32, joins the batch (a [B,H,...] tensor's layout
+ * is its place's, and an [H,...] or [...] one repeats every H or B x H
+ * memories: element e of the place is element e % numel of the given);
+ * anything else is copied at once. */
+static mn_status state_copy(copy_batch *c, mn_tensor *place, const mn_tensor *given, const char *name,
+                            const mn_dims *d, int pdim, const int64_t *pshape)
+{
+    MN_TRY(check_param_shape(given, name, d, pdim, pshape));
+    if (!c->be || c->n == MN_TILE_MANY || given->storage->device != place->storage->device ||
+        given->dtype != MN_F32 || !mn_tensor_is_contiguous(given))
+        return mn_tensor_copy_into(place, given);
+    c->dst[c->n] = place;
+    c->src[c->n++] = given;
+    return MN_OK;
+}
+
+/* A gate as the engines read it (input_view), where one given as a single
+ * f32 value (a number: a CPU scalar; or a scalar already on the device, as
+ * a resident experiment's) becomes a fill in the batch on a device. */
+static mn_status gate_view(copy_batch *c, mn_tensor *out, const mn_tensor *src, int ndim, const int64_t *shape,
+                           mn_device dev)
+{
+    const bool one_value = src->storage && (src->storage->device == MN_CPU || src->storage->device == dev) &&
+                           src->dtype == MN_F32 && mn_tensor_numel(src) == 1;
+    if (!c->be || c->n == MN_TILE_MANY || !one_value || dev == MN_CPU) return input_view(out, src, ndim, shape, dev);
+    MN_TRY(mn_tensor_empty(out, MN_F32, ndim, shape, dev));
+    c->dst[c->n] = out;
+    c->src[c->n++] = src;
+    return MN_OK;
 }
 
 /* The memory state's tensors, W, then the anchors, then the momenta, each
@@ -270,6 +336,8 @@ mn_status mn_memory_create(mn_memory_state *st, const mn_rule *rule, const mn_di
     }
     mn_status s = state_block(st->nparams, sets_n, (const int64_t(*)[4])full, ndim, sets,
                               (const bool(*)[MN_MAX_PARAMS])written, dev);
+    copy_batch copies;
+    batch_init(&copies, dev);
     for (int i = 0; i < st->nparams && s == MN_OK; i++) {
         char name[16], sname[20];
         const int pdim = ndim[i] - 2;
@@ -280,13 +348,14 @@ mn_status mn_memory_create(mn_memory_state *st, const mn_rule *rule, const mn_di
         mn_rule_param_name(rule, i, name, sizeof name);
         snprintf(sname, sizeof sname, "S_%s", name);
         const mn_tensor *p = init_params ? &init_params[i] : NULL;
-        if (p && p->storage) s = broadcast_param(&st->params[i], p, name, dims, pdim, pshape, dev);
+        if (p && p->storage) s = state_copy(&copies, &st->params[i], p, name, dims, pdim, pshape);
         else if (!is_bias) s = mn_fail(MN_ERR_ARG, "initial weight %s is missing", name);
         /* biases not given stay the block's zeros, as momenta not given do */
         const mn_tensor *m = init_momenta ? &init_momenta[i] : NULL;
-        if (s == MN_OK && m && m->storage) s = broadcast_param(&st->momenta[i], m, sname, dims, pdim, pshape, dev);
+        if (s == MN_OK && m && m->storage) s = state_copy(&copies, &st->momenta[i], m, sname, dims, pdim, pshape);
         if (s == MN_OK && !own_anchor) mn_tensor_share(&st->anchor[i], &st->params[i]);
     }
+    if (s == MN_OK) s = batch_run(&copies);
     if (s == MN_OK && st->nparams > 0 && own_anchor) s = anchors_from_params(st);
     if (s == MN_OK) s = mn_memory_set_outer(st, NULL);
     if (s != MN_OK) mn_memory_free(st);
@@ -487,15 +556,18 @@ mn_status mn_segment_inputs_materialize(const mn_memory_state *st, const mn_segm
     mn_status s = key_view(&mat.k, &in->k, kshape, dev, &st->rule);
     if (s == MN_OK) s = input_view(&mat.v, &in->v, 4, vshape, dev);
     if (s == MN_OK && in->q.storage) s = key_view(&mat.q, &in->q, kshape, dev, &st->rule);
-    if (s == MN_OK) s = input_view(&mat.theta, &in->theta, 3, tshape, dev);
+    copy_batch fills;
+    batch_init(&fills, dev);
+    if (s == MN_OK) s = gate_view(&fills, &mat.theta, &in->theta, 3, tshape, dev);
     if (s == MN_OK) {
-        if (in->eta.storage) s = input_view(&mat.eta, &in->eta, 3, sshape, dev);
+        if (in->eta.storage) s = gate_view(&fills, &mat.eta, &in->eta, 3, sshape, dev);
         else s = mn_tensor_zeros(&mat.eta, MN_F32, 3, sshape, dev);
     }
     if (s == MN_OK) {
-        if (in->alpha.storage) s = input_view(&mat.alpha, &in->alpha, 3, sshape, dev);
+        if (in->alpha.storage) s = gate_view(&fills, &mat.alpha, &in->alpha, 3, sshape, dev);
         else s = mn_tensor_zeros(&mat.alpha, MN_F32, 3, sshape, dev);
     }
+    if (s == MN_OK) s = batch_run(&fills);
     if (s == MN_OK && in->lengths.storage) s = lengths_view(&mat.lengths, &in->lengths, d->B, dev);
     if (s != MN_OK) mn_segment_inputs_release(&mat);
     *out = mat;

@@ -65,6 +65,8 @@ typedef struct mn_stage_io {
 /* The backend interface. Inputs arrive already expanded to out's shape
  * (stride-0 views where broadcast) and already of out's dtype where the op
  * needs that; out is freshly allocated and contiguous unless noted. */
+#define MN_TILE_MANY 8 /* the most copies one tile_many takes */
+
 typedef struct mn_backend {
     const char *name;
     mn_status (*unary)(mn_op op, mn_tensor *out, const mn_tensor *a);
@@ -93,6 +95,13 @@ typedef struct mn_backend {
      * contiguous, gets element e = mn_rc_init_value(kind, scale, seed,
      * stream, period > 0 ? e % period : e). NULL: drawn on the CPU. */
     mn_status (*init_fill)(mn_tensor *dst, int kind, double scale, uint64_t seed, uint64_t stream, int64_t period);
+    /* n copies in one go (a memory state's initial tensors, a run's gates:
+     * one launch, not one driver call each): dst[i] (f32, contiguous)
+     * element e = src[i] (f32, contiguous, of a numel that divides
+     * dst[i]'s) element e % numel(src[i]); src[i] is on dst's device, or is
+     * one value on the CPU (a fill). n <= MN_TILE_MANY. NULL: callers copy
+     * each. */
+    mn_status (*tile_many)(int n, mn_tensor *const *dst, const mn_tensor *const *src);
     /* Staged transfers between the host and a device, for big tensors on
      * their way from or to a file: nbytes at the device address dev move in
      * consecutive pieces through the device layer's own page-locked buffers

@@ -151,6 +151,59 @@ do
   end
 end
 
+-- The initial state given on the device is laid in by one launch
+-- (model/engine.c, state_copy: tile_many), given on the CPU tensor by
+-- tensor: [B,H,...], [H,...] and [...] tensors, momenta given or not,
+-- refresh = step (the anchor is W's view) and 2 steps (its own copy), a
+-- cluster of 2 and the large path. The same kernels on the same state: the
+-- outputs and the final state are the same bits either way.
+do
+  local function case(label, B, H, dk, dh, T_, rule_opts, init)
+    local d = data(B, H, T_, dk, dk, 11)
+    local rule = m.rule(rule_opts)
+    local plan = rule:plan { dk = dk, hidden = dh, B = B, H = H, precision = "fp32" }
+    local on_device = {}
+    for name, t in pairs(init) do on_device[name] = t:cuda() end
+    local host = rule:run { k = d.k, v = d.v, init = init, device = "cuda", precision = "fp32" }
+    local dev = rule:run { k = d.k, v = d.v, init = on_device, device = "cuda", precision = "fp32" }
+    local worst = 0
+    for name, t in pairs(host.final) do worst = math.max(worst, (dev.final[name]:cpu() - t:cpu()):abs():max()) end
+    worst = math.max(worst, (dev.outputs.y:cpu() - host.outputs.y:cpu()):abs():max())
+    local what = ("fused/state given on the device (%s; %s path, cluster %s)"):format(label, plan.path,
+      tostring(plan.cluster))
+    T.eq(what .. ": the same outputs and final state", worst, 0)
+    -- and both are the run of that state: the final W1 moved from the initial one
+    local w1 = init.W1:dim() == 4 and init.W1 or init.W1:expand(B, H, dh, dk)
+    local moved = (host.final.W1:cpu() - w1):abs():max()
+    T.ok(what .. ": W1 was updated", moved > 0, tostring(moved))
+    return plan
+  end
+  local B, H, dk, dh = 2, 3, 16, 24
+  m.seed(5)
+  local full = { W1 = m.randn(B, H, dh, dk) * 0.2, b1 = m.randn(B, H, dh) * 0.1, W2 = m.randn(B, H, dk, dh) * 0.2,
+    b2 = m.randn(B, H, dk) * 0.1 }
+  local mixed = { W1 = m.randn(H, dh, dk) * 0.2, b1 = m.randn(dh) * 0.1, W2 = m.randn(dk, dh) * 0.2,
+    b2 = m.randn(H, dk) * 0.1 }
+  local with_momentum = { W1 = m.randn(H, dh, dk) * 0.2, W2 = m.randn(dk, dh) * 0.2, S_W1 = m.randn(dh, dk) * 0.01 }
+  for _, refresh in ipairs { 8, 16 } do
+    local opts = { layers = 2, hidden = dh, activation = "gelu", step = 8, refresh = refresh, theta = 0.1, eta = 0.9,
+      alpha = 0.01, clip = "norm", clip_max = 1 }
+    case(("refresh %d, [B,H,...] given"):format(refresh), B, H, dk, dh, 48, opts, full)
+    case(("refresh %d, [H,...] and [...] given"):format(refresh), B, H, dk, dh, 48, opts, mixed)
+    case(("refresh %d, biases left out, S_W1 given"):format(refresh), B, H, dk, dh, 48, opts, with_momentum)
+  end
+  m.seed(6)
+  local wide = { W1 = m.randn(2, 256, 128) * 0.05, b1 = m.randn(256) * 0.1, W2 = m.randn(2, 128, 256) * 0.05,
+    b2 = m.randn(128) * 0.1 }
+  local p2 = case("dk 128, hidden 256", 1, 2, 128, 256, 40, { layers = 2, hidden = 256, activation = "gelu", step = 16,
+    theta = 0.05, eta = 0.9, clip = "norm", clip_max = 1 }, wide)
+  T.eq("fused/state given on the device: dk 128, hidden 256 is planned on a cluster of 2", p2.cluster, 2)
+  local big = { W1 = m.randn(1, 64, 256) * 0.05, W2 = m.randn(256, 64) * 0.05 }
+  local p3 = case("dk 256, hidden 64", 1, 1, 256, 64, 40, { layers = 2, hidden = 64, bias = false, activation = "gelu",
+    step = 16, theta = 0.05, eta = 0.9 }, big)
+  T.eq("fused/state given on the device: dk 256 is planned on the large path", p3.path, "large")
+end
+
 -- stateful: a memory fed piece by piece on the fused path equals one run
 do
   local rule = m.rule { layers = 2, hidden = 32, step = 8, theta = 0.1, eta = 0.9 }

@@ -2,7 +2,8 @@
  * ops.def on random inputs (with NaN, infinities, zeros and halves mixed in),
  * each dtype, contiguous, strided and broadcast operands; where; whole-tensor
  * and per-dim reductions, argmax/argmin; matmul; copies between the devices
- * with dtype conversion; the caching allocator (reuse, out of memory);
+ * with dtype conversion; tile_many's copies and fills in one launch; the
+ * caching allocator (reuse, out of memory);
  * pending asynchronous errors. Tolerances: f64 1e-12 and f32 1e-6 relative
  * per element (both backends evaluate op_math.h in double), reductions 1e-9
  * (double accumulation on both), matmul relative L2 error f32 1e-5, f64
@@ -532,6 +533,50 @@ static void test_copies(void)
     for (int i = 0; i < COUNT(all); i++) mn_tensor_release(all[i]);
 }
 
+/* tile_many (ops.h): several copies and fills in one launch, against the
+ * CPU backend's loops: a whole copy, a source repeated (its numel divides
+ * the destination's, as an [H,...] initial weight fills [B,H,...]), a value
+ * from the host (a gate given as a number), an empty destination; and the
+ * refusal of a source that does not divide. */
+static void test_tile_many(void)
+{
+    const mn_backend *gpu = mn_backend_for(MN_CUDA), *cpu = mn_cpu_backend();
+    if (!gpu->tile_many || !cpu->tile_many) {
+        CHECK("cuda_ops/tile_many: both backends have it", false);
+        return;
+    }
+    int64_t whole[1] = {3000}, part[1] = {40}, one_shape[1] = {1}, none[1] = {0}, dst_n[1] = {120 * 40};
+    mn_tensor src_full = rand_cpu(MN_F32, 1, whole, -1, 1, true), src_part = rand_cpu(MN_F32, 1, part, -1, 1, true);
+    mn_tensor value = {0};
+    must(mn_tensor_full(&value, MN_F32, 1, one_shape, -3.25, MN_CPU), "full");
+    mn_tensor g_full = to_dev(&src_full, MN_CUDA), g_part = to_dev(&src_part, MN_CUDA);
+    mn_tensor cd[4] = {{0}}, gd[4] = {{0}};
+    const int64_t *shapes[4] = {whole, dst_n, dst_n, none};
+    for (int i = 0; i < 4; i++) {
+        must(mn_tensor_zeros(&cd[i], MN_F32, 1, shapes[i], MN_CPU), "zeros");
+        must(mn_tensor_full(&gd[i], MN_F32, 1, shapes[i], 9.0, MN_CUDA), "full on cuda");
+    }
+    mn_tensor *cdst[4] = {&cd[0], &cd[1], &cd[2], &cd[3]}, *gdst[4] = {&gd[0], &gd[1], &gd[2], &gd[3]};
+    const mn_tensor *csrc[4] = {&src_full, &src_part, &value, &src_part}, *gsrc[4] = {&g_full, &g_part, &value, &g_part};
+    must(cpu->tile_many(4, cdst, csrc), "cpu tile_many");
+    CHECK("cuda_ops/tile_many: runs", gpu->tile_many(4, gdst, gsrc) == MN_OK);
+    check_same("cuda_ops/tile_many/whole", &gd[0], &cd[0], 0);
+    check_same("cuda_ops/tile_many/repeated", &gd[1], &cd[1], 0);
+    check_same("cuda_ops/tile_many/value", &gd[2], &cd[2], 0);
+    CHECK("cuda_ops/tile_many/repeated: element 40 * 7 + 5 is the source's 5",
+          ((const float *)mn_tensor_data(&cd[1]))[40 * 7 + 5] == ((const float *)mn_tensor_data(&src_part))[5]);
+    mn_tensor *bad_dst[1] = {&gd[1]};
+    const mn_tensor *bad_src[1] = {&g_full}; /* 3000 does not divide 4800 */
+    CHECK("cuda_ops/tile_many: a source that does not divide is refused",
+          gpu->tile_many(1, bad_dst, bad_src) == MN_ERR_ARG && strstr(mn_last_error(), "dividing") != NULL);
+    mn_tensor *all[] = {&src_full, &src_part, &value, &g_full, &g_part};
+    for (int i = 0; i < COUNT(all); i++) mn_tensor_release(all[i]);
+    for (int i = 0; i < 4; i++) {
+        mn_tensor_release(&cd[i]);
+        mn_tensor_release(&gd[i]);
+    }
+}
+
 /* ---- the allocator ---- */
 
 static void test_allocator(void)
@@ -751,6 +796,7 @@ int main(void)
     test_argreduce();
     test_matmul();
     test_copies();
+    test_tile_many();
     test_allocator();
     test_rownorm();
     test_rownorm_adjoint();
