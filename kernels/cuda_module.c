@@ -96,6 +96,8 @@ static mn_status take_full(mn_cuda_module *m, cudaLibrary_t lib)
     m->lib = lib; /* the fast library stays loaded: a caller's CUDA graph may hold its kernels */
     memcpy(m->k, k, sizeof k);
     m->set_constants = setter;
+    m->smem_set = 0; /* new kernels, a new library's constant memory: nothing set on them yet */
+    m->constants_set = false;
     stats.upgraded++;
     return MN_OK;
 }
@@ -245,14 +247,35 @@ mn_status mn_cuda_compile_wait(int *moved)
     return first == MN_OK ? MN_OK : mn_fail(first, "%s", message);
 }
 
-mn_status mn_cuda_module_set_constants(const mn_cuda_module *m, const mn_rule *r, cudaStream_t stream)
+/* A run on the legacy stream whose constants are those last set skips the
+ * setter: nothing else writes a library's constant memory, and the legacy
+ * stream cannot be captured. A caller's stream can: a CUDA graph holding
+ * the setter may replay it later, so from the first such run on, m sets its
+ * constants every run. */
+mn_status mn_cuda_module_set_constants(mn_cuda_module *m, const mn_rule *r, cudaStream_t stream)
 {
     if (!m->set_constants) return MN_OK;
     mn_rule_constants k;
+    memset(&k, 0, sizeof k); /* padding too: compared as bytes */
     mn_cuda_rule_constants(r, &k);
+    if (stream) m->constants_uncached = true;
+    if (!m->constants_uncached && m->constants_set && memcmp(&k, &m->constants_last, sizeof k) == 0) return MN_OK;
     void *args[1] = {&k}; /* copied at the launch: k may go */
     dim3 one = {1, 1, 1};
+    m->constants_set = false;
     MN_CUDA_CHECK(cudaLaunchKernel((const void *)m->set_constants, one, one, args, 0, stream));
     MN_CUDA_CHECK_LAUNCH();
+    m->constants_last = k;
+    m->constants_set = true;
+    return MN_OK;
+}
+
+mn_status mn_cuda_module_set_smem(mn_cuda_module *m, long smem_bytes)
+{
+    if (m->smem_set == smem_bytes) return MN_OK;
+    m->smem_set = 0;
+    MN_CUDA_CHECK(cudaKernelSetAttributeForDevice(m->k[0], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  (int)smem_bytes, 0)); /* device 0: kernels/cuda.c */
+    m->smem_set = smem_bytes;
     return MN_OK;
 }

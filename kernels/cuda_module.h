@@ -6,6 +6,7 @@
 
 #include "../model/mn.h"
 #include "../model/rule.h"
+#include "codegen.h"
 #include "cuda.h"
 #include <cuda_runtime.h>
 
@@ -25,6 +26,12 @@ typedef struct mn_cuda_module {
     cudaKernel_t k[MN_MODULE_MAX_KERNELS]; /* in the order of the names asked for */
     cudaKernel_t set_constants;            /* MN_SET_CONSTANTS_KERNEL where the source has it, else NULL */
     const char *names[MN_MODULE_MAX_KERNELS + 1];
+    /* What a run set last, so that the next run with the same skips the
+     * driver call (each one is microseconds of rule:run's host time): */
+    long smem_set;               /* k[0]'s dynamic shared memory limit (0: not set on these kernels) */
+    bool constants_set;          /* the constants below are in the library's constant memory */
+    bool constants_uncached;     /* a run on a caller's stream (which a CUDA graph may replay later) set them */
+    mn_rule_constants constants_last; /* as last set */
     bool moves;                 /* on the fast tier, to move to the full one (MNEMO_COMPILE=tiered) */
     char *src;                  /* the source, while it moves */
     struct mn_compile_job *job; /* the full tier's compile, once started */
@@ -69,6 +76,9 @@ mn_status mn_cuda_module_touch(mn_cuda_module *m, double work);
  * the host, so that a caller's CUDA-graph capture records it with the
  * values. Every run of a module calls this first: modules are shared by
  * rules that differ only in their constants. */
-mn_status mn_cuda_module_set_constants(const mn_cuda_module *m, const mn_rule *r, cudaStream_t stream);
+mn_status mn_cuda_module_set_constants(mn_cuda_module *m, const mn_rule *r, cudaStream_t stream);
+/* The largest dynamic shared memory k[0] may be launched with, set where it
+ * differs from what is set. */
+mn_status mn_cuda_module_set_smem(mn_cuda_module *m, long smem_bytes);
 
 #endif

@@ -49,9 +49,7 @@ static mn_status rule_module(const mn_rule *r, const mn_dims *d, mn_precision p,
     bool fused = pl->path == MN_PATH_FUSED;
     MN_TRY(mn_cuda_module_for(r, d, p, templates, defines, fused ? fused_kernels : general_kernels, work, out));
     /* past 48 KB, dynamic shared memory must be asked for */
-    if (fused)
-        MN_CUDA_CHECK(cudaKernelSetAttributeForDevice((*out)->k[K_STEP], cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                      (int)pl->smem_bytes, 0));
+    if (fused) MN_TRY(mn_cuda_module_set_smem(*out, pl->smem_bytes));
     return MN_OK;
 }
 

@@ -141,9 +141,7 @@ static mn_status kernel_for(const mn_rule *r, const mn_dims *d, mn_precision pre
     free(src);
     MN_TRY(s);
     MN_TRY(mn_cuda_module_set_constants(gk->mod, r, (cudaStream_t)mn_cuda_get_stream()));
-    if (gk->smem > 48 * 1024)
-        MN_CUDA_CHECK(cudaKernelSetAttributeForDevice(gk->mod->k[0], cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                      (int)gk->smem, 0));
+    if (gk->smem > 48 * 1024) MN_TRY(mn_cuda_module_set_smem(gk->mod, gk->smem));
     return MN_OK;
 }
 
