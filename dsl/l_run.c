@@ -11,6 +11,9 @@
 #include "../model/h5.h"
 #include "../model/ops.h"
 #include "../model/random.h"
+#ifdef MN_HAVE_CUDA
+#include "../kernels/cuda.h"
+#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -375,12 +378,28 @@ int l_rule_run(lua_State *L)
         l_raise(L);
     g->state.precision = prec;
     int grad_ctx = l_grad_begin(L, 2); /* grad = true: what res:backward needs (l_grad.c) */
-    if (l_grad_forward(L, grad_ctx, &g->state, &in, &g->out) != MN_OK) l_raise(L);
-    if (mn_result_tree(&lr->rule, NULL, &g->state, &g->out, mn_device_name(dev), mn_precision_name(prec), true,
-                       &g->tree) != MN_OK)
-        l_raise(L);
-    l_push_tree(L, g->tree);
-    l_grad_attach(L, grad_ctx, &lr->rule, 2, &d, &in, g->params, g->momenta, g->outer);
+    /* On cuda the result table is built while the step kernel runs; the
+     * wait (and a fault of the kernel's) comes before rule:run returns. */
+    const bool overlap = dev == MN_CUDA;
+#ifdef MN_HAVE_CUDA
+    if (overlap) mn_cuda_defer_begin();
+#endif
+    mn_status s = l_grad_forward(L, grad_ctx, &g->state, &in, &g->out);
+    if (s == MN_OK)
+        s = mn_result_tree(&lr->rule, NULL, &g->state, &g->out, mn_device_name(dev), mn_precision_name(prec), true,
+                           &g->tree);
+    if (s == MN_OK) {
+        l_push_tree(L, g->tree);
+        l_grad_attach(L, grad_ctx, &lr->rule, 2, &d, &in, g->params, g->momenta, g->outer);
+    }
+#ifdef MN_HAVE_CUDA
+    if (overlap) {
+        mn_status waited = mn_cuda_defer_end();
+        if (s == MN_OK) s = waited; /* else the first error is the one to report */
+    }
+#endif
+    (void)overlap; /* a build without CUDA runs no cuda */
+    if (s != MN_OK) l_raise(L);
     guard_release(g); /* the result table holds its own tensor references now */
     l_device_pressure(L);
     return 1;

@@ -66,6 +66,16 @@ void mn_cuda_grad_register(void);
 void mn_cuda_set_stream(void *stream);
 void *mn_cuda_get_stream(void);
 
+/* rule:run's overlap (dsl/l_run.c): from mn_cuda_defer_begin on, a rule's
+ * step kernel on the legacy stream returns at its launch; its wait, with
+ * any fault it had and its profile record, comes at mn_cuda_defer_end (or
+ * at the next launch), so that the host work between (the result table)
+ * runs while the kernel does. What the run freed (its workspace) may go to
+ * the next request meanwhile: on the one stream, after the kernel. A begin
+ * finishes a wait a caller left pending (one that raised before its end). */
+void mn_cuda_defer_begin(void);
+mn_status mn_cuda_defer_end(void);
+
 /* Surface an asynchronous error from earlier launches (the REPL calls this
  * after each statement); MN_OK when there is none. */
 mn_status mn_cuda_check_pending(void);

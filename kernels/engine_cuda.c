@@ -223,15 +223,56 @@ static mn_status prepare(const mn_memory_state *st, int64_t memories, const mn_c
     return mn_cuda_alloc(*work_bytes, work);
 }
 
+/* A launch's wait, deferred (mn_cuda_defer_begin, kernels/cuda.h): the
+ * launch that waits, and what its profile record needs. */
+static struct {
+    bool on, pending, timed;
+    char name[48];
+    dim3 grid, block;
+} deferred;
+
+/* The wait of the launch that went before, with its fault and its profile record. */
+static mn_status finish_launch(cudaStream_t stream, bool timed, const char *name, dim3 grid, dim3 block)
+{
+    MN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (timed) {
+        float ms = 0;
+        MN_CUDA_CHECK(cudaEventElapsedTime(&ms, prof.start, prof.stop));
+        profile_record(name, ms, grid, block);
+    }
+    return MN_OK;
+}
+
+static mn_status finish_deferred(void)
+{
+    if (!deferred.pending) return MN_OK;
+    deferred.pending = false;
+    return finish_launch(NULL, deferred.timed, deferred.name, deferred.grid, deferred.block);
+}
+
+void mn_cuda_defer_begin(void)
+{
+    (void)finish_deferred(); /* one left by a caller that raised before its end: its fault shows on the next call */
+    deferred.on = true;
+}
+
+mn_status mn_cuda_defer_end(void)
+{
+    deferred.on = false;
+    return finish_deferred();
+}
+
 /* Launch on the layer's current stream (the legacy default stream unless a
  * caller set one: mn_cuda_set_stream) and wait: a fault inside the kernel is
- * reported by this call, not by whatever runs next. Under stream capture
- * (a CUDA graph) there is nothing to wait for: the launch is recorded, not
- * run. With profiling on, events either side time it (the wait is there
- * anyway). */
+ * reported by this call, not by whatever runs next; or, between
+ * mn_cuda_defer_begin and mn_cuda_defer_end on the legacy stream, by the
+ * end. Under stream capture (a CUDA graph) there is nothing to wait for:
+ * the launch is recorded, not run. With profiling on, events either side
+ * time it (the wait is there anyway). */
 static mn_status launch(const mn_cuda_module *m, cudaKernel_t kernel, const char *kname, int threads, long smem,
                         int64_t blocks, mn_rule_kargs *a)
 {
+    MN_TRY(finish_deferred()); /* the profile's events are one pair: the last launch's */
     /* a cluster kernel's cluster size is compiled in (__cluster_dims__): blocks is a multiple of it */
     dim3 grid = {(unsigned)blocks, 1, 1}, block = {(unsigned)threads, 1, 1};
     void *args[1] = {a};
@@ -245,15 +286,17 @@ static mn_status launch(const mn_cuda_module *m, cudaKernel_t kernel, const char
     MN_CUDA_CHECK_LAUNCH();
     if (captured) return MN_OK;
     if (timed) MN_CUDA_CHECK(cudaEventRecord(prof.stop, stream));
-    MN_CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (timed) {
-        float ms = 0;
-        MN_CUDA_CHECK(cudaEventElapsedTime(&ms, prof.start, prof.stop));
-        char name[48];
-        snprintf(name, sizeof name, "%s [%.8s]", kname, m->key);
-        profile_record(name, ms, grid, block);
+    char name[48];
+    snprintf(name, sizeof name, "%s [%.8s]", kname, m->key);
+    if (deferred.on && !stream) {
+        deferred.pending = true;
+        deferred.timed = timed;
+        memcpy(deferred.name, name, sizeof name);
+        deferred.grid = grid;
+        deferred.block = block;
+        return MN_OK;
     }
-    return MN_OK;
+    return finish_launch(stream, timed, name, grid, block);
 }
 
 static mn_status cuda_segment_run(mn_memory_state *st, const mn_segment_inputs *in, mn_segment_outputs *out,
@@ -268,6 +311,7 @@ static mn_status cuda_segment_run(mn_memory_state *st, const mn_segment_inputs *
     MN_TRY(device_plan(&st->rule, &st->dims, st->precision, &pl));
     /* it keeps the step count and reports progress itself */
     if (pl.path == MN_PATH_LARGE) {
+        MN_TRY(finish_deferred()); /* its stream is not ordered after a launch left waiting */
         /* the large path runs on a stream of its own and waits for it:
          * what a caller queued on its stream (the inputs) must be done */
         cudaStream_t caller = (cudaStream_t)mn_cuda_get_stream();
