@@ -66,6 +66,13 @@ const char *mn_nvrtc_options(int arch, mn_tier tier, char *buf, size_t len)
     return buf;
 }
 
+/* NVRTC 12.9 and later keep compiles in a cache of their own: a hit skips
+ * ptxas, and its -v report is missing from the log (on the lent H100s, the
+ * second compile of a source in a fresh MNEMO_CACHE took 60 ms and reported
+ * no kernel). --no-cache (not part of the cache key: the same CUBIN) asks
+ * for the whole compile where the report is what is wanted. */
+#define NVRTC_NO_CACHE_SINCE 12090
+
 /* ---- the key: two unrelated 64-bit hashes of the same bytes ---- */
 
 typedef struct { uint64_t a, b; } hash128;
@@ -148,16 +155,17 @@ static double now_ms(void)
 
 /* Compile src; on success *cubin (when wanted) gets the CUBIN, and *info
  * (when wanted) the kernels' resources from the log and the PTX. */
-static mn_status compile(const char *src, int arch, mn_tier tier, char **log_out, void **cubin, size_t *size,
-                         mn_kernel_set *info)
+static mn_status compile(const char *src, int arch, mn_tier tier, bool no_cache, char **log_out, void **cubin,
+                         size_t *size, mn_kernel_set *info)
 {
     if (log_out) *log_out = NULL;
     if (arch < 50) return mn_fail(MN_ERR_DEVICE, "nvrtc: no device architecture to compile for (sm_%d)", arch);
     nvrtcProgram prog;
     MN_TRY(NVRTC_ST(nvrtcCreateProgram(&prog, src, "mnemo_rule.cu", 0, NULL, NULL)));
     char arch_opt[32];
-    const char *opts[N_OPTIONS];
+    const char *opts[N_OPTIONS + 1];
     int nopts = options_of(arch, tier, arch_opt, opts);
+    if (no_cache && mn_nvrtc_version() >= NVRTC_NO_CACHE_SINCE) opts[nopts++] = "--no-cache";
     double t0 = now_ms();
     nvrtcResult res = nvrtcCompileProgram(prog, nopts, opts);
     double ms = now_ms() - t0;
@@ -198,7 +206,7 @@ static mn_status compile(const char *src, int arch, mn_tier tier, char **log_out
 
 mn_status mn_cuda_compile_check(const char *src, int arch, char **log)
 {
-    return compile(src, arch, MN_TIER_FULL, log, NULL, NULL, NULL);
+    return compile(src, arch, MN_TIER_FULL, true, log, NULL, NULL, NULL); /* the log with ptxas's report */
 }
 
 /* ---- the disk cache ---- */
@@ -270,6 +278,7 @@ static info_entry *infos;
 
 static void remember(const mn_kernel_set *set)
 {
+    if (set->n == 0) return; /* no report (NVRTC's cache): nothing to recall */
     info_entry *e = infos;
     while (e && strcmp(e->set.key, set->key) != 0) e = e->next;
     if (!e) {
@@ -360,7 +369,7 @@ static void cache_write(const char *key, const void *cubin, size_t size, const m
     char path[4200];
     if (!cache_path(key, "cubin", path, sizeof path)) return;
     write_file(path, cubin, size);
-    if (cache_path(key, "info", path, sizeof path)) write_info(path, info);
+    if (info->n > 0 && cache_path(key, "info", path, sizeof path)) write_info(path, info); /* else no report */
 }
 
 bool mn_nvrtc_cache_writable(void)
@@ -393,7 +402,7 @@ mn_status mn_nvrtc_cubin(const char *src, int arch, mn_tier tier, bool fresh, ch
     mn_nvrtc_key(src, arch, tier, key);
     if (!fresh && mn_nvrtc_read_cached(key, cubin, size)) return MN_OK;
     mn_kernel_set info;
-    MN_TRY(compile(src, arch, tier, NULL, cubin, size, &info));
+    MN_TRY(compile(src, arch, tier, false, NULL, cubin, size, &info));
     memcpy(info.key, key, sizeof info.key);
     remember(&info);
     cache_write(key, *cubin, *size, &info);
@@ -416,7 +425,12 @@ mn_status mn_nvrtc_kernel_info(const char *src, int arch, mn_kernel_set *out)
     }
     void *cubin = NULL;
     size_t size = 0;
-    MN_TRY(compile(src, arch, MN_TIER_FULL, NULL, &cubin, &size, out));
+    MN_TRY(compile(src, arch, MN_TIER_FULL, false, NULL, &cubin, &size, out));
+    if (out->n == 0) { /* NVRTC's own cache served it: no report; once more, whole */
+        free(cubin);
+        cubin = NULL;
+        MN_TRY(compile(src, arch, MN_TIER_FULL, true, NULL, &cubin, &size, out));
+    }
     memcpy(out->key, key, sizeof out->key);
     out->cached = false;
     remember(out);
