@@ -380,8 +380,8 @@ int l_rule_run(lua_State *L)
     int grad_ctx = l_grad_begin(L, 2); /* grad = true: what res:backward needs (l_grad.c) */
     /* On cuda the result table is built while the step kernel runs; the
      * wait (and a fault of the kernel's) comes before rule:run returns. */
-    const bool overlap = dev == MN_CUDA;
 #ifdef MN_HAVE_CUDA
+    const bool overlap = dev == MN_CUDA;
     if (overlap) mn_cuda_defer_begin();
 #endif
     mn_status s = l_grad_forward(L, grad_ctx, &g->state, &in, &g->out);
@@ -398,7 +398,6 @@ int l_rule_run(lua_State *L)
         if (s == MN_OK) s = waited; /* else the first error is the one to report */
     }
 #endif
-    (void)overlap; /* a build without CUDA runs no cuda */
     if (s != MN_OK) l_raise(L);
     guard_release(g); /* the result table holds its own tensor references now */
     l_device_pressure(L);

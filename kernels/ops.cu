@@ -498,7 +498,7 @@ __global__ void k_tile_many(const __grid_constant__ TileMany t)
 
 extern "C" mn_status mn_cuda_tile_many(int n, mn_tensor *const *dst, const mn_tensor *const *src)
 {
-    if (n < 0 || n > MN_TILE_MANY) return mn_fail(MN_ERR_ARG, "cuda tile_many: %d copies, at most %d", n, MN_TILE_MANY);
+    MN_TRY(mn_tile_many_check(n, dst, src));
     TileMany t;
     memset(&t, 0, sizeof t);
     int64_t most = 0;
@@ -507,11 +507,6 @@ extern "C" mn_status mn_cuda_tile_many(int n, mn_tensor *const *dst, const mn_te
         const bool value = src[i]->storage && src[i]->storage->device == MN_CPU && sn == 1;
         const mn_tensor *pair[2] = {dst[i], src[i]};
         MN_TRY(check_cuda("tile_many", value ? 1 : 2, pair, false));
-        if (dst[i]->dtype != MN_F32 || src[i]->dtype != MN_F32 || !mn_tensor_is_contiguous(dst[i]) ||
-            !mn_tensor_is_contiguous(src[i]) || (dn > 0 && (sn == 0 || dn % sn != 0)))
-            return mn_fail(MN_ERR_ARG, "cuda tile_many: copy %d needs contiguous f32 tensors, the source's size "
-                                       "dividing the destination's (%lld into %lld)",
-                           i, (long long)sn, (long long)dn);
         t.dst[i] = (float *)mn_tensor_data(dst[i]);
         if (value) t.value[i] = *(const float *)mn_tensor_data(src[i]);
         else t.src[i] = (const float *)mn_tensor_data(src[i]);

@@ -738,15 +738,7 @@ done:
  * engine's state is laid in as a device's is (tests/unit/test_engine.c) */
 static mn_status cpu_tile_many(int n, mn_tensor *const *dst, const mn_tensor *const *src)
 {
-    if (n < 0 || n > MN_TILE_MANY) return mn_fail(MN_ERR_ARG, "tile_many: %d copies, at most %d", n, MN_TILE_MANY);
-    for (int i = 0; i < n; i++) {
-        const int64_t dn = mn_tensor_numel(dst[i]), sn = mn_tensor_numel(src[i]);
-        if (dst[i]->dtype != MN_F32 || src[i]->dtype != MN_F32 || !mn_tensor_is_contiguous(dst[i]) ||
-            !mn_tensor_is_contiguous(src[i]) || (dn > 0 && (sn == 0 || dn % sn != 0)))
-            return mn_fail(MN_ERR_ARG, "tile_many: copy %d needs contiguous f32 tensors, the source's size "
-                                       "dividing the destination's (%lld into %lld)",
-                           i, (long long)sn, (long long)dn);
-    }
+    MN_TRY(mn_tile_many_check(n, dst, src));
     for (int i = 0; i < n; i++) {
         float *d = mn_tensor_data(dst[i]);
         const float *s = mn_tensor_data(src[i]);

@@ -62,11 +62,11 @@ typedef struct mn_stage_io {
     void *ctx;
 } mn_stage_io;
 
+#define MN_TILE_MANY 8 /* the most copies one tile_many takes */
+
 /* The backend interface. Inputs arrive already expanded to out's shape
  * (stride-0 views where broadcast) and already of out's dtype where the op
  * needs that; out is freshly allocated and contiguous unless noted. */
-#define MN_TILE_MANY 8 /* the most copies one tile_many takes */
-
 typedef struct mn_backend {
     const char *name;
     mn_status (*unary)(mn_op op, mn_tensor *out, const mn_tensor *a);
@@ -111,6 +111,11 @@ typedef struct mn_backend {
     mn_status (*stage_in)(void *dev, size_t nbytes, const mn_stage_io *io);
     mn_status (*stage_out)(const void *dev, size_t nbytes, const mn_stage_io *io);
 } mn_backend;
+
+/* What every backend's tile_many asks of its copies (the count, f32,
+ * contiguity, the source's size dividing the destination's), its error
+ * naming the copy at fault; where the tensors live is the backend's check. */
+mn_status mn_tile_many_check(int n, mn_tensor *const *dst, const mn_tensor *const *src);
 
 
 void mn_register_backend(mn_device dev, const mn_backend *b);
