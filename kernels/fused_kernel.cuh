@@ -208,6 +208,8 @@ struct mn_fbuf {
 #if defined(MN_EMULATED) || !MN_STREAM
 __device__ __forceinline__ float mn_ld_once(const float *p) { return *p; }
 __device__ __forceinline__ void mn_st_once(float *p, float v) { *p = v; }
+__device__ __forceinline__ float4 mn_ld4_once(const float *p) { return *reinterpret_cast<const float4 *>(p); }
+__device__ __forceinline__ void mn_st4_once(float *p, float4 v) { *reinterpret_cast<float4 *>(p) = v; }
 #else
 __device__ __forceinline__ float mn_ld_once(const float *p)
 {
@@ -219,13 +221,92 @@ __device__ __forceinline__ void mn_st_once(float *p, float v)
 {
     asm volatile("st.global.cs.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
 }
+/* four neighbours, p 16-byte aligned */
+__device__ __forceinline__ float4 mn_ld4_once(const float *p)
+{
+    float4 v;
+    asm volatile("ld.global.cs.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ void mn_st4_once(float *p, float4 v)
+{
+    asm volatile("st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+                 : "memory");
+}
 #endif
+
+/* Row-chunk I/O by quads: where the widths are multiples of 4, a thread
+ * moves four neighbours of one row at a time (one 16-byte load or store
+ * where the pointer allows: a chunk's rows are contiguous in global
+ * memory), a quarter of the load and store instructions and of their
+ * address and bounds arithmetic (ncu on P1-lin: the scalar fetch and the
+ * loss pass's loads and stores were a quarter of the step kernel's stall
+ * samples). A quad is all real columns or all padding. */
+#define MN_QIO (MN_DK % 4 == 0 && MN_DV % 4 == 0)
+
+__device__ __forceinline__ bool mn_al16(const void *p) { return ((size_t)p & 15) == 0; }
+
+/* Four floats at p, or zeros where !real: one wide load where p is 16-byte
+ * aligned (al), else four */
+__device__ __forceinline__ float4 mn_ld4_at(const float *p, bool real, bool al)
+{
+    if (!real) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (al) return mn_ld4_once(p);
+    return make_float4(mn_ld_once(p), mn_ld_once(p + 1), mn_ld_once(p + 2), mn_ld_once(p + 3));
+}
+
+__device__ __forceinline__ void mn_st4_at(float *p, float4 v, bool al)
+{
+    if (al) {
+        mn_st4_once(p, v);
+    } else {
+        mn_st_once(p, v.x), mn_st_once(p + 1, v.y), mn_st_once(p + 2, v.z), mn_st_once(p + 3, v.w);
+    }
+}
 
 /* A chunk of input rows travels in two halves: mn_rows_fetch loads this
  * thread's share into registers (all loads issued together), mn_rows_store
  * puts it in shared memory, zero beyond cr rows and the real width. The
  * fetch of the next chunk is issued before the current chunk's products, so
- * its latency hides behind them. */
+ * its latency hides behind them. With MN_QIO a thread's share is quads:
+ * x[4u .. 4u + 3] is quad u, columns 4 (e % (MN_PDK / 4)) .. + 3 of row
+ * e / (MN_PDK / 4), e = threadIdx.x + u MN_FT. */
+#if MN_QIO
+#define MN_NXQ ((MN_FR * MN_PDK / 4 + MN_FT - 1) / MN_FT)
+#define MN_NX (4 * MN_NXQ)
+
+__device__ __forceinline__ void mn_rows_fetch(float (&x)[MN_NX], const float *src, int avail)
+{
+    const bool al = mn_al16(src);
+#pragma unroll
+    for (int u = 0; u < MN_NXQ; u++) {
+        const int e = threadIdx.x + u * MN_FT, r = e / (MN_PDK / 4), j = 4 * (e % (MN_PDK / 4));
+        const float4 v = mn_ld4_at(src + (long long)r * MN_DK + j, e < MN_FR * MN_PDK / 4 && r < avail && j < MN_DK, al);
+        x[4 * u] = v.x, x[4 * u + 1] = v.y, x[4 * u + 2] = v.z, x[4 * u + 3] = v.w;
+    }
+}
+
+/* extra (shared memory, dk floats), where given, becomes row cr (the step
+ * kernel's retrieval row; cr < MN_FR then). PRE: stored rounded as the
+ * products round their operands (mn_round; see MN_PRE) */
+template <bool PRE = false>
+__device__ __forceinline__ void mn_rows_store(float *dst, const float (&x)[MN_NX], int cr, const float *extra = 0)
+{
+#pragma unroll
+    for (int u = 0; u < MN_NXQ; u++) {
+        const int e = threadIdx.x + u * MN_FT, r = e / (MN_PDK / 4), j = 4 * (e % (MN_PDK / 4));
+        if (e < MN_FR * MN_PDK / 4) {
+            float v[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                v[i] = r < cr ? x[4 * u + i] : (extra && r == cr && j < MN_DK ? extra[j + i] : 0.0f);
+                if (PRE) v[i] = mn_round(v[i]);
+            }
+            *reinterpret_cast<float4 *>(dst + r * MN_LDK + j) = make_float4(v[0], v[1], v[2], v[3]);
+        }
+    }
+}
+#else
 #define MN_NX ((MN_FR * MN_PDK + MN_FT - 1) / MN_FT)
 
 __device__ __forceinline__ void mn_rows_fetch(float (&x)[MN_NX], const float *src, int avail)
@@ -252,6 +333,7 @@ __device__ __forceinline__ void mn_rows_store(float *dst, const float (&x)[MN_NX
         }
     }
 }
+#endif
 
 #if MN_CLUSTER > 1
 /* The chunk's output rows from the cluster's partial sums, each block's in

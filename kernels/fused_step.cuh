@@ -141,6 +141,9 @@ mn_fused_step_kernel(const mn_rule_kargs a)
     const double R = MN_FEATURE_SCALE;
     /* Ragged batches: tokens at and after real_end are padding (SPEC.md section 2) */
     const long long real_end = a.lengths ? a.lengths[m / a.heads] : n;
+    /* wide loads and stores of v and y where their rows are 16-byte aligned (MN_QIO) */
+    const bool v_al = mn_al16(v), y_al = y_out && mn_al16(y_out);
+    (void)v_al, (void)y_al;
     /* out_norm's gain and shift of this memory [dv] (never updated), formed
      * where used from the kernel's arguments: registers are short */
 #define MN_LN_G (a.ln_g + m * MN_DV)
@@ -210,6 +213,19 @@ mn_fused_step_kernel(const mn_rule_kargs a)
 #if MN_OUT_NORM
             /* (the norm's row pass loads its own: registers are short in the forward) */
 #else
+#if MN_QIO
+            /* by quads (MN_QIO): element e of the pass is quad (r, j .. j + 3) */
+            constexpr int NL = (MN_FR * MN_PDV / 4 + MN_FT - 1) / MN_FT;
+            float4 vl[NL];
+            float th[NL];
+#pragma unroll
+            for (int u = 0; u < NL; u++) {
+                const int e = tid + u * MN_FT, r = e / (MN_PDV / 4), j = 4 * (e % (MN_PDV / 4));
+                const bool real = e < MN_FR * MN_PDV / 4 && r < cr && j < MN_DV;
+                vl[u] = mn_ld4_at(v + (t + r) * MN_DV + j, real, v_al);
+                th[u] = real ? mn_ld_once(theta + t + r) : 0.0f;
+            }
+#else
             constexpr int NL = (MN_FR * MN_PDV + MN_FT - 1) / MN_FT;
             float vl[NL], th[NL];
 #pragma unroll
@@ -219,6 +235,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                 vl[u] = real ? mn_ld_once(v + (t + r) * MN_DV + j) : 0.0f;
                 th[u] = real ? mn_ld_once(theta + t + r) : 0.0f;
             }
+#endif
 #endif
             __syncthreads();
             mn_fused_forward<true, true, MN_FOLD, MN_PRE>(P, fb, cr, [&](int r, int j, float y0, float y1) {
@@ -270,6 +287,34 @@ mn_fused_step_kernel(const mn_rule_kargs a)
             }
             __syncthreads();
 #else
+#if MN_QIO
+#pragma unroll
+            for (int u = 0; u < NL; u++) {
+                const int e = tid + u * MN_FT, r = e / (MN_PDV / 4), j = 4 * (e % (MN_PDV / 4));
+                if (e >= MN_FR * MN_PDV / 4) break;
+                float *yp = fb.y + r * MN_LDV + j;
+                float4 d4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (r < cr && j < MN_DV) {
+                    const float4 y4 = *reinterpret_cast<const float4 *>(yp);
+                    const float yy[4] = {y4.x, y4.y, y4.z, y4.w}, vv[4] = {vl[u].x, vl[u].y, vl[u].z, vl[u].w};
+                    const float wt = (float)((double)th[u] * tscale);
+                    float l[4], d[4];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const float rr = yy[i] - vv[i];
+                        l[i] = mn_hook_loss(yy[i], vv[i], rr);
+                        d[i] = (float)((double)wt * R * (double)mn_hook_loss_grad(yy[i], vv[i], rr));
+                    }
+                    if (y_here && lead && r0 + r < before_rows) mn_st4_at(y_out + (t + r) * MN_DV + j, y4, y_al);
+                    *reinterpret_cast<float4 *>(yp) = make_float4(l[0], l[1], l[2], l[3]);
+                    d4 = make_float4(d[0], d[1], d[2], d[3]);
+                } else if (fold && r == cr && j < MN_DV && lead) {
+                    /* the last step's last token */
+                    mn_st4_at(y_out + (t0 - 1) * MN_DV + j, *reinterpret_cast<const float4 *>(yp), y_al);
+                }
+                *reinterpret_cast<float4 *>(fb.dy + r * MN_LDV + j) = d4;
+            }
+#else
 #pragma unroll
             for (int u = 0; u < NL; u++) {
                 const int e = tid + u * MN_FT, r = e / MN_PDV, j = e % MN_PDV;
@@ -286,17 +331,33 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                 }
                 fb.dy[r * MN_LDV + j] = d;
             }
+#endif
             if (fold) { /* the retrieval row out of the gradient's products */
                 for (int j = tid; j < MN_LDH && MN_LAYERS == 2; j += MN_FT) fb.h[cr * MN_LDH + j] = 0.0f;
                 for (int j = tid; j < MN_LDK; j += MN_FT) fb.x[cr * MN_LDK + j] = 0.0f;
             }
             __syncthreads();
-            for (int r = tid; r < cr; r += MN_FT) {
-                double acc = 0.0;
-                for (int j = 0; j < MN_DV; j++) acc += fb.y[r * MN_LDV + j];
-                const float l = (float)(R * acc);
-                if (lead) mn_st_once(loss_out + t + r, l);
-                fb.lrow[r] = l;
+            {
+                /* the rows' loss sums, LP adjacent lanes a row (each every
+                 * LP-th column, in double, then shuffles in a fixed order):
+                 * one thread a row left the block waiting on a chain of dv
+                 * dependent adds (ncu on P1-lin) */
+                constexpr int LP = MN_FT / MN_FR >= 32 ? 32 : MN_FT / MN_FR >= 16 ? 16 : MN_FT / MN_FR >= 8 ? 8
+                                 : MN_FT / MN_FR >= 4 ? 4 : MN_FT / MN_FR >= 2 ? 2 : 1;
+                const int part = tid % LP;
+                for (int rb = 0; rb < MN_FR; rb += MN_FT / LP) {
+                    const int r = rb + tid / LP;
+                    double acc = 0.0;
+                    if (r < cr)
+                        for (int j = part; j < MN_DV; j += LP) acc += fb.y[r * MN_LDV + j];
+#pragma unroll
+                    for (int off = LP / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off, LP);
+                    if (r < cr && part == 0) {
+                        const float l = (float)(R * acc);
+                        if (lead) mn_st_once(loss_out + t + r, l);
+                        fb.lrow[r] = l;
+                    }
+                }
             }
 #endif
 

@@ -151,6 +151,45 @@ do
   end
 end
 
+-- Inputs whose rows are not 16-byte aligned: the fused kernel moves a
+-- chunk's rows by quads (MN_QIO, fused_kernel.cuh), one wide load where the
+-- pointer allows it and four where not. k, v and q as views one float into
+-- a device tensor give the same bits as the same values aligned, for a
+-- linear memory and an MLP, with a last chunk that is part padding.
+do
+  local function shifted(t) -- t's values in a device view one float past its storage's start
+    local n = t:numel()
+    local flat = m.zeros(n + 1)
+    flat[{ { 2, n + 1 } }] = t:view(n)
+    local view = flat:cuda()[{ { 2, n + 1 } }]:view(table.unpack(t.shape))
+    return view
+  end
+  for _, c in ipairs {
+    { name = "linear", rule = { step = 16, theta = 0.1, eta = 0.8 }, dk = 32 },
+    { name = "MLP, q given", rule = { layers = 2, hidden = 64, step = 8, theta = 0.05 }, dk = 16, q = true },
+  } do
+    local rule = m.rule(c.rule)
+    T.eq(("fused/unaligned %s: planned fused"):format(c.name),
+      rule:plan { dk = c.dk, hidden = c.rule.hidden, B = 1, H = 2 }.path, "fused")
+    local d = data(1, 2, 70, c.dk, c.dk, 5, c.q)
+    local aligned = { k = d.k:cuda(), v = d.v:cuda(), q = d.q and d.q:cuda() }
+    local off = { k = shifted(d.k), v = shifted(d.v), q = d.q and shifted(d.q) }
+    T.eq(("fused/unaligned %s: the views are k's values"):format(c.name), rel(off.k:cpu(), d.k), 0)
+    for _, prec in ipairs { "fp32", "tf32", "bf16" } do
+      m.seed(99)
+      local a = rule:run { k = aligned.k, v = aligned.v, q = aligned.q, device = "cuda", precision = prec }
+      m.seed(99)
+      local b = rule:run { k = off.k, v = off.v, q = off.q, device = "cuda", precision = prec }
+      for _, name in ipairs { "y", "loss" } do
+        T.eq(("fused/unaligned %s/%s: %s the same bits"):format(c.name, prec, name),
+          rel(b.outputs[name]:cpu(), a.outputs[name]:cpu()), 0)
+      end
+      T.eq(("fused/unaligned %s/%s: the final W1 the same bits"):format(c.name, prec),
+        rel(b.final.W1:cpu(), a.final.W1:cpu()), 0)
+    end
+  end
+end
+
 -- The initial state given on the device is laid in by one launch
 -- (model/engine.c, state_copy: tile_many), given on the CPU tensor by
 -- tensor: [B,H,...], [H,...] and [...] tensors, momenta given or not,
