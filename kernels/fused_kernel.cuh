@@ -76,6 +76,17 @@ static_assert(MN_DH_FULL % MN_CLUSTER == 0, "whole slices");
 /* every parameter's rows (and sizes) a multiple of 4 floats: the update goes by float4 */
 #define MN_VEC4 (MN_DK % 4 == 0 && MN_DV % 4 == 0 && (MN_LAYERS == 1 || MN_DH % 4 == 0))
 
+/* Where the block's threads share n items (rows, columns, outputs) in
+ * groups of adjacent lanes that sum by shuffles: the group's size, the
+ * largest power of two up to cap that still gives every item a group
+ * (at least 1). */
+constexpr int mn_group_lanes(int n, int cap)
+{
+    int g = cap;
+    while (g > 1 && MN_FT / n < g) g /= 2;
+    return g;
+}
+
 /* Layer i of the model (0-based): real and padded sizes. */
 #define MN_LIN(i) mn_layer_in((i), MN_DK, MN_DH)
 #define MN_LOUT(i) mn_layer_out((i), MN_LAYERS, MN_DV, MN_DH)
@@ -496,8 +507,7 @@ template <int NI, int NO>
 __device__ __forceinline__ void mn_row_layer(const float *w, int ld, const float *bias, const float *in, bool last,
                                              const float *x_res, float *out)
 {
-    constexpr int GS = MN_FT / NO >= 32 ? 32 : MN_FT / NO >= 16 ? 16 : MN_FT / NO >= 8 ? 8 : MN_FT / NO >= 4 ? 4
-                                                                                       : MN_FT / NO >= 2 ? 2 : 1;
+    constexpr int GS = mn_group_lanes(NO, 32);
     const int lane = threadIdx.x % GS;
     for (int o0 = 0; o0 < NO; o0 += MN_FT / GS) {
         const int o = o0 + threadIdx.x / GS; /* the same for the whole group */
@@ -715,7 +725,7 @@ template <int COLS>
 __device__ __forceinline__ void mn_bias_grad(float *gb, const float *src, int ld, int cr, bool first, bool last,
                                              double *ss)
 {
-    constexpr int TP = MN_FT / COLS >= 8 ? 8 : MN_FT / COLS >= 4 ? 4 : MN_FT / COLS >= 2 ? 2 : 1;
+    constexpr int TP = mn_group_lanes(COLS, 8);
     const int part = threadIdx.x % TP;
     for (int o0 = 0; o0 < COLS; o0 += MN_FT / TP) {
         const int o = o0 + threadIdx.x / TP;

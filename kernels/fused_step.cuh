@@ -342,8 +342,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                  * LP-th column, in double, then shuffles in a fixed order):
                  * one thread a row left the block waiting on a chain of dv
                  * dependent adds (ncu on P1-lin) */
-                constexpr int LP = MN_FT / MN_FR >= 32 ? 32 : MN_FT / MN_FR >= 16 ? 16 : MN_FT / MN_FR >= 8 ? 8
-                                 : MN_FT / MN_FR >= 4 ? 4 : MN_FT / MN_FR >= 2 ? 2 : 1;
+                constexpr int LP = mn_group_lanes(MN_FR, 32);
                 const int part = tid % LP;
                 for (int rb = 0; rb < MN_FR; rb += MN_FT / LP) {
                     const int r = rb + tid / LP;
