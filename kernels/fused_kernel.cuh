@@ -246,14 +246,14 @@ __device__ __forceinline__ void mn_st4_once(float *p, float4 v)
 }
 #endif
 
-/* Row-chunk I/O by quads: where the widths are multiples of 4, a thread
- * moves four neighbours of one row at a time (one 16-byte load or store
- * where the pointer allows: a chunk's rows are contiguous in global
- * memory), a quarter of the load and store instructions and of their
- * address and bounds arithmetic (ncu on P1-lin: the scalar fetch and the
- * loss pass's loads and stores were a quarter of the step kernel's stall
- * samples). A quad is all real columns or all padding. */
-#define MN_QIO (MN_DK % 4 == 0 && MN_DV % 4 == 0)
+/* Row-chunk I/O in groups of MN_QW neighbours of a row: where the widths
+ * are multiples of 4, a thread moves quads (one 16-byte load or store where
+ * the pointer allows: a chunk's rows are contiguous in global memory), a
+ * quarter of the load and store instructions and of their address and
+ * bounds arithmetic (ncu on P1-lin: the scalar fetch and the loss pass's
+ * loads and stores were a quarter of the step kernel's stall samples);
+ * else single floats. A group is all real columns or all padding. */
+#define MN_QW (MN_DK % 4 == 0 && MN_DV % 4 == 0 ? 4 : 1)
 
 __device__ __forceinline__ bool mn_al16(const void *p) { return ((size_t)p & 15) == 0; }
 
@@ -275,25 +275,43 @@ __device__ __forceinline__ void mn_st4_at(float *p, float4 v, bool al)
     }
 }
 
+/* W (4 or 1) neighbours of global memory at p into x, zeros where !real */
+template <int W> __device__ __forceinline__ void mn_ld_group(float *x, const float *p, bool real, bool al)
+{
+    static_assert(W == 4 || W == 1, "quads or single floats");
+    if (W == 4) {
+        const float4 v = mn_ld4_at(p, real, al);
+        x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+    } else {
+        x[0] = real ? mn_ld_once(p) : 0.0f;
+    }
+}
+
+/* x's W floats to shared memory at p (16-byte aligned for quads) */
+template <int W> __device__ __forceinline__ void mn_sh_put(float *p, const float *x)
+{
+    if (W == 4) *reinterpret_cast<float4 *>(p) = make_float4(x[0], x[1], x[2], x[3]);
+    else p[0] = x[0];
+}
+
 /* A chunk of input rows travels in two halves: mn_rows_fetch loads this
  * thread's share into registers (all loads issued together), mn_rows_store
  * puts it in shared memory, zero beyond cr rows and the real width. The
  * fetch of the next chunk is issued before the current chunk's products, so
- * its latency hides behind them. With MN_QIO a thread's share is quads:
- * x[4u .. 4u + 3] is quad u, columns 4 (e % (MN_PDK / 4)) .. + 3 of row
- * e / (MN_PDK / 4), e = threadIdx.x + u MN_FT. */
-#if MN_QIO
-#define MN_NXQ ((MN_FR * MN_PDK / 4 + MN_FT - 1) / MN_FT)
-#define MN_NX (4 * MN_NXQ)
+ * its latency hides behind them. A thread's share is groups: x[MN_QW u ..
+ * MN_QW u + MN_QW - 1] is group u, columns j .. j + MN_QW - 1 (j = MN_QW (e %
+ * (MN_PDK / MN_QW))) of row e / (MN_PDK / MN_QW), e = threadIdx.x + u MN_FT. */
+#define MN_NXG ((MN_FR * MN_PDK / MN_QW + MN_FT - 1) / MN_FT)
+#define MN_NX (MN_QW * MN_NXG)
 
 __device__ __forceinline__ void mn_rows_fetch(float (&x)[MN_NX], const float *src, int avail)
 {
     const bool al = mn_al16(src);
 #pragma unroll
-    for (int u = 0; u < MN_NXQ; u++) {
-        const int e = threadIdx.x + u * MN_FT, r = e / (MN_PDK / 4), j = 4 * (e % (MN_PDK / 4));
-        const float4 v = mn_ld4_at(src + (long long)r * MN_DK + j, e < MN_FR * MN_PDK / 4 && r < avail && j < MN_DK, al);
-        x[4 * u] = v.x, x[4 * u + 1] = v.y, x[4 * u + 2] = v.z, x[4 * u + 3] = v.w;
+    for (int u = 0; u < MN_NXG; u++) {
+        const int e = threadIdx.x + u * MN_FT, r = e / (MN_PDK / MN_QW), j = MN_QW * (e % (MN_PDK / MN_QW));
+        mn_ld_group<MN_QW>(x + MN_QW * u, src + (long long)r * MN_DK + j,
+                           e < MN_FR * MN_PDK / MN_QW && r < avail && j < MN_DK, al);
     }
 }
 
@@ -304,47 +322,19 @@ template <bool PRE = false>
 __device__ __forceinline__ void mn_rows_store(float *dst, const float (&x)[MN_NX], int cr, const float *extra = 0)
 {
 #pragma unroll
-    for (int u = 0; u < MN_NXQ; u++) {
-        const int e = threadIdx.x + u * MN_FT, r = e / (MN_PDK / 4), j = 4 * (e % (MN_PDK / 4));
-        if (e < MN_FR * MN_PDK / 4) {
-            float v[4];
+    for (int u = 0; u < MN_NXG; u++) {
+        const int e = threadIdx.x + u * MN_FT, r = e / (MN_PDK / MN_QW), j = MN_QW * (e % (MN_PDK / MN_QW));
+        if (e < MN_FR * MN_PDK / MN_QW) {
+            float v[MN_QW];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                v[i] = r < cr ? x[4 * u + i] : (extra && r == cr && j < MN_DK ? extra[j + i] : 0.0f);
+            for (int i = 0; i < MN_QW; i++) {
+                v[i] = r < cr ? x[MN_QW * u + i] : (extra && r == cr && j < MN_DK ? extra[j + i] : 0.0f);
                 if (PRE) v[i] = mn_round(v[i]);
             }
-            *reinterpret_cast<float4 *>(dst + r * MN_LDK + j) = make_float4(v[0], v[1], v[2], v[3]);
+            mn_sh_put<MN_QW>(dst + r * MN_LDK + j, v);
         }
     }
 }
-#else
-#define MN_NX ((MN_FR * MN_PDK + MN_FT - 1) / MN_FT)
-
-__device__ __forceinline__ void mn_rows_fetch(float (&x)[MN_NX], const float *src, int avail)
-{
-#pragma unroll
-    for (int u = 0; u < MN_NX; u++) {
-        const int e = threadIdx.x + u * MN_FT, r = e / MN_PDK, j = e % MN_PDK;
-        x[u] = (e < MN_FR * MN_PDK && r < avail && j < MN_DK) ? mn_ld_once(src + (long long)r * MN_DK + j) : 0.0f;
-    }
-}
-
-/* extra (shared memory, dk floats), where given, becomes row cr (the step
- * kernel's retrieval row; cr < MN_FR then). PRE: stored rounded as the
- * products round their operands (mn_round; see MN_PRE) */
-template <bool PRE = false>
-__device__ __forceinline__ void mn_rows_store(float *dst, const float (&x)[MN_NX], int cr, const float *extra = 0)
-{
-#pragma unroll
-    for (int u = 0; u < MN_NX; u++) {
-        const int e = threadIdx.x + u * MN_FT, r = e / MN_PDK, j = e % MN_PDK;
-        if (e < MN_FR * MN_PDK) {
-            const float v = r < cr ? x[u] : (extra && r == cr && j < MN_DK ? extra[j] : 0.0f);
-            dst[r * MN_LDK + j] = PRE ? mn_round(v) : v;
-        }
-    }
-}
-#endif
 
 #if MN_CLUSTER > 1
 /* The chunk's output rows from the cluster's partial sums, each block's in

@@ -141,7 +141,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
     const double R = MN_FEATURE_SCALE;
     /* Ragged batches: tokens at and after real_end are padding (SPEC.md section 2) */
     const long long real_end = a.lengths ? a.lengths[m / a.heads] : n;
-    /* wide loads and stores of v and y where their rows are 16-byte aligned (MN_QIO) */
+    /* wide loads and stores of v and y where their rows are 16-byte aligned (MN_QW) */
     const bool v_al = mn_al16(v), y_al = y_out && mn_al16(y_out);
     (void)v_al, (void)y_al;
     /* out_norm's gain and shift of this memory [dv] (never updated), formed
@@ -213,8 +213,8 @@ mn_fused_step_kernel(const mn_rule_kargs a)
 #if MN_OUT_NORM
             /* (the norm's row pass loads its own: registers are short in the forward) */
 #else
-#if MN_QIO
-            /* by quads (MN_QIO): element e of the pass is quad (r, j .. j + 3) */
+#if MN_QW == 4
+            /* by quads (MN_QW = 4): element e of the pass is quad (r, j .. j + 3) */
             constexpr int NL = (MN_FR * MN_PDV / 4 + MN_FT - 1) / MN_FT;
             float4 vl[NL];
             float th[NL];
@@ -287,7 +287,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
             }
             __syncthreads();
 #else
-#if MN_QIO
+#if MN_QW == 4
 #pragma unroll
             for (int u = 0; u < NL; u++) {
                 const int e = tid + u * MN_FT, r = e / (MN_PDV / 4), j = 4 * (e % (MN_PDV / 4));
