@@ -294,6 +294,24 @@ template <int W> __device__ __forceinline__ void mn_sh_put(float *p, const float
     else p[0] = x[0];
 }
 
+/* W floats of shared memory at p (16-byte aligned for quads) into x */
+template <int W> __device__ __forceinline__ void mn_sh_get(float *x, const float *p)
+{
+    if (W == 4) {
+        const float4 v = *reinterpret_cast<const float4 *>(p);
+        x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+    } else {
+        x[0] = p[0];
+    }
+}
+
+/* x's W floats to global memory at p, streamed (al: p is 16-byte aligned) */
+template <int W> __device__ __forceinline__ void mn_st_group(float *p, const float *x, bool al)
+{
+    if (W == 4) mn_st4_at(p, make_float4(x[0], x[1], x[2], x[3]), al);
+    else mn_st_once(p, x[0]);
+}
+
 /* A chunk of input rows travels in two halves: mn_rows_fetch loads this
  * thread's share into registers (all loads issued together), mn_rows_store
  * puts it in shared memory, zero beyond cr rows and the real width. The

@@ -213,29 +213,16 @@ mn_fused_step_kernel(const mn_rule_kargs a)
 #if MN_OUT_NORM
             /* (the norm's row pass loads its own: registers are short in the forward) */
 #else
-#if MN_QW == 4
-            /* by quads (MN_QW = 4): element e of the pass is quad (r, j .. j + 3) */
-            constexpr int NL = (MN_FR * MN_PDV / 4 + MN_FT - 1) / MN_FT;
-            float4 vl[NL];
-            float th[NL];
+            /* by groups of MN_QW: element e of the pass is group (r, j .. j + MN_QW - 1) */
+            constexpr int NG = MN_PDV / MN_QW, NL = (MN_FR * NG + MN_FT - 1) / MN_FT;
+            float vl[MN_QW * NL], th[NL];
 #pragma unroll
             for (int u = 0; u < NL; u++) {
-                const int e = tid + u * MN_FT, r = e / (MN_PDV / 4), j = 4 * (e % (MN_PDV / 4));
-                const bool real = e < MN_FR * MN_PDV / 4 && r < cr && j < MN_DV;
-                vl[u] = mn_ld4_at(v + (t + r) * MN_DV + j, real, v_al);
+                const int e = tid + u * MN_FT, r = e / NG, j = MN_QW * (e % NG);
+                const bool real = e < MN_FR * NG && r < cr && j < MN_DV;
+                mn_ld_group<MN_QW>(vl + MN_QW * u, v + (t + r) * MN_DV + j, real, v_al);
                 th[u] = real ? mn_ld_once(theta + t + r) : 0.0f;
             }
-#else
-            constexpr int NL = (MN_FR * MN_PDV + MN_FT - 1) / MN_FT;
-            float vl[NL], th[NL];
-#pragma unroll
-            for (int u = 0; u < NL; u++) {
-                const int e = tid + u * MN_FT, r = e / MN_PDV, j = e % MN_PDV;
-                const bool real = e < MN_FR * MN_PDV && r < cr && j < MN_DV;
-                vl[u] = real ? mn_ld_once(v + (t + r) * MN_DV + j) : 0.0f;
-                th[u] = real ? mn_ld_once(theta + t + r) : 0.0f;
-            }
-#endif
 #endif
             __syncthreads();
             mn_fused_forward<true, true, MN_FOLD, MN_PRE>(P, fb, cr, [&](int r, int j, float y0, float y1) {
@@ -287,51 +274,32 @@ mn_fused_step_kernel(const mn_rule_kargs a)
             }
             __syncthreads();
 #else
-#if MN_QW == 4
 #pragma unroll
             for (int u = 0; u < NL; u++) {
-                const int e = tid + u * MN_FT, r = e / (MN_PDV / 4), j = 4 * (e % (MN_PDV / 4));
-                if (e >= MN_FR * MN_PDV / 4) break;
+                const int e = tid + u * MN_FT, r = e / NG, j = MN_QW * (e % NG);
+                if (e >= MN_FR * NG) break;
                 float *yp = fb.y + r * MN_LDV + j;
-                float4 d4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (r < cr && j < MN_DV) {
-                    const float4 y4 = *reinterpret_cast<const float4 *>(yp);
-                    const float yy[4] = {y4.x, y4.y, y4.z, y4.w}, vv[4] = {vl[u].x, vl[u].y, vl[u].z, vl[u].w};
-                    const float wt = (float)((double)th[u] * tscale);
-                    float l[4], d[4];
+                float yy[MN_QW], d[MN_QW];
 #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const float rr = yy[i] - vv[i];
-                        l[i] = mn_hook_loss(yy[i], vv[i], rr);
-                        d[i] = (float)((double)wt * R * (double)mn_hook_loss_grad(yy[i], vv[i], rr));
+                for (int i = 0; i < MN_QW; i++) d[i] = 0.0f;
+                if (r < cr && j < MN_DV) {
+                    mn_sh_get<MN_QW>(yy, yp);
+                    const float wt = (float)((double)th[u] * tscale);
+                    float l[MN_QW];
+#pragma unroll
+                    for (int i = 0; i < MN_QW; i++) {
+                        const float vv = vl[MN_QW * u + i], rr = yy[i] - vv;
+                        l[i] = mn_hook_loss(yy[i], vv, rr);
+                        d[i] = (float)((double)wt * R * (double)mn_hook_loss_grad(yy[i], vv, rr));
                     }
-                    if (y_here && lead && r0 + r < before_rows) mn_st4_at(y_out + (t + r) * MN_DV + j, y4, y_al);
-                    *reinterpret_cast<float4 *>(yp) = make_float4(l[0], l[1], l[2], l[3]);
-                    d4 = make_float4(d[0], d[1], d[2], d[3]);
+                    if (y_here && lead && r0 + r < before_rows) mn_st_group<MN_QW>(y_out + (t + r) * MN_DV + j, yy, y_al);
+                    mn_sh_put<MN_QW>(yp, l);
                 } else if (fold && r == cr && j < MN_DV && lead) {
-                    /* the last step's last token */
-                    mn_st4_at(y_out + (t0 - 1) * MN_DV + j, *reinterpret_cast<const float4 *>(yp), y_al);
+                    mn_sh_get<MN_QW>(yy, yp);
+                    mn_st_group<MN_QW>(y_out + (t0 - 1) * MN_DV + j, yy, y_al); /* the last step's last token */
                 }
-                *reinterpret_cast<float4 *>(fb.dy + r * MN_LDV + j) = d4;
+                mn_sh_put<MN_QW>(fb.dy + r * MN_LDV + j, d);
             }
-#else
-#pragma unroll
-            for (int u = 0; u < NL; u++) {
-                const int e = tid + u * MN_FT, r = e / MN_PDV, j = e % MN_PDV;
-                if (e >= MN_FR * MN_PDV) break;
-                float d = 0.0f;
-                if (r < cr && j < MN_DV) {
-                    const float yy = fb.y[r * MN_LDV + j], vv = vl[u], rr = yy - vv;
-                    const float wt = (float)((double)th[u] * tscale);
-                    if (y_here && lead && r0 + r < before_rows) mn_st_once(y_out + (t + r) * MN_DV + j, yy);
-                    fb.y[r * MN_LDV + j] = mn_hook_loss(yy, vv, rr);
-                    d = (float)((double)wt * R * (double)mn_hook_loss_grad(yy, vv, rr));
-                } else if (fold && r == cr && j < MN_DV && lead) {
-                    mn_st_once(y_out + (t0 - 1) * MN_DV + j, fb.y[r * MN_LDV + j]); /* the last step's last token */
-                }
-                fb.dy[r * MN_LDV + j] = d;
-            }
-#endif
             if (fold) { /* the retrieval row out of the gradient's products */
                 for (int j = tid; j < MN_LDH && MN_LAYERS == 2; j += MN_FT) fb.h[cr * MN_LDH + j] = 0.0f;
                 for (int j = tid; j < MN_LDK; j += MN_FT) fb.x[cr * MN_LDK + j] = 0.0f;
