@@ -28,7 +28,8 @@ static_assert(MN_FT % 32 == 0 && MN_FT <= 1024, "whole warps");
 #else
 #define MN_KSTEP 8
 #endif
-/* The K loops' unroll (at most; MNEMO_FUSED_KUNROLL overrides it, plan.c).
+/* The K loops' unroll (at most; the plan sets 2 for bf16 where that was
+ * faster, and MNEMO_FUSED_KUNROLL overrides both: plan.c).
  * Measured on an H100 (tests/bench/RESULTS.md, 2026-11-26): the backward
  * is fastest not unrolled (P1 fp32 74.0 -> 54.9 ms: unrolled, ptxas gave it
  * a 2.4 KB stack frame; tf32 50.2 -> 47.9 ms) and compiles 1-2 s sooner;
