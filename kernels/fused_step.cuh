@@ -62,6 +62,21 @@ __device__ void mn_fused_padding_tail(const mn_rule_kargs &a, const mn_pset &Wp,
  * out_norm (its rows are normalised by their own pass). */
 #define MN_FOLD (MN_P_AT_W && !MN_RETRIEVE_BEFORE && !MN_OUT_NORM && MN_STEP % MN_FR != 0)
 
+/* A plain linear memory's retrieval row (retrieve = after: y of a step's
+ * last token at W^(s+1)) is summed inside the update, from the new W's
+ * registers: the group of MN_DK / 4 adjacent threads that updates one
+ * output row's float4s adds their products with the row's x and shuffles
+ * the sums together, where mn_fused_row read the new W back from shared
+ * memory after the weight norm's barriers, for a row layer on the CUDA
+ * cores and one more barrier, every step. Needs a row's float4s within one
+ * warp in every pass of the update (MN_DK of 32, 64 or 128, the float4
+ * count a multiple of 32), no bias, residual, out_norm, cluster or
+ * newton_schulz. */
+#define MN_ROWRET                                                                                                  \
+    (MN_LAYERS == 1 && !MN_BIAS && !MN_RESIDUAL && !MN_OUT_NORM && MN_CLUSTER == 1 && !MN_PRECOND &&          \
+     !MN_RETRIEVE_BEFORE && MN_VEC4 && (MN_DK == 32 || MN_DK == 64 || MN_DK == 128) &&                         \
+     (MN_DV * MN_DK / 4) % 32 == 0)
+
 /* In tf32, the chunk's x rows and h are stored rounded as the products
  * round them, where nothing but products reads them (no residual, no
  * out_norm): each product then takes them as they are, not converting each
@@ -388,6 +403,15 @@ mn_fused_step_kernel(const mn_rule_kargs a)
         mn_cl_sums<MN_NPARAMS>(ss);
         mn_step_control ctl = mn_step_control_of<MN_NPARAMS>(ss);
         double wsq = 0.0;
+#if MN_ROWRET
+        /* the step's last token read at W^(s+1) in the update (see MN_ROWRET;
+         * with q, by mn_fused_row below), from the last chunk's k row */
+        const bool ret_in_update = y_out && grows == rows && !defer && !q && ctl.finite;
+        const float *x_last = fb.x + (last_cr - 1) * MN_LDK;
+        const long long last_row = t0 + rows - 1;
+#else
+        constexpr bool ret_in_update = false;
+#endif
         if (ctl.finite) {
             double scale[MN_NPARAMS];
             ctl.clip_scale = mn_clip_scales<MN_NPARAMS>(ss, ctl.gnorm, scale);
@@ -444,6 +468,19 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                         *S4 = make_float4(sn[0], sn[1], sn[2], sn[3]);
                         *W4 = make_float4(wn[0], wn[1], wn[2], wn[3]);
                         wsq += (double)q;
+#if MN_ROWRET
+                        if (ret_in_update) { /* block-uniform; every lane of a warp is in this pass */
+                            constexpr int GW = MN_DK / 4; /* threads a row */
+                            const float4 xv = *reinterpret_cast<const float4 *>(x_last + (4 * e4) % MN_DK);
+                            float yp = wn[0] * xv.x;
+                            yp = fmaf(wn[1], xv.y, yp);
+                            yp = fmaf(wn[2], xv.z, yp);
+                            yp = fmaf(wn[3], xv.w, yp);
+#pragma unroll
+                            for (int off = GW / 2; off > 0; off >>= 1) yp += __shfl_xor_sync(0xffffffffu, yp, off, GW);
+                            if (e4 % GW == 0) mn_st_once(y_out + last_row * MN_DV + 4 * e4 / MN_DK, yp);
+                        }
+#endif
                     }
                 } else {
                     constexpr int U = 16;
@@ -486,7 +523,8 @@ mn_fused_step_kernel(const mn_rule_kargs a)
             mn_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, o, step_lsum, grows, ctl);
             a.weight_norm[o] = (float)sqrt(wsq);
         }
-        if (y_out && !MN_RETRIEVE_BEFORE && grows == rows && !defer) { /* a padding last token keeps y = 0 */
+        if (y_out && !MN_RETRIEVE_BEFORE && grows == rows && !defer && !ret_in_update) {
+            /* a padding last token keeps y = 0 */
             const long long lastt = t0 + rows - 1;
             /* with q = k, the last chunk's k rows are still in fb.x */
             const float *xr = fb.x + (last_cr - 1) * MN_LDK;

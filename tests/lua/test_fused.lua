@@ -81,6 +81,13 @@ local cases = {
   { name = "P1-shaped MLP gelu, norm clip", rule = { layers = 2, hidden = 256, activation = "gelu", step = 64,
     clip = "norm", clip_max = 1, theta = 0.02, eta = 0.9, alpha = 0.001 }, B = 2, H = 2, T = 200, dk = 64 },
   { name = "linear, mse, c=16", rule = { step = 16, theta = 0.1, eta = 0.8 }, B = 2, H = 3, T = 70, dk = 32 },
+  -- a plain linear memory's last token of each step is read inside the
+  -- update (MN_ROWRET in fused_step.cuh): dk 64 (16 threads a row) and 128
+  -- (a warp), a step whose NaN skips it (mn_fused_row reads that one)
+  { name = "linear 64, c=64, norm clip", rule = { step = 64, clip = "norm", clip_max = 1, theta = 0.02, eta = 0.9,
+    alpha = 0.001 }, B = 2, H = 2, T = 200, dk = 64 },
+  { name = "linear 128 -> 64, c=32, a NaN step", rule = { step = 32, theta = 0.05, eta = 0.5 }, B = 1, H = 2,
+    T = 100, dk = 128, dv = 64, nan_at = 40 },
   { name = "linear, odd sizes 5->7, bias", rule = { step = 3, bias = true, theta = 0.2 }, B = 1, H = 2, T = 20,
     dk = 5, dv = 7 },
   { name = "MLP silu 12-40-12 residual, l1, q given", rule = { layers = 2, hidden = 40, residual = true,
