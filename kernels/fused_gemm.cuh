@@ -28,14 +28,14 @@ static_assert(MN_FT % 32 == 0 && MN_FT <= 1024, "whole warps");
 #else
 #define MN_KSTEP 8
 #endif
-/* The K loops' unroll (at most; the plan sets 2 for bf16 where that was
- * faster, and MNEMO_FUSED_KUNROLL overrides both: plan.c).
- * Measured on an H100 (tests/bench/RESULTS.md, 2026-11-26): the backward
- * is fastest not unrolled (P1 fp32 74.0 -> 54.9 ms: unrolled, ptxas gave it
- * a 2.4 KB stack frame; tf32 50.2 -> 47.9 ms) and compiles 1-2 s sooner;
- * the forward in fp32 at 4 (P1 -5%, M1 -13%), in tf32 and bf16 at 8 (M1's
- * tf32 forward is 16% slower at 4). The order of the products' sums is the
- * same at every unroll: the results are too. */
+/* The K loops' unroll (at most). The forward's comes from the plan
+ * (kernels/plan.c: by precision and shape, as measured; or
+ * MNEMO_FUSED_KUNROLL, which sets the backward's too); below, the values
+ * where a source defines none. Measured on an H100 (tests/bench/RESULTS.md,
+ * 2026-11-26): the backward is fastest not unrolled (P1 fp32 74.0 -> 54.9
+ * ms: unrolled, ptxas gave it a 2.4 KB stack frame; tf32 50.2 -> 47.9 ms)
+ * and compiles 1-2 s sooner. The order of the products' sums is the same
+ * at every unroll: the results are too. */
 #ifndef MN_KUNROLL
 #if defined(MN_FUSED_GRAD)
 #define MN_KUNROLL 1

@@ -316,14 +316,20 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
             snprintf(out->why + used, sizeof out->why - used, "; the step's gradient beside them (%ld KB)",
                      gbytes / 1024);
         }
-        /* bf16's products take k in steps of 16, so the default unroll of 8
-         * unrolls a linear memory's K loops in full, and ptxas spilled 152
-         * bytes of P1-lin's step kernel (none at 2). Measured on an H100
-         * (tests/bench/RESULTS.md, 2026-11-28, kernel ms at unroll 8 -> 2):
-         * P1-lin 0.506 -> 0.464, P1 3.84 -> 3.78, P1-c16 16.5 -> 16.0, H1
-         * 4.36 -> 4.32 (hidden 256, a slice of 128 a block), but M1 (hidden
-         * 128) 5.73 -> 6.01; tf32 was fastest at 8 in every case. */
-        if (p == MN_PREC_BF16 && (r->layers == 1 || d->dh >= 256)) out->kunroll = 2;
+        /* The unroll of the products' K loops, as measured fastest on an H100
+         * (tests/bench/RESULTS.md): fp32 4 (P1 -5% and M1 -13% against 8,
+         * 2026-11-26), tf32 8 (M1's forward 16% slower at 4). bf16 takes k
+         * in steps of 16, so 8 unrolls a linear memory's K loops in full, and
+         * ptxas spilled 152 bytes of P1-lin's step kernel (none at 2); kernel
+         * ms at 8 -> 2 (2026-11-28): P1-lin 0.506 -> 0.464, P1 3.84 -> 3.78,
+         * P1-c16 16.5 -> 16.0, H1 4.36 -> 4.32 (hidden 256, a slice of 128 a
+         * block), but M1 (hidden 128) 5.73 -> 6.01: 2 for a linear memory
+         * and hidden widths from 256, else 8. MNEMO_FUSED_KUNROLL sets it. */
+        if (p == MN_PREC_FP32) out->kunroll = 4;
+        else if (p == MN_PREC_TF32) out->kunroll = 8;
+        else out->kunroll = r->layers == 1 || d->dh >= 256 ? 2 : 8;
+        const int knob = power_knob("MNEMO_FUSED_KUNROLL");
+        if (knob) out->kunroll = knob;
     } else {
         out->cluster = 1;
         out->pdh = r->layers > 1 ? (int)up16(d->dh) : 0;
@@ -345,14 +351,12 @@ void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len)
     if (used > 0 && (size_t)used < len && pl->cluster > 1)
         used += snprintf(buf + used, len - (size_t)used, "#define MN_CLUSTER %d\n#define MN_DH_FULL %d\n", pl->cluster,
                          pl->dh);
-    /* the unroll of the products' K loops where the plan chose one (bf16,
-     * mn_cuda_plan_rule); MNEMO_FUSED_KUNROLL, an experiment's knob (1, 2, 4
-     * or 8), sets it in place of the plan's and fused_gemm.cuh's measured
-     * defaults: it trades NVRTC time and stack for overlap of the loads with
-     * the tensor cores */
-    const int knob = power_knob("MNEMO_FUSED_KUNROLL"), ku = knob ? knob : pl->kunroll;
-    if (used > 0 && (size_t)used < len && ku)
-        used += snprintf(buf + used, len - (size_t)used, "#define MN_KUNROLL %d\n", ku);
+    /* the unroll of the products' K loops the plan chose (0: fused_gemm.cuh's
+     * default, the backward's 1); MNEMO_FUSED_KUNROLL, an experiment's knob
+     * (1, 2, 4 or 8), sets it for the forward and the backward: it trades
+     * NVRTC time and stack for overlap of the loads with the tensor cores */
+    if (used > 0 && (size_t)used < len && pl->kunroll)
+        used += snprintf(buf + used, len - (size_t)used, "#define MN_KUNROLL %d\n", pl->kunroll);
     /* and MNEMO_FUSED_LDSM=0 or 1: the products' operands loaded by
      * ldmatrix or not (fused_gemm.cuh's mn_gemm; by default in tf32 only) */
     const char *ldsm = getenv("MNEMO_FUSED_LDSM");
@@ -500,7 +504,7 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
     }
     *out = fwd;
     out->min_blocks = 1; /* the forward's: the backward's block is compiled for one an SM */
-    out->kunroll = 0;    /* and its products' unroll is fused_gemm.cuh's backward default */
+    out->kunroll = power_knob("MNEMO_FUSED_KUNROLL"); /* unset: fused_gemm.cuh's backward default */
     out->forced = force_fused;
     out->rows = rows;
     out->smem_bytes = smem;

@@ -40,7 +40,7 @@ typedef struct mn_cuda_plan {
     int min_blocks;       /* fused: blocks an SM the forward is compiled to share (__launch_bounds__), 1 or 2 */
     int dh;               /* fused, cluster > 1: the whole memory's hidden width */
     bool g_shared;        /* fused: the step kernel keeps G in shared memory (counted in smem_bytes), not the workspace */
-    int kunroll;          /* fused forward: the products' K-loop unroll (0: fused_gemm.cuh's default) */
+    int kunroll;          /* fused: the products' K-loop unroll (1, 2, 4, 8; 0 in the backward's: fused_gemm.cuh's 1) */
     char why[384];        /* one line: why this path */
 } mn_cuda_plan;
 

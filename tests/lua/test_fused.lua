@@ -53,6 +53,18 @@ else
     turing.why:find("sm_75", 1, true) ~= nil, turing.why)
   T.eq("plan: on sm_80 a linear 64x64 memory runs fused", m.rule { step = 16 }:plan { dk = 64, arch = 80 }.path,
     "fused")
+  -- the tensor-core products' K-loop unroll, as measured fastest (kernels/plan.c)
+  if os.getenv("MNEMO_FUSED_KUNROLL") then
+    T.skip("plan/k_unroll", "MNEMO_FUSED_KUNROLL is set")
+  else
+    local lin = m.rule { step = 64 }
+    T.eq("plan: k_unroll, bf16 linear 64x64", lin:plan { dk = 64, precision = "bf16" }.k_unroll, 2)
+    T.eq("plan: k_unroll, tf32 linear 64x64", lin:plan { dk = 64, precision = "tf32" }.k_unroll, 8)
+    T.eq("plan: k_unroll, fp32 P1", mlp:plan { dk = 64, B = 4, H = 32, precision = "fp32" }.k_unroll, 4)
+    T.eq("plan: k_unroll, bf16 P1 (hidden 256)", mlp:plan { dk = 64, B = 4, H = 32, precision = "bf16" }.k_unroll, 2)
+    T.eq("plan: k_unroll, bf16 at hidden 128 (M1)", m.rule { layers = 2, hidden = 128, step = 8 }:plan {
+      dk = 64, B = 32, H = 16, precision = "bf16" }.k_unroll, 8)
+  end
   local ada = mlp:plan { dk = 64, B = 4, H = 32, arch = 89 }
   T.ok("plan: P1 does not fit sm_89's 99 KB of shared memory: hidden 256 goes large", ada.path == "large" and
     ada.why:find("99 KB", 1, true) ~= nil, ada.why)

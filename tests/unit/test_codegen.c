@@ -858,11 +858,11 @@ static void test_grad_in_shared(void)
     mn_rule_free(&r);
 }
 
-/* The products' K-loop unroll the plan picks (issue 14, measured on an
- * H100): 2 in bf16 for a linear memory and for hidden widths from 256 (the
- * source defines it), the template's default elsewhere (no define): tf32,
- * bf16 at hidden 128 (M1), and the fused backward of a rule whose forward
- * takes 2. MNEMO_FUSED_KUNROLL replaces the plan's value. */
+/* The products' K-loop unroll the plan picks for the fused forward (issue
+ * 14, measured on an H100), defined into its source: fp32 4, tf32 8, bf16 2
+ * for a linear memory and for hidden widths from 256, else 8 (M1). The
+ * fused backward defines none (the template's 1). MNEMO_FUSED_KUNROLL sets
+ * both. */
 static void test_plan_kunroll(void)
 {
     mn_rule r;
@@ -873,29 +873,35 @@ static void test_plan_kunroll(void)
     unsetenv("MNEMO_CUDA_PATH");
     unsetenv("MNEMO_FUSED_KUNROLL");
     struct { int layers; const mn_dims *d; mn_precision p; int want; const char *name; } cases[] = {
-        {1, &lin, MN_PREC_BF16, 2, "codegen/kunroll/linear_bf16"}, {1, &lin, MN_PREC_TF32, 0, "codegen/kunroll/linear_tf32"},
-        {2, &p1, MN_PREC_BF16, 2, "codegen/kunroll/p1_bf16"},      {2, &p1, MN_PREC_FP32, 0, "codegen/kunroll/p1_fp32"},
-        {2, &m1, MN_PREC_BF16, 0, "codegen/kunroll/m1_bf16"}};
+        {1, &lin, MN_PREC_BF16, 2, "codegen/kunroll/linear_bf16"}, {1, &lin, MN_PREC_TF32, 8, "codegen/kunroll/linear_tf32"},
+        {2, &p1, MN_PREC_BF16, 2, "codegen/kunroll/p1_bf16"},      {2, &p1, MN_PREC_FP32, 4, "codegen/kunroll/p1_fp32"},
+        {2, &m1, MN_PREC_BF16, 8, "codegen/kunroll/m1_bf16"}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         r.layers = cases[i].layers;
         bool ok = mn_cuda_plan_rule(&r, cases[i].d, cases[i].p, 128, 90, 0, &pl) == MN_OK && pl.path == MN_PATH_FUSED;
         char *src = ok ? mn_cuda_plan_source(&r, cases[i].d, cases[i].p, &pl) : NULL;
-        const bool defined = src && strstr(src, "#define MN_KUNROLL 2\n");
-        CHECK(cases[i].name, ok && pl.kunroll == cases[i].want && src && defined == (cases[i].want == 2));
+        char want[32];
+        snprintf(want, sizeof want, "#define MN_KUNROLL %d\n", cases[i].want);
+        CHECK(cases[i].name, ok && pl.kunroll == cases[i].want && src && strstr(src, want));
         free(src);
     }
     r.layers = 2;
     mn_cuda_plan bp;
     bool ok = mn_cuda_plan_backward(&r, &p1, MN_PREC_BF16, 90, 0, &bp) == MN_OK && bp.path == MN_PATH_FUSED;
     char *bsrc = ok ? mn_cuda_fused_grad_source(&r, &p1, MN_PREC_BF16, &bp) : NULL;
-    CHECK("codegen/kunroll/backward_default", ok && bp.kunroll == 0 && bsrc && !strstr(bsrc, "#define MN_KUNROLL 2\n"));
+    /* the template's own lines define 1, 4 and 8 under #if: the plan's define is the first line of its kind */
+    const char *first = bsrc ? strstr(bsrc, "#define MN_KUNROLL ") : NULL;
+    CHECK("codegen/kunroll/backward_default", ok && bp.kunroll == 0 && first && strstr(bsrc, "#ifndef MN_KUNROLL") &&
+                                                  first > strstr(bsrc, "#ifndef MN_KUNROLL"));
     free(bsrc);
     setenv("MNEMO_FUSED_KUNROLL", "4", 1);
     ok = mn_cuda_plan_rule(&r, &p1, MN_PREC_BF16, 128, 90, 0, &pl) == MN_OK;
     char *ksrc = ok ? mn_cuda_plan_source(&r, &p1, MN_PREC_BF16, &pl) : NULL;
-    CHECK("codegen/kunroll/knob_wins", ksrc && strstr(ksrc, "#define MN_KUNROLL 4\n") &&
+    CHECK("codegen/kunroll/knob_wins", ksrc && pl.kunroll == 4 && strstr(ksrc, "#define MN_KUNROLL 4\n") &&
                                            !strstr(ksrc, "#define MN_KUNROLL 2\n"));
     free(ksrc);
+    ok = mn_cuda_plan_backward(&r, &p1, MN_PREC_BF16, 90, 0, &bp) == MN_OK && bp.path == MN_PATH_FUSED;
+    CHECK("codegen/kunroll/knob_sets_backward", ok && bp.kunroll == 4);
     unsetenv("MNEMO_FUSED_KUNROLL");
     mn_rule_free(&r);
 }
