@@ -28,21 +28,19 @@ static_assert(MN_FT % 32 == 0 && MN_FT <= 1024, "whole warps");
 #else
 #define MN_KSTEP 8
 #endif
-/* The K loops' unroll (at most). The forward's comes from the plan
+/* The K loops' unroll (at most). The forward's is always the plan's
  * (kernels/plan.c: by precision and shape, as measured; or
- * MNEMO_FUSED_KUNROLL, which sets the backward's too); below, the values
- * where a source defines none. Measured on an H100 (tests/bench/RESULTS.md,
- * 2026-11-26): the backward is fastest not unrolled (P1 fp32 74.0 -> 54.9
- * ms: unrolled, ptxas gave it a 2.4 KB stack frame; tf32 50.2 -> 47.9 ms)
- * and compiles 1-2 s sooner. The order of the products' sums is the same
- * at every unroll: the results are too. */
+ * MNEMO_FUSED_KUNROLL, which sets the backward's too). The backward's,
+ * where the knob is unset, is 1: measured on an H100 (tests/bench/RESULTS.md,
+ * 2026-11-26), it is fastest not unrolled (P1 fp32 74.0 -> 54.9 ms:
+ * unrolled, ptxas gave it a 2.4 KB stack frame; tf32 50.2 -> 47.9 ms) and
+ * compiles 1-2 s sooner. The order of the products' sums is the same at
+ * every unroll: the results are too. */
 #ifndef MN_KUNROLL
 #if defined(MN_FUSED_GRAD)
 #define MN_KUNROLL 1
-#elif MN_PREC == 0
-#define MN_KUNROLL 4
 #else
-#define MN_KUNROLL 8
+#error "the fused forward's K-loop unroll (MN_KUNROLL) comes from its plan (kernels/plan.c)"
 #endif
 #endif
 

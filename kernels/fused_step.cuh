@@ -69,13 +69,15 @@ __device__ void mn_fused_padding_tail(const mn_rule_kargs &a, const mn_pset &Wp,
  * the sums together, where mn_fused_row read the new W back from shared
  * memory after the weight norm's barriers, for a row layer on the CUDA
  * cores and one more barrier, every step. Needs a row's float4s within one
- * warp in every pass of the update (MN_DK of 32, 64 or 128, the float4
- * count a multiple of 32), no bias, residual, out_norm, cluster or
- * newton_schulz. */
+ * warp in every pass of the update (MN_DK of 32, 64 or 128; with dv a
+ * multiple of 4, the float4 count is then a multiple of 32), no bias,
+ * residual, out_norm, cluster or newton_schulz. */
 #define MN_ROWRET                                                                                                  \
     (MN_LAYERS == 1 && !MN_BIAS && !MN_RESIDUAL && !MN_OUT_NORM && MN_CLUSTER == 1 && !MN_PRECOND &&          \
-     !MN_RETRIEVE_BEFORE && MN_VEC4 && (MN_DK == 32 || MN_DK == 64 || MN_DK == 128) &&                         \
-     (MN_DV * MN_DK / 4) % 32 == 0)
+     !MN_RETRIEVE_BEFORE && MN_VEC4 && (MN_DK == 32 || MN_DK == 64 || MN_DK == 128))
+#if MN_ROWRET
+static_assert((MN_DV * MN_DK / 4) % 32 == 0, "every lane of a warp in each pass of the update");
+#endif
 
 /* In tf32, the chunk's x rows and h are stored rounded as the products
  * round them, where nothing but products reads them (no residual, no

@@ -171,7 +171,7 @@ do
 end
 
 -- Inputs whose rows are not 16-byte aligned: the fused kernel moves a
--- chunk's rows by quads (MN_QIO, fused_kernel.cuh), one wide load where the
+-- chunk's rows by quads (MN_QW, fused_kernel.cuh), one wide load where the
 -- pointer allows it and four where not. k, v and q as views one float into
 -- a device tensor give the same bits as the same values aligned, for a
 -- linear memory and an MLP, with a last chunk that is part padding.
