@@ -592,9 +592,12 @@ __device__ __forceinline__ double (*mn_block_parts())[MN_FWARPS]
     return part;
 }
 
-template <int N> __device__ void mn_block_sums(double *v)
+/* The same with the warps' partials in part, N rows of MN_FWARPS doubles of
+ * shared memory that nothing reads or writes meanwhile (the step kernel's
+ * sums of more values than the static array holds: P1's shared memory has
+ * no 256 bytes to spare for it). */
+template <int N> __device__ void mn_block_sums_in(double *v, double (*part)[MN_FWARPS])
 {
-    double(*part)[MN_FWARPS] = mn_block_parts();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     /* The warp's sums. While a lane holds two values or more, each stage is
      * a reduce-scatter: a lane sends its partner half of its values and
@@ -641,6 +644,12 @@ template <int N> __device__ void mn_block_sums(double *v)
         for (int off = MN_FWARPS / 2; off > 0; off >>= 1) t += __shfl_xor_sync(0xffffffffu, t, off);
         v[i] = t;
     }
+}
+
+template <int N> __device__ __forceinline__ void mn_block_sums(double *v)
+{
+    static_assert(N <= MN_NPARAMS, "the static partials hold MN_NPARAMS values");
+    mn_block_sums_in<N>(v, mn_block_parts());
 }
 
 /* Copy parameters: global unpadded [numel] per parameter <-> a padded pset

@@ -89,6 +89,34 @@ static_assert((MN_DV * MN_DK / 4) % 32 == 0, "every lane of a warp in each pass 
  * recomputes the same G. */
 #define MN_PRE (MN_PREC == 1 && !MN_RESIDUAL && !MN_OUT_NORM)
 
+/* The step's sums over the block (mn_block_sums_in): each parameter's
+ * gradient squares, the step's loss, the last step's weight squares. Their
+ * warps' partials go to fb.dy, which no one reads between the chunks'
+ * gradients and the next chunk's loss pass. */
+#define MN_SUM_LOSS MN_NPARAMS
+#define MN_SUM_WSQ (MN_NPARAMS + 1)
+#define MN_SUMS (MN_NPARAMS + 2)
+static_assert((long long)MN_SUMS * MN_FWARPS * 2 <= (long long)MN_FR * MN_LDV, "the sums' partials fit in fb.dy");
+__device__ __forceinline__ double (*mn_sums_scratch(const mn_fbuf &fb))[MN_FWARPS]
+{
+    return reinterpret_cast<double(*)[MN_FWARPS]>(fb.dy); /* fb.dy: 16-byte aligned rows */
+}
+
+/* Step s's weight norm (wsq: this thread's squares of its W^(s+1)) where
+ * no later step's sums take it: summed as the step kernel sums it with the
+ * next step's values (the same slot of the same MN_SUMS), so that a
+ * segment's last step gets the bits a longer run gives it. */
+__device__ void mn_fused_weight_norm_out(const mn_rule_kargs &a, const mn_fbuf &fb, double wsq, long long s, bool lead)
+{
+    double sums[MN_SUMS];
+#pragma unroll
+    for (int i = 0; i < MN_SUMS; i++) sums[i] = 0.0;
+    sums[MN_SUM_WSQ] = wsq;
+    mn_block_sums_in<MN_SUMS>(sums, mn_sums_scratch(fb));
+    mn_cl_sums<MN_SUMS>(sums);
+    if (threadIdx.x == 0 && lead) a.weight_norm[MN_MEMORY * a.nsteps + s] = (float)sqrt(sums[MN_SUM_WSQ]);
+}
+
 extern "C" __global__ void __launch_bounds__(MN_FT, MN_FUSED_MINB) MN_CLUSTER_DIMS
 mn_fused_step_kernel(const mn_rule_kargs a)
 {
@@ -177,8 +205,17 @@ mn_fused_step_kernel(const mn_rule_kargs a)
     float xnext[MN_NX]; /* the next chunk's k rows, in flight */
     mn_rows_fetch(xnext, k, n < MN_FR ? (int)n : MN_FR);
     bool pending = false; /* MN_FOLD: the last step's last token waits in fb.xs for this step's first chunk */
+    /* A step's weight norm (of W^(s+1), the outputs' statistic) is summed
+     * over the block with the next step's gradient norm and loss, in one
+     * mn_block_sums_in (MN_SUMS values): a step's own sums of W's squares
+     * after its update were a second pass of shuffles and two more barriers
+     * every step, on the critical path of short steps (P1-lin, M1).
+     * wsq_prev: this thread's squares of the last step's W^(s+1), where a
+     * step came before (sl > 0). */
+    double wsq_prev = 0.0;
 
-    for (long long sl = 0; sl < nsteps; sl++) {
+    long long sl = 0;
+    for (; sl < nsteps; sl++) {
         const long long s_global = a.steps_done + sl, t0 = sl * MN_STEP;
         const int rows = (int)mn_step_rows_at(t0, n);
         bool at_current = MN_P_AT_W;
@@ -203,6 +240,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
          * that ends in it takes its grows real rows only. */
         const int grows = (int)mn_real_rows_at(t0, rows, real_end);
         if (grows == 0) {
+            if (sl > 0) mn_fused_weight_norm_out(a, fb, wsq_prev, sl - 1, lead);
             mn_fused_padding_tail(a, Wp, A, sl, y_out, loss_out);
             break;
         }
@@ -212,7 +250,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
         double ss[MN_NPARAMS];
 #pragma unroll
         for (int p = 0; p < MN_NPARAMS; p++) ss[p] = 0.0;
-        double step_lsum = 0.0; /* thread 0's */
+        double lpart = 0.0; /* the loss of this thread's row of each chunk: the step's sum over the block */
         int last_cr = 0;
 
         for (int r0 = 0; r0 < grows; r0 += MN_FR) {
@@ -349,13 +387,10 @@ mn_fused_step_kernel(const mn_rule_kargs a)
             mn_fused_chunk_grad<MN_PRE>(P, fb, G, cr, first, last, ss);
             __syncthreads();
 
-            /* the step's loss sum (trace), from the chunk's rows in shared memory */
-            if (tid < 32) {
-                double ls = 0.0;
-                for (int r = tid; r < cr; r += 32) ls += fb.lrow[r];
-                for (int off = 16; off > 0; off >>= 1) ls += __shfl_down_sync(0xffffffffu, ls, off);
-                step_lsum += ls;
-            }
+            /* the step's loss sum (trace): thread r takes row r's (rows of a
+             * chunk <= threads), summed with the gradient norm's sums */
+            static_assert(MN_FR <= MN_FT, "a thread a chunk row");
+            if (tid < cr) lpart += fb.lrow[tid];
 
             /* retrieval at W^(s) where the forward above was not it on q */
             const int ret_rows = before_rows - r0 < cr ? before_rows - r0 : cr;
@@ -397,12 +432,19 @@ mn_fused_step_kernel(const mn_rule_kargs a)
         }
         pending = defer;
 
-        /* the step's gradient norm, clip and update */
+        /* the step's gradient norm, clip and update; with them, its loss and
+         * the last step's weight norm */
+        double sums[MN_SUMS];
 #pragma unroll
         for (int p = 0; p < MN_NPARAMS; p++)
-            if (!mn_owns(p, lead)) ss[p] = 0.0; /* b2's gradient: rank 0's alone */
-        mn_block_sums<MN_NPARAMS>(ss);
-        mn_cl_sums<MN_NPARAMS>(ss);
+            sums[p] = mn_owns(p, lead) ? ss[p] : 0.0; /* b2's gradient: rank 0's alone */
+        sums[MN_SUM_LOSS] = lead ? lpart : 0.0;     /* in a cluster every block has the rows' losses */
+        sums[MN_SUM_WSQ] = wsq_prev;
+        mn_block_sums_in<MN_SUMS>(sums, mn_sums_scratch(fb));
+        mn_cl_sums<MN_SUMS>(sums);
+        if (tid == 0 && lead && sl > 0) a.weight_norm[m * nsteps + sl - 1] = (float)sqrt(sums[MN_SUM_WSQ]);
+#pragma unroll
+        for (int p = 0; p < MN_NPARAMS; p++) ss[p] = sums[p];
         mn_step_control ctl = mn_step_control_of<MN_NPARAMS>(ss);
         double wsq = 0.0;
 #if MN_ROWRET
@@ -518,13 +560,17 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                         wsq += (double)w * w;
                     }
         }
-        mn_block_sums<1>(&wsq); /* its barriers also publish the new W */
-        mn_cl_sums<1>(&wsq);
-        if (tid == 0 && lead) {
-            const long long o = m * nsteps + sl;
-            mn_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, o, step_lsum, grows, ctl);
-            a.weight_norm[o] = (float)sqrt(wsq);
-        }
+        /* the new W, for every thread (in a cluster, for the peers as well:
+         * the cluster's barrier, which the weight norm's sums ended with) */
+#if MN_CLUSTER > 1
+        mn_cl_sync();
+#else
+        __syncthreads();
+#endif
+        if (tid == 0 && lead)
+            mn_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, m * nsteps + sl,
+                            sums[MN_SUM_LOSS], grows, ctl);
+        wsq_prev = wsq;
         if (y_out && !MN_RETRIEVE_BEFORE && grows == rows && !defer && !ret_in_update) {
             /* a padding last token keeps y = 0 */
             const long long lastt = t0 + rows - 1;
@@ -538,6 +584,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
             mn_fused_row(Wp, fb, xr, y_out + lastt * MN_DV, MN_LN_G, MN_LN_B);
         }
     }
+    if (sl == nsteps && sl > 0) mn_fused_weight_norm_out(a, fb, wsq_prev, sl - 1, lead); /* ran to the end */
     __syncthreads();
     mn_pset_to(W, Wp);
 #if MN_CLUSTER > 1

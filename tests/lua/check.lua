@@ -66,7 +66,9 @@ end
 
 -- The rule on cuda over k and v ([B, H, T, d]) twice from the same seed: a
 -- memory fed the first `first` tokens and then the rest in two writes, and
--- one run of all; returns the memory's state and the run's result.
+-- one run of all; returns the memory's state, the run's result and the two
+-- writes' per-step outputs joined (grad_norm, clip_scale, skipped,
+-- step_loss, weight_norm: [B, H, steps] each, on the CPU).
 function T.two_writes(rule, k, v, first, seed)
   local m = mnemo
   local n = k.shape[3]
@@ -74,9 +76,24 @@ function T.two_writes(rule, k, v, first, seed)
   local one = rule:run { k = k, v = v, device = "cuda" }
   m.seed(seed)
   local mem = rule:memory { B = k.shape[1], H = k.shape[2], dk = k.shape[4], dv = v.shape[4], device = "cuda" }
-  mem:write { k = k:narrow(3, 1, first), v = v:narrow(3, 1, first) }
-  mem:write { k = k:narrow(3, first + 1, n - first), v = v:narrow(3, first + 1, n - first) }
-  return mem:state(), one
+  local a = mem:write { k = k:narrow(3, 1, first), v = v:narrow(3, 1, first) }
+  local b = mem:write { k = k:narrow(3, first + 1, n - first), v = v:narrow(3, first + 1, n - first) }
+  local steps = {}
+  for _, name in ipairs { "grad_norm", "clip_scale", "skipped", "step_loss", "weight_norm" } do
+    steps[name] = m.cat({ a[name]:cpu(), b[name]:cpu() }, 3)
+  end
+  return mem:state(), one, steps
+end
+
+-- The names of the per-step outputs of `steps` (as T.two_writes returns
+-- them) that differ from one run's in any bit, joined; "" when none.
+function T.steps_differ(steps, one)
+  local bad = {}
+  for _, name in ipairs { "grad_norm", "clip_scale", "skipped", "step_loss", "weight_norm" } do
+    local whole = (one.outputs[name] or one.trace[name]):cpu()
+    if (whole - steps[name]):abs():max() ~= 0 then bad[#bad + 1] = name end
+  end
+  return table.concat(bad, ", ")
 end
 
 function T.skip(name, reason) print(("SKIP %s: %s"):format(name, reason)) end

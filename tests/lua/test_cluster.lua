@@ -174,11 +174,13 @@ end
 do
   local rule = h1_rule { step = 16 }
   local d = data(1, 2, 96, 128, 128, 5)
-  local st, one = T.two_writes(rule, d.k, d.v, 48, 3)
+  local st, one, steps = T.two_writes(rule, d.k, d.v, 48, 3)
   for _, name in ipairs { "W1", "b1", "W2", "b2", "S_W2", "S_b2" } do
     local e = T.rel(st[name]:cpu(), one.final[name]:cpu())
     T.ok("cluster/memory: two writes equal one run (" .. name .. ")", e < 1e-6, tostring(e))
   end
+  local bad = T.steps_differ(steps, one)
+  T.ok("cluster/memory: two writes' per-step outputs equal one run's to the bit", bad == "", bad)
 end
 
 -- the backward of a cluster run (the large backward recomputes the steps)

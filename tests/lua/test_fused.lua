@@ -266,9 +266,12 @@ end
 do
   local rule = m.rule { layers = 2, hidden = 32, step = 8, theta = 0.1, eta = 0.9 }
   local d = data(1, 2, 64, 16, 16, 5)
-  local st, one = T.two_writes(rule, d.k, d.v, 24, 3)
+  local st, one, steps = T.two_writes(rule, d.k, d.v, 24, 3)
   local e = rel(st.W1:cpu(), one.final.W1:cpu())
   T.ok("fused/memory: two writes equal one run (W1)", e < 1e-6, tostring(e))
+  -- a step's weight norm is summed with the next step's sums, or at a write's end on its own
+  local bad = T.steps_differ(steps, one)
+  T.ok("fused/memory: two writes' per-step outputs equal one run's to the bit", bad == "", bad)
 end
 
 T.done()
