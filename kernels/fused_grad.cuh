@@ -135,11 +135,6 @@ MN_SHARED_FN void mn_fgrad_layout_add_ns(mn_fgrad_layout *lo, int layers, long l
 
 #ifdef __CUDACC_RTC__
 
-/* The dynamic shared memory (the emulation's shim gives its own). */
-#ifndef MN_DYNAMIC_SMEM
-#define MN_DYNAMIC_SMEM(name) extern __shared__ float4 name[]
-#endif
-
 /* ---- one step of the forward, recomputed (mn_fused_step_kernel's step) ---- */
 
 /* Step s at the gradient point in P (shared: W^(s), or the anchor when

@@ -62,6 +62,13 @@
 #ifndef MN_CLUSTER
 #define MN_CLUSTER 1
 #endif
+
+/* The dynamic shared memory of the step kernel and the fused backward (the
+ * emulation's shim, tests/emu/cuda_shim.h, gives its own). */
+#ifndef MN_DYNAMIC_SMEM
+#define MN_DYNAMIC_SMEM(name) extern __shared__ float4 name[]
+#endif
+
 #if MN_CLUSTER > 1
 static_assert(MN_LAYERS == 2 && !MN_PRECOND && !MN_GLU,
               "a cluster splits a 2-layer memory without gates or newton_schulz");

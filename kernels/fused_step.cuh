@@ -120,7 +120,7 @@ __device__ void mn_fused_weight_norm_out(const mn_rule_kargs &a, const mn_fbuf &
 extern "C" __global__ void __launch_bounds__(MN_FT, MN_FUSED_MINB) MN_CLUSTER_DIMS
 mn_fused_step_kernel(const mn_rule_kargs a)
 {
-    extern __shared__ float4 mn_smem4[];
+    MN_DYNAMIC_SMEM(mn_smem4);
     const long long m = MN_MEMORY, n = a.n, nsteps = a.nsteps;
     const int tid = threadIdx.x;
     const bool lead = MN_CL_LEAD; /* writes the memory's outputs (every block, without a cluster) */
