@@ -53,12 +53,13 @@ long mn_fused_smem_bytes(const mn_rule *r, const mn_dims *d, int rows)
 
 /* The step kernel's static shared memory: the block sums' partials (and
  * newton_schulz's, mn_ns_block_sum's 32 doubles; a cluster's sums,
- * mn_cl_sums's), and a little. */
+ * mn_cl_sums's: the parameters' gradient squares, the step's loss and the
+ * last step's weight squares), and a little. */
 static long fused_static_smem(const mn_rule *r, int threads, int cluster)
 {
     long fixed = 64 + 8L * r->layers * (r->bias ? 2 : 1) * (threads / 32);
     if (r->precondition != MN_PRECOND_NONE) fixed += 8L * 32;
-    if (cluster > 1) fixed += 8L * (r->layers * (r->bias ? 2 : 1) + 1);
+    if (cluster > 1) fixed += 8L * (r->layers * (r->bias ? 2 : 1) + 2);
     return fixed;
 }
 
