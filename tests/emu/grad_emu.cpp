@@ -13,17 +13,7 @@
 #include "cuda_shim.h"
 #include MN_EMU_SOURCE
 #include "../../kernels/rownorm_warp.cuh"
-
-#include <stdio.h>
-#include <stdlib.h>
-#include <vector>
-
-thread_local mn_dim3 threadIdx;
-mn_dim3 blockIdx, blockDim = {MN_RULE_THREADS, 1, 1};
-pthread_barrier_t mn_shim_block_barrier;
-pthread_barrier_t mn_shim_warp_barrier[32];
-double mn_shim_warp_buffer[32][32];
-float4 mn_shim_smem[227 * 1024 / 16]; /* the most an sm_90 block may opt in to */
+#include "emu_common.h"
 
 static mn_grad_kargs args;
 
@@ -74,37 +64,10 @@ static void *thread_main(void *tid)
     return NULL;
 }
 
-static std::vector<float> read_tensor(FILE *f)
-{
-    long long n = 0;
-    if (fread(&n, 8, 1, f) != 1 || n < 0) exit(3);
-    std::vector<float> v((size_t)n);
-    if (n && fread(v.data(), 4, (size_t)n, f) != (size_t)n) exit(3);
-    return v;
-}
-
-/* |got - want| / |want| over the entries where want is finite (a
- * non-finite input's own entries are unspecified, SPEC.md section 7) */
-static double rel(const std::vector<float> &got, const std::vector<float> &want)
-{
-    if (got.size() != want.size()) return 1e30;
-    double d = 0, w = 0;
-    for (size_t i = 0; i < got.size(); i++) {
-        if (!std::isfinite(want[i])) continue;
-        d += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
-        w += (double)want[i] * want[i];
-    }
-    double e = w > 0 ? sqrt(d / w) : sqrt(d);
-    return e == e ? e : 1e30;
-}
-
 int main(int argc, char **argv)
 {
-    if (argc != 2) return 2;
-    FILE *f = fopen(argv[1], "rb");
-    if (!f) return 2;
     long long h[9];
-    if (fread(h, 8, 9, f) != 9) return 3;
+    FILE *f = open_case(argc, argv, h, 9);
     const long long B = h[0], H = h[1], n = h[2], S = h[3], np = h[4], K = h[5], nlen = h[6], nouter = h[7];
     const long long qk = h[8];
     std::vector<long long> lengths((size_t)nlen);
@@ -152,12 +115,7 @@ int main(int argc, char **argv)
     }
     float *gin[6];
     for (int i = 0; i < 6; i++) gin[i] = got[i].size() ? got[i].data() : NULL;
-    args.k = in[0].data();
-    args.v = in[1].data();
-    args.q = in[2].size() ? in[2].data() : NULL;
-    args.theta = in[3].data();
-    args.eta = in[4].data();
-    args.alpha = in[5].data();
+    set_inputs(args, in);
     args.dy = in[6].size() ? in[6].data() : NULL;
     args.dloss = in[7].size() ? in[7].data() : NULL;
     args.gk = gin[0], args.gv = gin[1], args.gq = gin[2], args.gtheta = gin[3], args.geta = gin[4], args.galpha = gin[5];
@@ -191,18 +149,7 @@ int main(int argc, char **argv)
         if (!rownorm_pass({false, center, sum, x.data(), scale[i].data(), NULL, krows, MN_DK})) return 4;
         nhat[i] = x;
     }
-#if MN_RULE_CONSTANTS
-    /* what the engine's setter launch does before a run: the values
-     * test_grad_emulated.c appended to the source */
-    mn_set_rule_constants(mn_emu_constants);
-#endif
-    for (long long m = 0; m < memories; m++) {
-        blockIdx.x = (unsigned)m;
-        pthread_t t[MN_RULE_THREADS];
-        for (int i = 0; i < MN_RULE_THREADS; i++)
-            if (pthread_create(&t[i], NULL, thread_main, (void *)(intptr_t)i) != 0) return 4;
-        for (int i = 0; i < MN_RULE_THREADS; i++) pthread_join(t[i], NULL);
-    }
+    if (!run_blocks(memories, thread_main)) return 4;
     for (int i = 0; i < 2 && qk; i++) {
         std::vector<float> &gx = got[i == 0 ? 0 : 2];
         if (!nhat[i].size()) continue;

@@ -9,17 +9,7 @@
  * that a read of scratch the kernel did not write shows. */
 #include "cuda_shim.h"
 #include MN_EMU_SOURCE
-
-#include <stdio.h>
-#include <stdlib.h>
-#include <vector>
-
-thread_local mn_dim3 threadIdx;
-mn_dim3 blockIdx, blockDim = {MN_FT, 1, 1};
-pthread_barrier_t mn_shim_block_barrier;
-pthread_barrier_t mn_shim_warp_barrier[32];
-double mn_shim_warp_buffer[32][32];
-float4 mn_shim_smem[227 * 1024 / 16]; /* the most an sm_90 block may opt in to */
+#include "emu_common.h"
 
 static mn_rule_kargs args;
 
@@ -28,29 +18,6 @@ static void *thread_main(void *tid)
     threadIdx.x = (unsigned)(intptr_t)tid;
     mn_fused_step_kernel(args);
     return NULL;
-}
-
-static std::vector<float> read_tensor(FILE *f)
-{
-    long long n = 0;
-    if (fread(&n, 8, 1, f) != 1 || n < 0) exit(3);
-    std::vector<float> v((size_t)n);
-    if (n && fread(v.data(), 4, (size_t)n, f) != (size_t)n) exit(3);
-    return v;
-}
-
-/* |got - want| / |want| over the entries where want is finite */
-static double rel(const std::vector<float> &got, const std::vector<float> &want)
-{
-    if (got.size() != want.size()) return 1e30;
-    double d = 0, w = 0;
-    for (size_t i = 0; i < got.size(); i++) {
-        if (!std::isfinite(want[i])) continue;
-        d += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
-        w += (double)want[i] * want[i];
-    }
-    double e = w > 0 ? sqrt(d / w) : sqrt(d);
-    return e == e ? e : 1e30;
 }
 
 static unsigned long long hash_floats(unsigned long long h, const std::vector<float> &v)
@@ -62,11 +29,8 @@ static unsigned long long hash_floats(unsigned long long h, const std::vector<fl
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) return 2;
-    FILE *f = fopen(argv[1], "rb");
-    if (!f) return 2;
     long long h[7];
-    if (fread(h, 8, 7, f) != 7) return 3;
+    FILE *f = open_case(argc, argv, h, 7);
     const long long B = h[0], H = h[1], n = h[2], S = h[3], np = h[4], nlen = h[5], work_floats = h[6];
     if (np != MN_NPARAMS) return 3; /* the case and the source disagree */
     std::vector<long long> lengths((size_t)nlen);
@@ -99,12 +63,7 @@ int main(int argc, char **argv)
         args.S[p] = Sm[p].data();
         args.A[p] = A[p].data();
     }
-    args.k = in[0].data();
-    args.v = in[1].data();
-    args.q = in[2].size() ? in[2].data() : NULL;
-    args.theta = in[3].data();
-    args.eta = in[4].data();
-    args.alpha = in[5].data();
+    set_inputs(args, in);
     args.y = got[0].data();
     args.loss = got[1].data();
     args.grad_norm = got[2].data();
@@ -120,18 +79,9 @@ int main(int argc, char **argv)
     args.nsteps = S;
     args.steps_done = 0;
 
-    pthread_barrier_init(&mn_shim_block_barrier, NULL, MN_FT);
-    for (int w = 0; w < MN_FT / 32; w++) pthread_barrier_init(&mn_shim_warp_barrier[w], NULL, 32);
-#if MN_RULE_CONSTANTS
-    mn_set_rule_constants(mn_emu_constants); /* what the engine's setter launch does before a run */
-#endif
-    for (long long m = 0; m < memories; m++) {
-        blockIdx.x = (unsigned)m;
-        pthread_t t[MN_FT];
-        for (int i = 0; i < MN_FT; i++)
-            if (pthread_create(&t[i], NULL, thread_main, (void *)(intptr_t)i) != 0) return 4;
-        for (int i = 0; i < MN_FT; i++) pthread_join(t[i], NULL);
-    }
+    pthread_barrier_init(&mn_shim_block_barrier, NULL, MN_RULE_THREADS);
+    for (int w = 0; w < MN_RULE_THREADS / 32; w++) pthread_barrier_init(&mn_shim_warp_barrier[w], NULL, 32);
+    if (!run_blocks(memories, thread_main)) return 4;
 
     double worst = 0;
     char worst_name[32] = "none";

@@ -16,11 +16,11 @@
 
 #ifdef MN_HAVE_CUDA
 #include "rule_cases.h"
+#include "emu_case.h"
 #include "../../kernels/codegen.h"
 #include "../../kernels/plan.h"
 
 #include <stdlib.h>
-#include <unistd.h>
 
 typedef struct {
     const char *name;
@@ -51,37 +51,8 @@ static const fused_case cases[] = {
      41, false, false},
 };
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
-static double uniform(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / 9007199254740992.0;
-}
-static double normal(void)
-{
-    double u = uniform() + 1e-12, v = uniform();
-    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
-
-/* A new f32 CPU tensor of offset + scale N(0, 1) entries. */
-static mn_status random_tensor(mn_tensor *t, int ndim, const int64_t *shape, double scale, double offset)
-{
-    MN_TRY(mn_tensor_empty(t, MN_F32, ndim, shape, MN_CPU));
-    float *p = mn_tensor_data(t);
-    for (int64_t i = 0; i < mn_tensor_numel(t); i++) p[i] = (float)(offset + scale * normal());
-    return MN_OK;
-}
-
-static bool write_tensor(FILE *f, const mn_tensor *t)
-{
-    long long n = t->storage ? (long long)mn_tensor_numel(t) : 0;
-    return fwrite(&n, 8, 1, f) == 1 && (n == 0 || fwrite(mn_tensor_data(t), 4, (size_t)n, f) == (size_t)n);
-}
-
-/* The rule's fused source as the backend plans it, with the values of its
- * run-time constants appended (hex: exact) for step_emu.cpp's setter call. */
+/* The rule's fused source as the backend plans it (with its run-time
+ * constants' values: write_emu_source). */
 static bool write_source(const mn_rule *r, const mn_dims *d, const char *path, long long *work_floats, char *why,
                          size_t wlen)
 {
@@ -92,19 +63,7 @@ static bool write_source(const mn_rule *r, const mn_dims *d, const char *path, l
     }
     *work_floats = (long long)mn_fused_work_floats(r, d, &pl);
     char *src = mn_cuda_plan_source(r, d, MN_PREC_FP32, &pl);
-    FILE *f = src ? fopen(path, "w") : NULL;
-    bool ok = f && fputs(src, f) >= 0;
-    if (ok && strstr(src, "#define MN_RULE_CONSTANTS 1")) {
-        mn_rule_constants k;
-        mn_cuda_rule_constants(r, &k);
-        ok = fputs("\nstatic const mn_rule_constants mn_emu_constants = {{", f) >= 0;
-        for (int i = 0; i < MN_RULE_CONSTANT_SLOTS && ok; i++) ok = fprintf(f, "%s%a", i ? ", " : "", k.d[i]) > 0;
-        ok = ok && fputs("}, {", f) >= 0;
-        for (int i = 0; i < MN_RULE_CONSTANT_SLOTS && ok; i++)
-            ok = fprintf(f, "%s%af", i ? ", " : "", (double)k.f[i]) > 0;
-        ok = ok && fputs("}};\n", f) >= 0;
-    }
-    if (f) ok = fclose(f) == 0 && ok;
+    const bool ok = write_emu_source(path, src, r);
     free(src);
     if (!ok) snprintf(why, wlen, "no source: %s", mn_last_error());
     return ok;
@@ -185,37 +144,13 @@ static bool prepare(const fused_case *c, const char *dir, char *why, size_t wlen
 
 static void run_case(const fused_case *c, const char *cxx, const char *dir)
 {
-    char name[128], why[512] = "", cmd[2048];
+    char name[128], why[512] = "", source[512], all[2048], worst_name[64] = "";
+    double worst;
     snprintf(name, sizeof name, "fused_emulated/%s", c->name);
-    if (!prepare(c, dir, why, sizeof why)) {
+    snprintf(source, sizeof source, "%s/step.cu", dir);
+    if (!prepare(c, dir, why, sizeof why) ||
+        !emulate(cxx, dir, "step_emu", source, "", &worst, worst_name, all, sizeof all, NULL, why, sizeof why)) {
         printf("FAIL %s: %s\n", name, why);
-        check_failures_++;
-        return;
-    }
-    snprintf(cmd, sizeof cmd,
-             "%s -std=c++17 -O1 -ffp-contract=off -Itests/emu -DMN_EMU_SOURCE='\"%s/step.cu\"' "
-             "tests/emu/step_emu.cpp -o %s/step_emu -lpthread > %s/cxx.log 2>&1",
-             cxx, dir, dir, dir);
-    if (system(cmd) != 0) {
-        printf("FAIL %s: the emulated kernel does not compile (%s/cxx.log)\n", name, dir);
-        check_failures_++;
-        return;
-    }
-    snprintf(cmd, sizeof cmd, "%s/step_emu %s/case.bin", dir, dir);
-    FILE *p = popen(cmd, "r");
-    char line[256], all[2048] = "";
-    double worst = -1;
-    char worst_name[64] = "";
-    while (p && fgets(line, sizeof line, p)) {
-        if (sscanf(line, "worst %lf %63s", &worst, worst_name) == 2) continue;
-        if (!strncmp(line, "bits ", 5)) continue;
-        line[strcspn(line, "\n")] = '\0';
-        size_t used = strlen(all);
-        snprintf(all + used, sizeof all - used, "%s%s", used ? ", " : "", line);
-    }
-    int rc = p ? pclose(p) : -1;
-    if (rc != 0 || worst < 0) {
-        printf("FAIL %s: the emulated kernel did not finish (status %d)\n", name, rc);
         check_failures_++;
     } else if (!(worst <= 1e-5)) {
         printf("FAIL %s: worst relative error %.3g in %s (bound 1e-5); every output: %s\n", name, worst, worst_name,
@@ -229,29 +164,11 @@ static void run_case(const fused_case *c, const char *cxx, const char *dir)
 int main(void)
 {
     (void)print_log; /* rule_cases.h's, for the NVRTC tests */
-    const char *cxx = getenv("CXX");
-    if (!cxx || !*cxx) cxx = "g++";
-    char probe[256];
-    snprintf(probe, sizeof probe, "command -v %s > /dev/null 2>&1", cxx);
-    if (system(probe) != 0 || access("tests/emu/step_emu.cpp", R_OK) != 0) {
-        SKIP("fused_emulated", "no C++ compiler, or not run from the repository root");
-        return CHECK_DONE();
-    }
     char dir[] = "/tmp/mnemo_fused_emu_XXXXXX";
-    if (!mkdtemp(dir)) {
-        printf("FAIL fused_emulated: no temporary directory\n");
-        return 1;
-    }
+    const char *cxx = emu_setup("fused_emulated", "step_emu", dir);
+    if (!cxx) return CHECK_DONE();
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i], cxx, dir);
-    /* a failure's files stay for a look (the source, the case, the compiler's log) */
-    if (check_failures_) {
-        printf("# kept %s\n", dir);
-    } else {
-        char cmd[128];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        if (system(cmd) != 0) printf("# could not remove %s\n", dir);
-    }
-    return CHECK_DONE();
+    return emu_finish(dir);
 }
 
 #else

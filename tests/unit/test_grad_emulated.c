@@ -23,13 +23,13 @@
 
 #ifdef MN_HAVE_CUDA
 #include "rule_cases.h"
+#include "emu_case.h"
 #include "grad.h"
 #include "rownorm.h"
 #include "../../kernels/codegen.h"
 #include "../../kernels/plan.h"
 
 #include <stdlib.h>
-#include <unistd.h>
 
 typedef struct {
     int rule;          /* index in rules[] */
@@ -197,35 +197,6 @@ static const ns_variant ns_variants[] = {
     {{12, true, 1, false, 0, true}, 2},  {{13, false, 2, false, 3, true}, 4}, {{14, false, 0, true, 0, true}, 2},
 };
 
-static uint64_t rng_state = 88172645463325252ULL;
-static double uniform(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / 9007199254740992.0;
-}
-static double normal(void)
-{
-    double u = uniform() + 1e-12, v = uniform();
-    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
-}
-
-/* A new f32 CPU tensor of offset + scale N(0, 1) entries. */
-static mn_status random_tensor(mn_tensor *t, int ndim, const int64_t *shape, double scale, double offset)
-{
-    MN_TRY(mn_tensor_empty(t, MN_F32, ndim, shape, MN_CPU));
-    float *p = mn_tensor_data(t);
-    for (int64_t i = 0; i < mn_tensor_numel(t); i++) p[i] = (float)(offset + scale * normal());
-    return MN_OK;
-}
-
-static bool write_tensor(FILE *f, const mn_tensor *t)
-{
-    long long n = t->storage ? (long long)mn_tensor_numel(t) : 0;
-    return fwrite(&n, 8, 1, f) == 1 && (n == 0 || fwrite(mn_tensor_data(t), 4, (size_t)n, f) == (size_t)n);
-}
-
 /* The case's inputs, the CPU backward and the file grad_emu.cpp reads;
  * also the generated source. Returns false with why. */
 static bool prepare(const variant *va, const emu_options *o, const char *dir, char *why, size_t wlen)
@@ -268,21 +239,7 @@ static bool prepare(const variant *va, const emu_options *o, const char *dir, ch
     r.qk_norm = o->qk_norm;
     mn_rownorm qk = mn_rule_qk_norm(&r);
     snprintf(path, sizeof path, "%s/grad.cu", dir);
-    FILE *f = src ? fopen(path, "w") : NULL;
-    bool ok = f && fputs(src, f) >= 0;
-    if (ok && strstr(src, "#define MN_RULE_CONSTANTS 1")) {
-        /* the rule's constants, as the engine's setter launch passes them
-         * (grad_emu.cpp hands them to the source's setter); hex: exact */
-        mn_rule_constants k;
-        mn_cuda_rule_constants(&r, &k);
-        ok = fputs("\nstatic const mn_rule_constants mn_emu_constants = {{", f) >= 0;
-        for (int i = 0; i < MN_RULE_CONSTANT_SLOTS && ok; i++) ok = fprintf(f, "%s%a", i ? ", " : "", k.d[i]) > 0;
-        ok = ok && fputs("}, {", f) >= 0;
-        for (int i = 0; i < MN_RULE_CONSTANT_SLOTS && ok; i++)
-            ok = fprintf(f, "%s%af", i ? ", " : "", (double)k.f[i]) > 0;
-        ok = ok && fputs("}};\n", f) >= 0;
-    }
-    if (f) ok = fclose(f) == 0 && ok;
+    bool ok = write_emu_source(path, src, &r);
     free(src);
     if (!ok) {
         snprintf(why, wlen, "no source: %s", mn_last_error());
@@ -327,7 +284,7 @@ static bool prepare(const variant *va, const emu_options *o, const char *dir, ch
     if (s == MN_OK) s = random_tensor(&up.dloss, 3, ts, 1, 0);
     if (s == MN_OK) s = mn_run_backward(&r, &d, init, mom, nouter ? outer : NULL, &in, &up, va->block, NULL, &g);
     snprintf(path, sizeof path, "%s/case.bin", dir);
-    f = s == MN_OK ? fopen(path, "wb") : NULL;
+    FILE *f = s == MN_OK ? fopen(path, "wb") : NULL;
     ok = f != NULL;
     if (ok) {
         /* h[7]: ln_g, ln_b to read (0 or 2); h[8]: qk_norm, 1 + 2 center + 4 sum (0: none) */
@@ -364,7 +321,7 @@ static bool prepare(const variant *va, const emu_options *o, const char *dir, ch
 static void run_variant(const variant *va, const emu_options *o, const char *cxx, const char *dir)
 {
     const rule_case *c = &rules[va->rule];
-    char name[192], why[512] = "", cmd[2048], ns[16] = "", block[24] = "";
+    char name[192], why[512] = "", ns[16] = "", block[24] = "";
     if (o->ns_steps > 0) snprintf(ns, sizeof ns, "ns%d/", o->ns_steps);
     if (va->block) snprintf(block, sizeof block, "/block%d", va->block);
     snprintf(name, sizeof name, "grad_emulated/%s%s%s%s%s%s%s%s%s%s%s", va->fused ? "fused/" : "", ns, c->name,
@@ -381,29 +338,12 @@ static void run_variant(const variant *va, const emu_options *o, const char *cxx
         check_failures_++;
         return;
     }
-    snprintf(cmd, sizeof cmd,
-             "%s -std=c++17 -O1 -ffp-contract=off -Itests/emu -DMN_EMU_SOURCE='\"%s/grad.cu\"' "
-             "-DMN_EMU_ROWNORM_EPS=%.17g tests/emu/grad_emu.cpp -o %s/grad_emu -lpthread > %s/cxx.log 2>&1",
-             cxx, dir, MN_ROWNORM_EPS, dir, dir);
-    if (system(cmd) != 0) {
-        printf("FAIL %s: the emulated kernel does not compile (%s/cxx.log)\n", name, dir);
-        check_failures_++;
-        return;
-    }
-    snprintf(cmd, sizeof cmd, "%s/grad_emu %s/case.bin", dir, dir);
-    FILE *p = popen(cmd, "r");
-    char line[256], all[2048] = "";
-    double worst = -1;
-    char worst_name[64] = "";
-    while (p && fgets(line, sizeof line, p)) {
-        if (sscanf(line, "worst %lf %63s", &worst, worst_name) == 2) continue;
-        line[strcspn(line, "\n")] = '\0';
-        size_t used = strlen(all);
-        snprintf(all + used, sizeof all - used, "%s%s", used ? ", " : "", line);
-    }
-    int rc = p ? pclose(p) : -1;
-    if (rc != 0 || worst < 0) {
-        printf("FAIL %s: the emulated kernel did not finish (status %d)\n", name, rc);
+    char source[512], extra[64], all[2048], worst_name[64] = "";
+    double worst;
+    snprintf(source, sizeof source, "%s/grad.cu", dir);
+    snprintf(extra, sizeof extra, "-DMN_EMU_ROWNORM_EPS=%.17g", MN_ROWNORM_EPS);
+    if (!emulate(cxx, dir, "grad_emu", source, extra, &worst, worst_name, all, sizeof all, NULL, why, sizeof why)) {
+        printf("FAIL %s: %s\n", name, why);
         check_failures_++;
     } else if (!(worst <= 1e-5)) {
         printf("FAIL %s: worst relative error %.3g in %s (bound 1e-5); every gradient: %s\n", name, worst, worst_name,
@@ -433,19 +373,9 @@ int main(int argc, char **argv)
         execv("/proc/self/exe", argv);
         /* no re-exec: on with the machine's kernels */
     }
-    const char *cxx = getenv("CXX");
-    if (!cxx || !*cxx) cxx = "g++";
-    char probe[256];
-    snprintf(probe, sizeof probe, "command -v %s > /dev/null 2>&1", cxx);
-    if (system(probe) != 0 || access("tests/emu/grad_emu.cpp", R_OK) != 0) {
-        SKIP("grad_emulated", "no C++ compiler, or not run from the repository root");
-        return CHECK_DONE();
-    }
     char dir[] = "/tmp/mnemo_grad_emu_XXXXXX";
-    if (!mkdtemp(dir)) {
-        printf("FAIL grad_emulated: no temporary directory\n");
-        return 1;
-    }
+    const char *cxx = emu_setup("grad_emulated", "grad_emu", dir);
+    if (!cxx) return CHECK_DONE();
     const emu_options none = {MN_NORM_NONE, false, MN_QKNORM_NONE, 0};
     for (size_t i = 0; i < sizeof variants / sizeof *variants; i++) run_variant(&variants[i], &none, cxx, dir);
     for (size_t i = 0; i < sizeof norm_variants / sizeof *norm_variants; i++) {
@@ -482,15 +412,7 @@ int main(int argc, char **argv)
         const emu_options o = {MN_NORM_NONE, false, MN_QKNORM_NONE, 3 - (int)i};
         run_variant(&ns_anchor[i], &o, cxx, dir);
     }
-    /* a failure's files stay for a look (the source, the case, the compiler's log) */
-    if (check_failures_) {
-        printf("# kept %s\n", dir);
-    } else {
-        char cmd[128];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-        if (system(cmd) != 0) printf("# could not remove %s\n", dir);
-    }
-    return CHECK_DONE();
+    return emu_finish(dir);
 }
 
 #else
