@@ -64,11 +64,14 @@ function T.failing(res, ref, tol)
   return table.concat(bad, "; ")
 end
 
+-- The per-step outputs (outputs and trace) that T.two_writes joins.
+local STEP_OUTPUTS = { "grad_norm", "clip_scale", "skipped", "step_loss", "weight_norm" }
+
 -- The rule on cuda over k and v ([B, H, T, d]) twice from the same seed: a
 -- memory fed the first `first` tokens and then the rest in two writes, and
 -- one run of all; returns the memory's state, the run's result and the two
--- writes' per-step outputs joined (grad_norm, clip_scale, skipped,
--- step_loss, weight_norm: [B, H, steps] each, on the CPU).
+-- writes' per-step outputs joined (STEP_OUTPUTS: [B, H, steps] each, on the
+-- CPU).
 function T.two_writes(rule, k, v, first, seed)
   local m = mnemo
   local n = k.shape[3]
@@ -79,7 +82,7 @@ function T.two_writes(rule, k, v, first, seed)
   local a = mem:write { k = k:narrow(3, 1, first), v = v:narrow(3, 1, first) }
   local b = mem:write { k = k:narrow(3, first + 1, n - first), v = v:narrow(3, first + 1, n - first) }
   local steps = {}
-  for _, name in ipairs { "grad_norm", "clip_scale", "skipped", "step_loss", "weight_norm" } do
+  for _, name in ipairs(STEP_OUTPUTS) do
     steps[name] = m.cat({ a[name]:cpu(), b[name]:cpu() }, 3)
   end
   return mem:state(), one, steps
@@ -89,7 +92,7 @@ end
 -- them) that differ from one run's in any bit, joined; "" when none.
 function T.steps_differ(steps, one)
   local bad = {}
-  for _, name in ipairs { "grad_norm", "clip_scale", "skipped", "step_loss", "weight_norm" } do
+  for _, name in ipairs(STEP_OUTPUTS) do
     local whole = (one.outputs[name] or one.trace[name]):cpu()
     if (whole - steps[name]):abs():max() ~= 0 then bad[#bad + 1] = name end
   end
