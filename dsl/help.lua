@@ -264,10 +264,13 @@ rule:with{field = value, ...} -> a new Rule
   A copy with some fields replaced, e.g. for a sweep:
   for _, eta in ipairs{0, 0.5, 0.9} do rule:with{eta = eta}:run{...} end]],
   ["Rule:source"] = [[
-rule:source([{dk = 64, dv = dk, hidden =, precision = "fp32", backward = false}]) -> string
+rule:source([{dk = 64, dv = dk, hidden =, precision = "fp32", backward = false,
+             q = false, lengths = false}]) -> string
   The CUDA source generated for this rule at those sizes (hooks from its
   expressions plus the kernel template of the path rule:plan picks: fused,
-  large or general), as NVRTC compiles it; with backward = true, the source
+  large or general), as NVRTC compiles it for a run without q and lengths
+  (q = true, lengths = true: a run that gives them; the fused path
+  compiles the code that reads them only then); with backward = true, the source
   of the backward that rule:plan names (fused, large or general). The
   rule's constants (delta, p, clip_max, named constants) are not in it:
   the kernels read them at run time (MN_KF(slot), MN_KD(slot)), so a sweep

@@ -387,16 +387,18 @@ static int rule_expressions(lua_State *L)
     return 1;
 }
 
-/* rule:source([{dk=, dv=, hidden=, precision=, backward=}]): the CUDA source
- * the GPU engine compiles for this rule at those sizes (default dk 64, dv =
- * dk, hidden = the rule's or 64, fp32), or with backward = true that of the
+/* rule:source([{dk=, dv=, hidden=, precision=, backward=, q=, lengths=}]):
+ * the CUDA source the GPU engine compiles for this rule at those sizes
+ * (default dk 64, dv = dk, hidden = the rule's or 64, fp32) for a run
+ * without q and lengths (q = true, lengths = true: with them; the fused
+ * path compiles their code only then), or with backward = true that of the
  * backward the plan picks for a run of it. Needs no GPU. */
 static int rule_source(lua_State *L)
 {
     const mn_rule *r = &check_rule(L, 1)->rule;
     mn_dims d = {1, 1, 1, 64, 0, 0, 1};
     mn_precision prec = MN_PREC_FP32;
-    bool backward = false;
+    bool backward = false, with_q = false, with_lengths = false;
     if (!lua_isnoneornil(L, 2)) {
         luaL_checktype(L, 2, LUA_TTABLE);
         d.dk = l_rule_field_int(L, 2, "dk", 64);
@@ -407,6 +409,12 @@ static int rule_source(lua_State *L)
         lua_pop(L, 1);
         lua_getfield(L, 2, "backward");
         backward = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        lua_getfield(L, 2, "q");
+        with_q = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        lua_getfield(L, 2, "lengths");
+        with_lengths = lua_toboolean(L, -1);
         lua_pop(L, 1);
     }
     if (d.dv == 0) d.dv = d.dk;
@@ -422,6 +430,8 @@ static int rule_source(lua_State *L)
         src = mn_cuda_plan_backward_source(r, &d, prec, &pl);
     } else {
         if (mn_cuda_plan_rule(r, &d, prec, 1, mn_cuda_arch(), mn_cuda_smem_optin(), &pl) != MN_OK) return l_raise(L);
+        pl.with_q = with_q;
+        pl.with_lengths = with_lengths;
         src = mn_cuda_plan_source(r, &d, prec, &pl);
     }
     if (!src) return l_raise(L);

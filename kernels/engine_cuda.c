@@ -325,6 +325,9 @@ static mn_status cuda_segment_run(mn_memory_state *st, const mn_segment_inputs *
         }
         return mn_cuda_large_segment_run(st, in, out, n, nsteps);
     }
+    /* the fused kernel's code for q and lengths where this run gives them */
+    pl.with_q = in->q.storage != NULL;
+    pl.with_lengths = in->lengths.storage != NULL;
     mn_cuda_module *mod;
     MN_TRY(rule_module(&st->rule, &st->dims, st->precision, &pl, mn_cuda_run_work(&st->rule, &st->dims), &mod));
     MN_TRY(mn_cuda_module_set_constants(mod, &st->rule, (cudaStream_t)mn_cuda_get_stream()));

@@ -49,6 +49,16 @@ __device__ void mn_fused_padding_tail(const mn_rule_kargs &a, const mn_pset &Wp,
 #ifndef MN_G_SHARED
 #define MN_G_SHARED 0 /* kernels/plan.c defines it 1 where G fits in shared memory */
 #endif
+/* Whether the run gives q, and lengths (kernels/plan.c defines them from
+ * the run's inputs): without, the code that reads them is not compiled in
+ * (the retrieval pass at q, the padding's tail), which NVRTC spent about a
+ * fifth of a fused source's compile on. a.q and a.lengths are null then. */
+#ifndef MN_WITH_Q
+#define MN_WITH_Q 0
+#endif
+#ifndef MN_WITH_LENGTHS
+#define MN_WITH_LENGTHS 0
+#endif
 
 /* Under retrieve = after, a step's last token is read at W^(s+1), after
  * the update: on its own, by mn_fused_row (two layers of dot products on
@@ -179,13 +189,13 @@ mn_fused_step_kernel(const mn_rule_kargs a)
     mn_cl_params(Sm);
     mn_cl_params(A);
     const float *k = a.k + m * n * MN_DK, *v = a.v + m * n * MN_DV;
-    const float *q = a.q ? a.q + m * n * MN_DK : 0;
+    const float *q = MN_WITH_Q && a.q ? a.q + m * n * MN_DK : 0;
     const float *theta = a.theta + m * n, *eta = a.eta + m * nsteps, *alpha = a.alpha + m * nsteps;
     float *y_out = a.y ? a.y + m * n * MN_DV : 0;
     float *loss_out = a.loss + m * n;
     const double R = MN_FEATURE_SCALE;
     /* Ragged batches: tokens at and after real_end are padding (SPEC.md section 2) */
-    const long long real_end = a.lengths ? a.lengths[m / a.heads] : n;
+    const long long real_end = MN_WITH_LENGTHS && a.lengths ? a.lengths[m / a.heads] : n;
     /* wide loads and stores of v and y where their rows are 16-byte aligned (MN_QW) */
     const bool v_al = mn_al16(v), y_al = y_out && mn_al16(y_out);
     (void)v_al, (void)y_al;
@@ -239,7 +249,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
          * does every later one: the segment's tail is written at once. A step
          * that ends in it takes its grows real rows only. */
         const int grows = (int)mn_real_rows_at(t0, rows, real_end);
-        if (grows == 0) {
+        if (MN_WITH_LENGTHS && grows == 0) { /* without lengths, every step has real rows */
             if (sl > 0) mn_fused_weight_norm_out(a, fb, wsq_prev, sl - 1, lead);
             mn_fused_padding_tail(a, Wp, A, sl, y_out, loss_out);
             break;
