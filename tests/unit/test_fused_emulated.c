@@ -53,14 +53,16 @@ static const fused_case cases[] = {
 
 /* The rule's fused source as the backend plans it (with its run-time
  * constants' values: write_emu_source). */
-static bool write_source(const mn_rule *r, const mn_dims *d, const char *path, long long *work_floats, char *why,
-                         size_t wlen)
+static bool write_source(const mn_rule *r, const mn_dims *d, bool with_q, bool with_lengths, const char *path,
+                         long long *work_floats, char *why, size_t wlen)
 {
     mn_cuda_plan pl;
     if (mn_cuda_plan_rule(r, d, MN_PREC_FP32, d->B * d->H, 90, 0, &pl) != MN_OK || pl.path != MN_PATH_FUSED) {
         snprintf(why, wlen, "not planned on the fused path: %s", pl.why);
         return false;
     }
+    pl.with_q = with_q; /* as kernels/engine_cuda.c sets them from a run's inputs */
+    pl.with_lengths = with_lengths;
     *work_floats = (long long)mn_fused_work_floats(r, d, &pl);
     char *src = mn_cuda_plan_source(r, d, MN_PREC_FP32, &pl);
     const bool ok = write_emu_source(path, src, r);
@@ -84,7 +86,12 @@ static bool prepare(const fused_case *c, const char *dir, char *why, size_t wlen
     char path[512];
     long long work_floats = 0;
     snprintf(path, sizeof path, "%s/step.cu", dir);
-    if (!write_source(&r, &d, path, &work_floats, why, wlen)) {
+    bool ok = write_source(&r, &d, c->q, c->lengths, path, &work_floats, why, wlen);
+    /* and the source of a run that gives q and lengths, for the same inputs
+     * where they give neither: the code for them compiled in, never taken */
+    snprintf(path, sizeof path, "%s/step_all.cu", dir);
+    if (ok) ok = write_source(&r, &d, true, true, path, &work_floats, why, wlen);
+    if (!ok) {
         mn_rule_free(&r);
         return false;
     }
@@ -116,7 +123,7 @@ static bool prepare(const fused_case *c, const char *dir, char *why, size_t wlen
     if (s == MN_OK) s = mn_segment_run(&st, &in, &out);
     snprintf(path, sizeof path, "%s/case.bin", dir);
     FILE *f = s == MN_OK ? fopen(path, "wb") : NULL;
-    bool ok = f != NULL;
+    ok = f != NULL;
     if (ok) {
         long long h[7] = {B, H, n, S, np, c->lengths ? B : 0, work_floats};
         ok = fwrite(h, 8, 7, f) == 7 && (!c->lengths || fwrite(lengths, 8, 2, f) == 2);
@@ -144,15 +151,31 @@ static bool prepare(const fused_case *c, const char *dir, char *why, size_t wlen
 
 static void run_case(const fused_case *c, const char *cxx, const char *dir)
 {
-    char name[128], why[512] = "", source[512], all[2048], worst_name[64] = "";
-    double worst;
+    char name[128], why[512] = "", source[512], source_all[512], all[2048], worst_name[64] = "", bits[32],
+        bits_all[32];
+    double worst, worst_all;
     snprintf(name, sizeof name, "fused_emulated/%s", c->name);
     snprintf(source, sizeof source, "%s/step.cu", dir);
+    snprintf(source_all, sizeof source_all, "%s/step_all.cu", dir);
     if (!prepare(c, dir, why, sizeof why) ||
-        !emulate(cxx, dir, "step_emu", source, "", &worst, worst_name, all, sizeof all, NULL, why, sizeof why)) {
+        !emulate(cxx, dir, "step_emu", source_all, "", &worst_all, worst_name, all, sizeof all, bits_all, why,
+                 sizeof why) ||
+        !emulate(cxx, dir, "step_emu", source, "", &worst, worst_name, all, sizeof all, bits, why, sizeof why)) {
         printf("FAIL %s: %s\n", name, why);
         check_failures_++;
-    } else if (!(worst <= 1e-5)) {
+        return;
+    }
+    /* the run's own source (without the code for q or lengths where the
+     * case gives neither) and the one with it: the same bits */
+    if (strcmp(bits, bits_all) != 0) {
+        printf("FAIL %s: the outputs of the run's source (%s) and of the one with the code for q and lengths (%s) "
+               "differ\n",
+               name, bits, bits_all);
+        check_failures_++;
+    } else if (!c->q && !c->lengths) {
+        printf("PASS %s/without the code for q and lengths: the same bits as with it\n", name);
+    }
+    if (!(worst <= 1e-5)) {
         printf("FAIL %s: worst relative error %.3g in %s (bound 1e-5); every output: %s\n", name, worst, worst_name,
                all);
         check_failures_++;
