@@ -325,9 +325,15 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
          * ms at 8 -> 2 (2026-11-28): P1-lin 0.506 -> 0.464, P1 3.84 -> 3.78,
          * P1-c16 16.5 -> 16.0, H1 4.36 -> 4.32 (hidden 256, a slice of 128 a
          * block), but M1 (hidden 128) 5.73 -> 6.01: 2 for a linear memory
-         * and hidden widths from 256, else 8. MNEMO_FUSED_KUNROLL sets it. */
+         * and hidden widths from 256, else 8. tf32 after the kernels compiled
+         * their q and lengths code only where given (2026-11-28, 4 against
+         * 8, two rounds): P1 3.18, 3.22 against 3.25, 3.28, H1 3.53 against
+         * 3.57, 3.60, H2 5.36, 5.39 against 5.45, 5.45; but M1 5.80 against
+         * 5.10, P1-c16 15.6, 15.7 against 15.2, 15.7 and P1-lin 0.379
+         * against 0.366: 4 for hidden widths from 256 on steps of 64 rows and
+         * more, else 8. MNEMO_FUSED_KUNROLL sets it. */
         if (p == MN_PREC_FP32) out->kunroll = 4;
-        else if (p == MN_PREC_TF32) out->kunroll = 8;
+        else if (p == MN_PREC_TF32) out->kunroll = r->layers > 1 && d->dh >= 256 && r->step >= 64 ? 4 : 8;
         else out->kunroll = r->layers == 1 || d->dh >= 256 ? 2 : 8;
         const int knob = power_knob("MNEMO_FUSED_KUNROLL");
         if (knob) out->kunroll = knob;

@@ -61,6 +61,12 @@ else
     T.eq("plan: k_unroll, bf16 linear 64x64", lin:plan { dk = 64, precision = "bf16" }.k_unroll, 2)
     T.eq("plan: k_unroll, tf32 linear 64x64", lin:plan { dk = 64, precision = "tf32" }.k_unroll, 8)
     T.eq("plan: k_unroll, fp32 P1", mlp:plan { dk = 64, B = 4, H = 32, precision = "fp32" }.k_unroll, 4)
+    T.eq("plan: k_unroll, tf32 P1 (hidden 256, steps of 64)", mlp:plan { dk = 64, B = 4, H = 32, precision = "tf32" }
+      .k_unroll, 4)
+    T.eq("plan: k_unroll, tf32 P1-c16 (steps of 16)", m.rule { layers = 2, hidden = 256, step = 16 }:plan {
+      dk = 64, B = 4, H = 32, precision = "tf32" }.k_unroll, 8)
+    T.eq("plan: k_unroll, tf32 at hidden 128 (M1)", m.rule { layers = 2, hidden = 128, step = 8 }:plan {
+      dk = 64, B = 32, H = 16, precision = "tf32" }.k_unroll, 8)
     T.eq("plan: k_unroll, bf16 P1 (hidden 256)", mlp:plan { dk = 64, B = 4, H = 32, precision = "bf16" }.k_unroll, 2)
     T.eq("plan: k_unroll, bf16 at hidden 128 (M1)", m.rule { layers = 2, hidden = 128, step = 8 }:plan {
       dk = 64, B = 32, H = 16, precision = "bf16" }.k_unroll, 8)

@@ -859,8 +859,10 @@ static void test_grad_in_shared(void)
 }
 
 /* The products' K-loop unroll the plan picks for the fused forward (issue
- * 14, measured on an H100), defined into its source: fp32 4, tf32 8, bf16 2
- * for a linear memory and for hidden widths from 256, else 8 (M1). The
+ * 14, measured on an H100), defined into its source: fp32 4; tf32 4 for
+ * hidden widths from 256 on steps of 64 rows and more (P1), else 8 (P1-c16,
+ * M1, a linear memory); bf16 2 for a linear memory and for hidden widths
+ * from 256, else 8 (M1). The
  * fused backward defines none (the template's 1). MNEMO_FUSED_KUNROLL sets
  * both. */
 static void test_plan_kunroll(void)
@@ -875,9 +877,12 @@ static void test_plan_kunroll(void)
     struct { int layers; const mn_dims *d; mn_precision p; int want; const char *name; } cases[] = {
         {1, &lin, MN_PREC_BF16, 2, "codegen/kunroll/linear_bf16"}, {1, &lin, MN_PREC_TF32, 8, "codegen/kunroll/linear_tf32"},
         {2, &p1, MN_PREC_BF16, 2, "codegen/kunroll/p1_bf16"},      {2, &p1, MN_PREC_FP32, 4, "codegen/kunroll/p1_fp32"},
-        {2, &m1, MN_PREC_BF16, 8, "codegen/kunroll/m1_bf16"}};
+        {2, &m1, MN_PREC_BF16, 8, "codegen/kunroll/m1_bf16"},      {2, &p1, MN_PREC_TF32, 4, "codegen/kunroll/p1_tf32"},
+        {2, &m1, MN_PREC_TF32, 8, "codegen/kunroll/m1_tf32"},      {-2, &p1, MN_PREC_TF32, 8, "codegen/kunroll/p1_c16_tf32"}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        r.layers = cases[i].layers;
+        /* a negative layer count: the same rule on steps of 16 rows (P1-c16) */
+        r.layers = abs(cases[i].layers);
+        r.step = cases[i].layers < 0 ? 16 : 64;
         bool ok = mn_cuda_plan_rule(&r, cases[i].d, cases[i].p, 128, 90, 0, &pl) == MN_OK && pl.path == MN_PATH_FUSED;
         char *src = ok ? mn_cuda_plan_source(&r, cases[i].d, cases[i].p, &pl) : NULL;
         char want[32];
