@@ -341,7 +341,7 @@ __device__ void mn_fg_update_adjoint(const mn_grad_kargs &a, const mn_fg_state &
         a.geta[m * a.nsteps + s] = (float)deta;
         a.galpha[m * a.nsteps + s] = (float)dalpha;
     }
-    MN_FG_MARK(4);
+    MN_PROF_MARK(4);
 #if MN_CLIP_MODE == 1 || MN_PRECOND
     mn_block_sums<MN_NPARAMS>(gg);
 #endif
@@ -409,7 +409,7 @@ __device__ void mn_fg_update_adjoint(const mn_grad_kargs &a, const mn_fg_state &
         }
     }
     __syncthreads();
-    MN_FG_MARK(5);
+    MN_PROF_MARK(5);
 }
 
 /* ---- the reverse of step s, block slot i (grad_kernel.cuh's mn_gstep_reverse) ---- */
@@ -449,7 +449,7 @@ __device__ bool mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g,
     /* the gradient point is W^(s) (refresh = step, or a refresh block's first step) */
     const bool at_w = MN_P_AT_W || mn_refresh_start(s);
 
-    MN_FG_MARK(0);
+    MN_PROF_MARK(0);
     /* the retrieval of the step's last token at W^(s+1) (retrieve = after):
      * refresh = step, the slots hold it (step s + 1's point, or the block's
      * recompute's last W); else unless step s + 1 left it there, it comes in */
@@ -461,14 +461,14 @@ __device__ bool mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g,
         }
         mn_fg_row_vjp(P, xq + t * MN_DK, dy + t * MN_DV, g.dW, gxq + t * MN_DK, gb);
     }
-    MN_FG_MARK(1);
+    MN_PROF_MARK(1);
     const bool skipped = code == MN_STEP_SKIPPED;
     if (!skipped) mn_fg_update_adjoint(a, g, m, s, G, Snow, Wnow);
     /* the gradient point padded into the workspace, then into the shared
      * slots: the products' weights */
     mn_fg_load_w(P, g.Wg, mn_fg_anchor_of(g, s, i));
     __syncthreads();
-    MN_FG_MARK(7);
+    MN_PROF_MARK(7);
     /* the chunks add the point's adjoint into dA (dW when refresh = step) */
     float *dAp[MN_NPARAMS];
     mn_gptrs(g.dA, dAp);
@@ -483,9 +483,9 @@ __device__ bool mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g,
         for (int r0 = 0; r0 < grows; r0 += MN_FR) {
             const int cr = grows - r0 < MN_FR ? grows - r0 : MN_FR;
             const long long t = t0 + r0;
-            MN_FG_MARK(0);
+            MN_PROF_MARK(0);
             mn_fg_load_rows(gb, k + t * MN_DK, cr);
-            MN_FG_MARK(8);
+            MN_PROF_MARK(8);
             mn_fg_chunk_args c;
             c.dG = skipped ? 0 : &g.dGp;
             c.loss = true;
@@ -531,7 +531,7 @@ __device__ bool mn_fg_step_reverse(const mn_grad_kargs &a, const mn_fg_state &g,
         }
     }
     mn_fg_join_anchor(g, s);
-    MN_FG_MARK(16);
+    MN_PROF_MARK(16);
     return at_w || (dy && before > 0 && !merged);
 }
 
@@ -541,9 +541,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_grad_kernel(cons
     MN_DYNAMIC_SMEM(mn_smem4);
     const long long m = blockIdx.x, K = a.K;
     const int tid = threadIdx.x;
-#ifdef MN_FG_PROFILE
-    if (tid == 0 && m == 0) mn_fg_last = clock64();
-#endif
+    MN_PROF_START();
 
     /* shared memory: W^(s) padded, then the chunk buffers (kernels/plan.c
      * mn_fused_grad_smem_bytes counts the same) */
@@ -617,7 +615,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_grad_kernel(cons
         }
         __syncthreads();
     }
-    MN_FG_MARK(0);
+    MN_PROF_MARK(0);
     const long long last = (a.nblocks - 1) * K;
     for (long long s = 0; s <= last; s++) {
         if (s % K == 0) {
@@ -637,7 +635,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_grad_kernel(cons
         }
         mn_fg_step_forward(a, P, gb, m, s, g.Gb, g.Sb, g.Sb, g.Wb, MN_P_AT_W ? 0 : g.Wb, g.tmp, g.ns);
     }
-    MN_FG_MARK(17);
+    MN_PROF_MARK(17);
     /* adjoints of the final tensors */
 #pragma unroll
     for (int p = 0; p < MN_NPARAMS; p++) {
@@ -682,18 +680,18 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_grad_kernel(cons
             if (tid == 0) g.skip[i] = (float)code;
             __syncthreads();
         }
-        MN_FG_MARK(18);
-        MN_FG_MARK(0);
+        MN_PROF_MARK(18);
+        MN_PROF_MARK(0);
         /* the recompute leaves W^(s0 + len) in the slots, or (refresh != step) an anchor */
         bool at_next = MN_P_AT_W;
         for (long long i = len - 1; i >= 0; i--)
             at_next = mn_fg_step_reverse(a, g, P, gb, m, s0 + i, i, (int)g.skip[i], at_next);
-        MN_FG_MARK(0);
+        MN_PROF_MARK(0);
     }
-#ifdef MN_FG_PROFILE
-    if (tid == 0 && m == 0)
-        for (int i = 1; i < 24; i++)
-            if (mn_fg_prof[i]) printf("MN_FG_PROFILE phase %d: %lld cycles\n", i, mn_fg_prof[i]);
+#ifdef MN_PROFILE
+    if (MN_PROF_FIRST) /* phase 0: what no phase counts */
+        for (int i = 1; i < MN_PROFILE_PHASES; i++)
+            if (mn_prof[i]) printf("MN_FG_PROFILE phase %d: %lld cycles\n", i, mn_prof[i]);
 #endif
 #pragma unroll
     for (int p = 0; p < MN_NPARAMS; p++) {

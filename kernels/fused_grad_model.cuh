@@ -9,26 +9,10 @@
  * only: it comes after fused_kernel.cuh and grad_common.cuh. */
 #ifdef __CUDACC_RTC__
 
-/* MNEMO_FG_PROFILE=1 (plan.c adds MN_FG_PROFILE): block 0's thread 0 adds
- * the clock cycles between marks to the phase counters, printed at the end. */
-#ifdef MN_FG_PROFILE
-__device__ long long mn_fg_prof[24], mn_fg_last;
-#define MN_FG_MARK(i)                                                                                                 \
-    do {                                                                                                              \
-        if (threadIdx.x == 0 && blockIdx.x == 0) {                                                                    \
-            const long long now_ = clock64();                                                                         \
-            mn_fg_prof[i] += now_ - mn_fg_last;                                                                       \
-            mn_fg_last = now_;                                                                                        \
-        }                                                                                                             \
-    } while (0)
-#else
-#define MN_FG_MARK(i) ((void)0)
-#endif
-
 /* Elements per thread whose loads a flat-vector loop issues before its
  * stores. These loops wait on global memory's latency, not its bandwidth:
  * with one element at a time, the update's adjoint alone took a ninth of
- * P1's backward (MN_FG_PROFILE). */
+ * P1's backward (MNEMO_FG_PROFILE). */
 #define MN_FG_U 4
 
 /* Floats of one padded parameter set (mn_pset_init's carve-up). */
@@ -195,7 +179,7 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_pset &Wg, const mn_gbuf &
     mn_fused_forward<false>(P, fb, cr, [&](int r, int j, float y0, float y1) {
         *reinterpret_cast<float2 *>(gb.y + r * MN_LDV + j) = make_float2(y0, y1);
     });
-    MN_FG_MARK(10);
+    MN_PROF_MARK(10);
 
     /* the tangent u = J_P(y) dG; the slots end as (dG1, dG2) */
     if (tangent) {
@@ -215,7 +199,7 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_pset &Wg, const mn_gbuf &
             *reinterpret_cast<float2 *>(gb.hd + r * MN_LDH + j) = make_float2(hd[0], hd[1]);
         });
         __syncthreads();
-        MN_FG_MARK(19);
+        MN_PROF_MARK(19);
         /* u = hd W2^T, then + h dG2^T + db2: the same tiles, so the second
          * product's pre reads what this thread stored */
         mn_gemm<MN_FR, MN_PDV, MN_PDH, false, false>(gb.hd, MN_LDH, P.w[1], MN_LLD(1),
@@ -225,7 +209,7 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_pset &Wg, const mn_gbuf &
         __syncthreads();
         mn_fg_copy_layer(P, *c.dG, 1);
         __syncthreads();
-        MN_FG_MARK(20);
+        MN_PROF_MARK(20);
         mn_gemm<MN_FR, MN_PDV, MN_PDH, false, false>(
             gb.h, MN_LDH, P.w[1], MN_LLD(1),
             [&](int r, int j, float a0, float a1) {
@@ -242,7 +226,7 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_pset &Wg, const mn_gbuf &
 #endif
         __syncthreads();
     }
-    MN_FG_MARK(11);
+    MN_PROF_MARK(11);
 
     /* the seeds, a warp per row (grad_kernel.cuh's loss loop, term for term):
      * ybar into gb.y, ubar into gb.dy, zero on rows past cr and cut rows */
@@ -321,7 +305,7 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_pset &Wg, const mn_gbuf &
         }
     }
     __syncthreads();
-    MN_FG_MARK(12);
+    MN_PROF_MARK(12);
 
     /* the reverse; with a tangent the slots hold (dG1, dG2) here */
 #if MN_LAYERS == 2
@@ -355,7 +339,7 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_pset &Wg, const mn_gbuf &
         mn_gemm<MN_FR, MN_PDH, MN_PDV, false, true>(gb.y, MN_LDV, P.w[1], MN_LLD(1), into_h);
     }
     __syncthreads();
-    MN_FG_MARK(13);
+    MN_PROF_MARK(13);
     /* through the activation: zbar into gb.h, zdbar into gb.hd */
     for (int e = tid; e < MN_FR * MN_PDH; e += MN_FT) {
         const int r = e / MN_PDH, j = e % MN_PDH, i = r * MN_LDH + j;
@@ -374,13 +358,13 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_pset &Wg, const mn_gbuf &
         }
     }
     __syncthreads();
-    MN_FG_MARK(14);
+    MN_PROF_MARK(14);
     {
         const mn_gacc a1 = mn_fg_acc(dA[0], MN_DH, MN_DK, c.first);
         mn_gemm<MN_PDH, MN_PDK, MN_FR, true, true>(gb.h, MN_LDH, gb.x, MN_LDK, a1, a1.pre());
         if (MN_BIAS) mn_bias_grad<MN_DH>(dA[1], gb.h, MN_LDH, cr, c.first, false, 0);
     }
-    MN_FG_MARK(21);
+    MN_PROF_MARK(21);
     /* dx += zdbar dG1 (the slot still dG1), then W1 back and dx += zbar W1 */
     {
         const mn_fg_add_rows add = {c.gx, cr};
@@ -390,7 +374,7 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_pset &Wg, const mn_gbuf &
             mn_fg_copy_layer(P, Wg, 0);
             __syncthreads();
         }
-        MN_FG_MARK(22);
+        MN_PROF_MARK(22);
         mn_gemm<MN_FR, MN_PDK, MN_PDH, false, true>(gb.h, MN_LDH, P.w[0], MN_LLD(0), add);
     }
 #else
@@ -411,7 +395,7 @@ __device__ void mn_fg_chunk(const mn_pset &P, const mn_pset &Wg, const mn_gbuf &
     }
 #endif
     __syncthreads();
-    MN_FG_MARK(15);
+    MN_PROF_MARK(15);
 }
 
 /* ---- one row's retrieval at W^(s+1) and its vector-Jacobian product ---- */

@@ -63,6 +63,37 @@
 #define MN_CLUSTER 1
 #endif
 
+/* Phase profiling of the step kernel (MNEMO_FUSED_PROFILE) and of the
+ * fused backward (MNEMO_FG_PROFILE): plan.c defines MN_PROFILE into that
+ * source alone. Block 0's thread 0 adds the clock cycles between marks to
+ * the phase's counter, and prints the counters when the kernel ends. A
+ * mark sits after a barrier, so a phase's count is the block's wall time
+ * in it, waits included. Profiling only: the kernel is recompiled with the
+ * marks, and the counters start at 0 each launch. */
+#ifdef MN_PROFILE
+#define MN_PROFILE_PHASES 24
+__device__ long long mn_prof[MN_PROFILE_PHASES], mn_prof_last;
+#define MN_PROF_FIRST (threadIdx.x == 0 && blockIdx.x == 0)
+#define MN_PROF_START()                                                                                               \
+    do {                                                                                                              \
+        if (MN_PROF_FIRST) {                                                                                          \
+            for (int i_ = 0; i_ < MN_PROFILE_PHASES; i_++) mn_prof[i_] = 0;                                           \
+            mn_prof_last = clock64();                                                                                 \
+        }                                                                                                             \
+    } while (0)
+#define MN_PROF_MARK(i)                                                                                               \
+    do {                                                                                                              \
+        if (MN_PROF_FIRST) {                                                                                          \
+            const long long now_ = clock64();                                                                         \
+            mn_prof[i] += now_ - mn_prof_last;                                                                        \
+            mn_prof_last = now_;                                                                                      \
+        }                                                                                                             \
+    } while (0)
+#else
+#define MN_PROF_START() ((void)0)
+#define MN_PROF_MARK(i) ((void)0)
+#endif
+
 /* The dynamic shared memory of the step kernel and the fused backward (the
  * emulation's shim, tests/emu/cuda_shim.h, gives its own). */
 #ifndef MN_DYNAMIC_SMEM

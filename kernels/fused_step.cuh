@@ -134,6 +134,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
     const long long m = MN_MEMORY, n = a.n, nsteps = a.nsteps;
     const int tid = threadIdx.x;
     const bool lead = MN_CL_LEAD; /* writes the memory's outputs (every block, without a cluster) */
+    MN_PROF_START();
 
     /* shared memory: P, then the chunk buffers (kernels/plan.c counts the same) */
     float *sp = (float *)mn_smem4;
@@ -211,6 +212,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
         mn_pset_from(Wp, W);
     }
     __syncthreads();
+    MN_PROF_MARK(1);
 
     float xnext[MN_NX]; /* the next chunk's k rows, in flight */
     mn_rows_fetch(xnext, k, n < MN_FR ? (int)n : MN_FR);
@@ -244,6 +246,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                         A[p][mn_gel(p, (int)e)] = *mn_pset_el(Wp, p, (int)e);
             __syncthreads();
             at_current = true;
+            MN_PROF_MARK(2);
         }
         /* A step that starts in the padding leaves S and W as they are, and so
          * does every later one: the segment's tail is written at once. A step
@@ -290,9 +293,11 @@ mn_fused_step_kernel(const mn_rule_kargs a)
             }
 #endif
             __syncthreads();
+            MN_PROF_MARK(3);
             mn_fused_forward<true, true, MN_FOLD, MN_PRE>(P, fb, cr, [&](int r, int j, float y0, float y1) {
                 *reinterpret_cast<float2 *>(fb.y + r * MN_LDV + j) = make_float2(y0, y1);
             }, fold ? cr + 1 : cr);
+            MN_PROF_MARK(4);
 
             /* loss terms (into fb.y) and dL/dy, token weights theta (and 1/rows for mean) */
             const bool y_here = y_out && !q && at_current;
@@ -392,10 +397,12 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                 }
             }
 #endif
+            MN_PROF_MARK(5); /* with the rows' loss sums as thread 0 sees them */
 
             /* backward at P */
             mn_fused_chunk_grad<MN_PRE>(P, fb, G, cr, first, last, ss);
             __syncthreads();
+            MN_PROF_MARK(6);
 
             /* the step's loss sum (trace): thread r takes row r's (rows of a
              * chunk <= threads), summed with the gradient norm's sums */
@@ -424,6 +431,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                     if (lead && r < ret_rows && j + 1 < MN_DV) mn_st_once(yo + r * MN_DV + j + 1, y1);
                 });
 #endif
+                MN_PROF_MARK(7);
             }
         }
 
@@ -452,6 +460,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
         sums[MN_SUM_WSQ] = wsq_prev;
         mn_block_sums_in<MN_SUMS>(sums, mn_sums_scratch(fb));
         mn_cl_sums<MN_SUMS>(sums);
+        MN_PROF_MARK(8);
         if (tid == 0 && lead && sl > 0) a.weight_norm[m * nsteps + sl - 1] = (float)sqrt(sums[MN_SUM_WSQ]);
 #pragma unroll
         for (int p = 0; p < MN_NPARAMS; p++) ss[p] = sums[p];
@@ -577,6 +586,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
 #else
         __syncthreads();
 #endif
+        MN_PROF_MARK(9);
         if (tid == 0 && lead)
             mn_step_outputs(a.step_loss, a.grad_norm, a.skipped, a.clip_scale, m * nsteps + sl,
                             sums[MN_SUM_LOSS], grows, ctl);
@@ -592,6 +602,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                 xr = fb.xs;
             }
             mn_fused_row(Wp, fb, xr, y_out + lastt * MN_DV, MN_LN_G, MN_LN_B);
+            MN_PROF_MARK(10);
         }
     }
     if (sl == nsteps && sl > 0) mn_fused_weight_norm_out(a, fb, wsq_prev, sl - 1, lead); /* ran to the end */
@@ -599,6 +610,25 @@ mn_fused_step_kernel(const mn_rule_kargs a)
     mn_pset_to(W, Wp);
 #if MN_CLUSTER > 1
     mn_cl_sync(); /* no block leaves while a peer may still read its shared memory */
+#endif
+#ifdef MN_PROFILE
+    MN_PROF_MARK(11);
+    if (MN_PROF_FIRST) {
+        const char *const names[] = {"",
+                                     "set-up (W into shared memory)",
+                                     "refresh (the anchor copied)",
+                                     "chunk in (k rows stored, the next fetched, v loaded)",
+                                     "forward products and activation",
+                                     "loss and dL/dy, the rows' losses",
+                                     "the gradient's products",
+                                     "retrieval at W (q, or W away from the anchor)",
+                                     "the step's sums (gradient, loss, weight norm)",
+                                     "clip and update",
+                                     "the last token at W^(s+1)",
+                                     "the end (weight norm out, W written back)"};
+        for (int i = 1; i < 12; i++)
+            if (mn_prof[i]) printf("MN_FUSED_PROFILE phase %d: %lld cycles: %s\n", i, mn_prof[i], names[i]);
+    }
 #endif
 #undef MN_LN_G
 #undef MN_LN_B

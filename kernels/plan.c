@@ -400,6 +400,8 @@ const char *const *mn_cuda_plan_parts(const mn_cuda_plan *pl, char *defs, size_t
      * evict-first hints on its inputs and outputs away (fused_kernel.cuh) */
     const char *st = getenv("MNEMO_FUSED_STREAM");
     if (st && !strcmp(st, "0")) snprintf(defs + strlen(defs), size - strlen(defs), "#define MN_STREAM 0\n");
+    /* and MNEMO_FUSED_PROFILE: the step kernel's phase counters (fused_kernel.cuh's MN_PROFILE) */
+    if (getenv("MNEMO_FUSED_PROFILE")) snprintf(defs + strlen(defs), size - strlen(defs), "#define MN_PROFILE 1\n");
     *defines = defs;
     return fused;
 }
@@ -539,7 +541,7 @@ char *mn_cuda_fused_grad_source(const mn_rule *r, const mn_dims *d, mn_precision
     mn_fused_defines(pl, defs, sizeof defs);
     size_t used = strlen(defs);
     snprintf(defs + used, sizeof defs - used, "#define MN_GRAD_SOURCE 1\n#define MN_FUSED_GRAD 1\n%s",
-             getenv("MNEMO_FG_PROFILE") ? "#define MN_FG_PROFILE 1\n" : "");
+             getenv("MNEMO_FG_PROFILE") ? "#define MN_PROFILE 1\n" : "");
     return mn_cuda_grad_source_for(r, d, p, parts, defs);
 }
 

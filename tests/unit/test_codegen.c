@@ -229,9 +229,22 @@ static void test_backward_plan(void)
     ok = mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 90, 0, &bp) == MN_OK;
     char *psrc = ok ? mn_cuda_fused_grad_source(&r, &d, MN_PREC_TF32, &bp) : NULL;
     unsetenv("MNEMO_FG_PROFILE");
-    CHECK("codegen/backward_plan/profile_source", psrc && strstr(psrc, "#define MN_FG_PROFILE 1"));
+    CHECK("codegen/backward_plan/profile_source", psrc && strstr(psrc, "#define MN_PROFILE 1"));
     if (psrc) compile_line("codegen/nvrtc_sm90/p1/fused backward, MNEMO_FG_PROFILE", psrc);
     free(psrc);
+    /* MNEMO_FUSED_PROFILE=1: the forward's step kernel with its phase
+     * counters compiles, and only that knob puts them in its source */
+    mn_cuda_plan fp;
+    ok = mn_cuda_plan_rule(&r, &d, MN_PREC_TF32, 128, 90, 0, &fp) == MN_OK && fp.path == MN_PATH_FUSED;
+    char *plain = ok ? mn_cuda_plan_source(&r, &d, MN_PREC_TF32, &fp) : NULL;
+    setenv("MNEMO_FUSED_PROFILE", "1", 1);
+    char *fsrc = ok ? mn_cuda_plan_source(&r, &d, MN_PREC_TF32, &fp) : NULL;
+    unsetenv("MNEMO_FUSED_PROFILE");
+    CHECK("codegen/forward_plan/profile_source", plain && fsrc && strstr(fsrc, "#define MN_PROFILE 1") &&
+                                                     !strstr(plain, "#define MN_PROFILE"));
+    if (fsrc) compile_line("codegen/nvrtc_sm90/p1/fused forward, MNEMO_FUSED_PROFILE", fsrc);
+    free(plain);
+    free(fsrc);
     /* sm_80's 163 KB: P1's fused forward (179 KB) does not fit; the forward
      * takes the large path, and the backward with it */
     ok = mn_cuda_plan_backward(&r, &d, MN_PREC_TF32, 80, 0, &bp) == MN_OK;
