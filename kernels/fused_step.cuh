@@ -89,6 +89,36 @@ __device__ void mn_fused_padding_tail(const mn_rule_kargs &a, const mn_pset &Wp,
 static_assert((MN_DV * MN_DK / 4) % 32 == 0, "every lane of a warp in each pass of the update");
 #endif
 
+/* The same for a 2-layer memory in one block whose W lives in the
+ * workspace (refresh > step: the gradient point, the anchor, has the
+ * shared memory): the threads that update a row of W1 sum that hidden
+ * unit's z for the token (into fb.hs); after the first layer's
+ * parameters, a barrier, h = phi(z + b1) for each unit and another
+ * barrier; then the threads that update a row of W2 sum their part of its
+ * output (a warp's share of the row into fb.dy, which the step's sums are
+ * done with), added up in a fixed order after the update's last barrier.
+ * mn_fused_row read the new W back from global memory: 16-20% of P1-c16's
+ * kernel (MNEMO_FUSED_PROFILE, 2026-11-28), 4-6% less with this. Where W
+ * is in shared memory (P1: 6% of its kernel in mn_fused_row) the update's
+ * longer loop and two more barriers cost more than they saved (P1 +1 to
+ * +4%, M1 +2 to +5%, whose steps mostly fold the token into the next
+ * chunk), so mn_fused_row stays there. Operands rounded as the row's
+ * products round them. Needs a row of W1 (dk / 4 float4s) within a warp,
+ * a row of W2 (dh / 4) within a warp or whole warps, and full warps in
+ * every pass. */
+#define MN_ROW_GROUP_OK(n4) ((n4) == 4 || (n4) == 8 || (n4) == 16 || (n4) == 32)
+#define MN_ROWRET2                                                                                                 \
+    (MN_LAYERS == 2 && !MN_P_AT_W && !MN_GLU && !MN_OUT_NORM && MN_CLUSTER == 1 && !MN_PRECOND &&             \
+     !MN_RETRIEVE_BEFORE &&                                                                                    \
+     MN_VEC4 && MN_ROW_GROUP_OK(MN_DK / 4) && (MN_ROW_GROUP_OK(MN_DH / 4) || (MN_DH / 4) % 32 == 0) &&          \
+     (MN_DH * MN_DK / 4) % 32 == 0 && (MN_DV * MN_DH / 4) % 32 == 0)
+#if MN_ROWRET2
+/* the W2 row's partials: one a row, or one for each of its warps */
+#define MN_RR2_SEG ((MN_DH / 4) < 32 ? (MN_DH / 4) : 32)
+#define MN_RR2_PARTS (MN_DH / 4 / MN_RR2_SEG)
+static_assert(MN_DV * MN_RR2_PARTS <= MN_FR * MN_LDV, "the W2 rows' partials fit fb.dy");
+#endif
+
 /* In tf32, the chunk's x rows and h are stored rounded as the products
  * round them, where nothing but products reads them (no residual, no
  * out_norm): each product then takes them as they are, not converting each
@@ -466,9 +496,10 @@ mn_fused_step_kernel(const mn_rule_kargs a)
         for (int p = 0; p < MN_NPARAMS; p++) ss[p] = sums[p];
         mn_step_control ctl = mn_step_control_of<MN_NPARAMS>(ss);
         double wsq = 0.0;
-#if MN_ROWRET
-        /* the step's last token read at W^(s+1) in the update (see MN_ROWRET;
-         * with q, by mn_fused_row below), from the last chunk's k row */
+#if MN_ROWRET || MN_ROWRET2
+        /* the step's last token read at W^(s+1) in the update (see MN_ROWRET
+         * and MN_ROWRET2; with q, by mn_fused_row below), from the last
+         * chunk's k row */
         const bool ret_in_update = y_out && grows == rows && !defer && !q && ctl.finite;
         const float *x_last = fb.x + (last_cr - 1) * MN_LDK;
         const long long last_row = t0 + rows - 1;
@@ -543,6 +574,24 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                             for (int off = GW / 2; off > 0; off >>= 1) yp += __shfl_xor_sync(0xffffffffu, yp, off, GW);
                             if (e4 % GW == 0) mn_st_once(y_out + last_row * MN_DV + 4 * e4 / MN_DK, yp);
                         }
+#elif MN_ROWRET2
+                        if (ret_in_update && (p == 0 || p == MN_PER)) { /* block-uniform */
+                            const bool first = p == 0; /* W1: z of hidden unit 4 e4 / dk; W2: output 4 e4 / dh */
+                            const float4 xv = first ? *reinterpret_cast<const float4 *>(x_last + (4 * e4) % MN_DK)
+                                                    : *reinterpret_cast<const float4 *>(fb.hs + (4 * e4) % MN_DH);
+                            float rp = mn_round(wn[0]) * mn_round(xv.x);
+                            rp = fmaf(mn_round(wn[1]), mn_round(xv.y), rp);
+                            rp = fmaf(mn_round(wn[2]), mn_round(xv.z), rp);
+                            rp = fmaf(mn_round(wn[3]), mn_round(xv.w), rp);
+                            const int GW = first ? MN_DK / 4 : MN_RR2_SEG;
+#pragma unroll
+                            for (int off = 16; off > 0; off >>= 1)
+                                if (off < GW) rp += __shfl_xor_sync(0xffffffffu, rp, off, GW);
+                            if (e4 % GW == 0) {
+                                if (first) fb.hs[4 * e4 / MN_DK] = rp;
+                                else fb.dy[e4 / MN_RR2_SEG] = rp;
+                            }
+                        }
 #endif
                     }
                 } else {
@@ -568,6 +617,16 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                     }
                 }
                 (void)fs;
+#if MN_ROWRET2
+                if (ret_in_update && p == MN_PER - 1) { /* the first layer's parameters are new: h */
+                    __syncthreads();
+                    for (int j = tid; j < MN_DH; j += MN_FT) {
+                        const float z = fb.hs[j] + (MN_BIAS ? *mn_pset_el(Wp, 1, j) : 0.0f);
+                        fb.hs[j] = mn_round(mn_hook_act(z));
+                    }
+                    __syncthreads();
+                }
+#endif
             }
 #endif
         } else {
@@ -585,6 +644,17 @@ mn_fused_step_kernel(const mn_rule_kargs a)
         mn_cl_sync();
 #else
         __syncthreads();
+#endif
+#if MN_ROWRET2
+        if (ret_in_update) /* the W2 rows' parts in a fixed order, b2 and the residual */
+            for (int o = tid; o < MN_DV; o += MN_FT) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int i = 0; i < MN_RR2_PARTS; i++) acc += fb.dy[o * MN_RR2_PARTS + i];
+                if (MN_BIAS) acc += *mn_pset_el(Wp, MN_PER + 1, o);
+                if (MN_RESIDUAL) acc += x_last[o];
+                mn_st_once(y_out + last_row * MN_DV + o, acc);
+            }
 #endif
         MN_PROF_MARK(9);
         if (tid == 0 && lead)

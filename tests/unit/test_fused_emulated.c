@@ -45,6 +45,19 @@ static const fused_case cases[] = {
     {"mlp_lengths", {"", 2, 1, 0, MN_ACT_GELU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NORM, MN_SCOPE_GLOBAL, NULL, 8, 8,
                       MN_RETRIEVE_AFTER, MN_PREC_FP32, 16, 16, 32, false, false},
      37, false, true},
+    /* steps as long as the chunk (no spare row) and W in the workspace
+     * (refresh 2 steps: the gradient point is the anchor), so each step's
+     * last token is read at W^(s+1) inside the update (MN_ROWRET2), with
+     * biases; 48 tokens: the run ends in a refresh block */
+    {"mlp_row_in_update",
+     {"", 2, 1, 0, MN_ACT_GELU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NORM, MN_SCOPE_GLOBAL, NULL, 16, 32,
+      MN_RETRIEVE_AFTER, MN_PREC_FP32, 32, 32, 64, false, false},
+     48, false, false},
+    /* the same without biases, a row of W2 a whole warp */
+    {"mlp_row_in_update_anchor",
+     {"", 2, 0, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NORM, MN_SCOPE_GLOBAL, NULL, 16, 32,
+      MN_RETRIEVE_AFTER, MN_PREC_FP32, 32, 16, 128, false, false},
+     64, false, false},
     {"mlp_silu_huber_refresh_block",
      {"", 2, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_HUBER, NULL, MN_CLIP_VALUE, MN_SCOPE_GLOBAL, NULL, 6, 12,
       MN_RETRIEVE_BEFORE, MN_PREC_FP32, 12, 8, 24, false, true},
