@@ -6,10 +6,17 @@
  * prints one line per output "NAME relative-error", then "worst E NAME" and
  * "bits H": a hash of every output and final tensor, so that two sources of
  * the same rule can be compared to the bit. The workspace starts as NaN, so
- * that a read of scratch the kernel did not write shows. */
+ * that a read of scratch the kernel did not write shows. Built with
+ * -DMN_EMU_SPLIT=N (N tokens, whole steps), it runs as a memory fed in two
+ * writes: a launch over the first N tokens, then one over the rest with the
+ * state carried (W, S and the anchor, which the emulation keeps apart from
+ * W, so that a second launch that starts inside a refresh block reads what
+ * the first wrote there). */
 #include "cuda_shim.h"
 #include MN_EMU_SOURCE
 #include "emu_common.h"
+
+#include <algorithm>
 
 static mn_rule_kargs args;
 
@@ -41,7 +48,7 @@ int main(int argc, char **argv)
     for (int p = 0; p < np; p++) {
         W[p] = read_tensor(f);
         Sm[p] = read_tensor(f);
-        A[p] = W[p]; /* the anchor: the refresh block's start writes it first */
+        A[p] = W[p]; /* the anchor, its own copy: the first refresh block's start writes it */
     }
     static const char *const names[] = {"y", "loss", "grad_norm", "clip_scale", "skipped", "step_loss", "weight_norm"};
     std::vector<float> want[7], got[7], want_W[MN_RULE_MAX_PARAMS], want_S[MN_RULE_MAX_PARAMS];
@@ -56,32 +63,63 @@ int main(int argc, char **argv)
     fclose(f);
 
     const long long memories = B * H;
-    std::vector<float> work((size_t)(work_floats * memories + 4), NAN);
-    memset(&args, 0, sizeof args);
-    for (int p = 0; p < np; p++) {
-        args.W[p] = W[p].data();
-        args.S[p] = Sm[p].data();
-        args.A[p] = A[p].data();
-    }
-    set_inputs(args, in);
-    args.y = got[0].data();
-    args.loss = got[1].data();
-    args.grad_norm = got[2].data();
-    args.clip_scale = got[3].data();
-    args.skipped = got[4].data();
-    args.step_loss = got[5].data();
-    args.weight_norm = got[6].data();
-    args.work = work.data();
-    args.work_floats = work_floats;
-    args.lengths = nlen ? lengths.data() : NULL;
-    args.heads = H;
-    args.n = n;
-    args.nsteps = S;
-    args.steps_done = 0;
-
     pthread_barrier_init(&mn_shim_block_barrier, NULL, MN_RULE_THREADS);
     for (int w = 0; w < MN_RULE_THREADS / 32; w++) pthread_barrier_init(&mn_shim_warp_barrier[w], NULL, 32);
-    if (!run_blocks(memories, thread_main)) return 4;
+#ifdef MN_EMU_SPLIT
+    const long long first = MN_EMU_SPLIT;
+    if (nlen || first <= 0 || first >= n || first % MN_STEP) return 3; /* whole steps, no lengths */
+    const long long writes[2][2] = {{0, first}, {first, n}};
+#else
+    const long long writes[1][2] = {{0, n}};
+#endif
+    for (const auto &wr : writes) {
+        /* one write: tokens t0 .. t1 - 1, steps s0 .. s1 - 1, its inputs and
+         * outputs laid out as a launch of its own takes them ([B, H, ...]) */
+        const long long t0 = wr[0], len = wr[1] - wr[0], s0 = t0 / MN_STEP, ns = (len + MN_STEP - 1) / MN_STEP;
+        auto rows = [&](const std::vector<float> &x, long long per, long long total, long long at, long long count) {
+            std::vector<float> out((size_t)(memories * count * per));
+            for (long long m = 0; m < memories; m++)
+                std::copy(x.begin() + (m * total + at) * per, x.begin() + (m * total + at + count) * per,
+                          out.begin() + m * count * per);
+            return out;
+        };
+        std::vector<float> seg[6] = {rows(in[0], MN_DK, n, t0, len), rows(in[1], MN_DV, n, t0, len),
+                                     in[2].size() ? rows(in[2], MN_DK, n, t0, len) : std::vector<float>(),
+                                     rows(in[3], 1, n, t0, len), rows(in[4], 1, S, s0, ns), rows(in[5], 1, S, s0, ns)};
+        const long long per_out[7] = {MN_DV, 1, 0, 0, 0, 0, 0}; /* y and loss by token, the rest by step */
+        std::vector<float> seg_out[7];
+        for (int i = 0; i < 7; i++) seg_out[i].assign((size_t)(memories * (per_out[i] ? len * per_out[i] : ns)), NAN);
+        std::vector<float> work((size_t)(work_floats * memories + 4), NAN);
+        memset(&args, 0, sizeof args);
+        for (int p = 0; p < np; p++) {
+            args.W[p] = W[p].data();
+            args.S[p] = Sm[p].data();
+            args.A[p] = A[p].data();
+        }
+        set_inputs(args, seg);
+        args.y = seg_out[0].data();
+        args.loss = seg_out[1].data();
+        args.grad_norm = seg_out[2].data();
+        args.clip_scale = seg_out[3].data();
+        args.skipped = seg_out[4].data();
+        args.step_loss = seg_out[5].data();
+        args.weight_norm = seg_out[6].data();
+        args.work = work.data();
+        args.work_floats = work_floats;
+        args.lengths = nlen ? lengths.data() : NULL;
+        args.heads = H;
+        args.n = len;
+        args.nsteps = ns;
+        args.steps_done = s0;
+        if (!run_blocks(memories, thread_main)) return 4;
+        for (int i = 0; i < 7; i++) { /* into the whole run's places */
+            const long long per = per_out[i] ? per_out[i] : 1, total = per_out[i] ? n : S, at = per_out[i] ? t0 : s0,
+                            count = per_out[i] ? len : ns;
+            for (long long m = 0; m < memories; m++)
+                std::copy(seg_out[i].begin() + m * count * per, seg_out[i].begin() + (m + 1) * count * per,
+                          got[i].begin() + (m * total + at) * per);
+        }
+    }
 
     double worst = 0;
     char worst_name[32] = "none";
