@@ -98,7 +98,8 @@ static_assert((MN_DV * MN_DK / 4) % 32 == 0, "every lane of a warp in each pass 
  * output (a warp's share of the row into fb.dy, which the step's sums are
  * done with), added up in a fixed order after the update's last barrier.
  * mn_fused_row read the new W back from global memory: 16-20% of P1-c16's
- * kernel (MNEMO_FUSED_PROFILE, 2026-11-28), 4-6% less with this. Where W
+ * kernel (MNEMO_FUSED_PROFILE, 2026-11-28), which is 7.5-10% faster with
+ * this (tests/bench/RESULTS.md). Where W
  * is in shared memory (P1: 6% of its kernel in mn_fused_row) the update's
  * longer loop and two more barriers cost more than they saved (P1 +1 to
  * +4%, M1 +2 to +5%, whose steps mostly fold the token into the next
