@@ -586,8 +586,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                             rp = fmaf(mn_round(wn[3]), mn_round(xv.w), rp);
                             const int GW = first ? MN_DK / 4 : MN_RR2_SEG;
 #pragma unroll
-                            for (int off = 16; off > 0; off >>= 1)
-                                if (off < GW) rp += __shfl_xor_sync(0xffffffffu, rp, off, GW);
+                            for (int off = GW / 2; off > 0; off >>= 1) rp += __shfl_xor_sync(0xffffffffu, rp, off, GW);
                             if (e4 % GW == 0) {
                                 if (first) fb.hs[4 * e4 / MN_DK] = rp;
                                 else fb.dy[e4 / MN_RR2_SEG] = rp;
