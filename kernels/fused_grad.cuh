@@ -689,9 +689,7 @@ extern "C" __global__ void __launch_bounds__(MN_FT, 1) mn_fused_grad_kernel(cons
         MN_PROF_MARK(0);
     }
 #ifdef MN_PROFILE
-    if (MN_PROF_FIRST) /* phase 0: what no phase counts */
-        for (int i = 1; i < MN_PROFILE_PHASES; i++)
-            if (mn_prof[i]) printf("MN_FG_PROFILE phase %d: %lld cycles\n", i, mn_prof[i]);
+    mn_prof_print("MN_FG_PROFILE", NULL, MN_PROFILE_PHASES);
 #endif
 #pragma unroll
     for (int p = 0; p < MN_NPARAMS; p++) {

@@ -89,6 +89,18 @@ __device__ long long mn_prof[MN_PROFILE_PHASES], mn_prof_last;
             mn_prof_last = now_;                                                                                      \
         }                                                                                                             \
     } while (0)
+/* The counters of phases 1 .. n - 1 that ran (phase 0 takes what no phase
+ * counts), a line each: "TAG phase I: C cycles", then ": NAME" where names
+ * are given. */
+__device__ void mn_prof_print(const char *tag, const char *const *names, int n)
+{
+    if (!MN_PROF_FIRST) return;
+    for (int i = 1; i < n; i++) {
+        if (!mn_prof[i]) continue;
+        if (names) printf("%s phase %d: %lld cycles: %s\n", tag, i, mn_prof[i], names[i]);
+        else printf("%s phase %d: %lld cycles\n", tag, i, mn_prof[i]);
+    }
+}
 #else
 #define MN_PROF_START() ((void)0)
 #define MN_PROF_MARK(i) ((void)0)

@@ -683,7 +683,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
 #endif
 #ifdef MN_PROFILE
     MN_PROF_MARK(11);
-    if (MN_PROF_FIRST) {
+    {
         const char *const names[] = {"",
                                      "set-up (W into shared memory)",
                                      "refresh (the anchor copied)",
@@ -696,8 +696,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                                      "clip and update",
                                      "the last token at W^(s+1)",
                                      "the end (weight norm out, W written back)"};
-        for (int i = 1; i < 12; i++)
-            if (mn_prof[i]) printf("MN_FUSED_PROFILE phase %d: %lld cycles: %s\n", i, mn_prof[i], names[i]);
+        mn_prof_print("MN_FUSED_PROFILE", names, (int)(sizeof names / sizeof *names));
     }
 #endif
 #undef MN_LN_G
