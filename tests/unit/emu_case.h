@@ -104,6 +104,20 @@ static bool emulate(const char *cxx, const char *dir, const char *emu, const cha
     return true;
 }
 
+/* An emulated run's worst relative error against the CPU's, within 1e-5:
+ * a PASS line, or a FAIL line with every output's (each a "what"). */
+static void check_worst(const char *name, double worst, const char *worst_name, const char *what,
+                        const char *all)
+{
+    if (!(worst <= 1e-5)) {
+        printf("FAIL %s: worst relative error %.3g in %s (bound 1e-5); every %s: %s\n", name, worst, worst_name, what,
+               all);
+        check_failures_++;
+    } else {
+        printf("PASS %s (worst %.2g, %s)\n", name, worst, worst_name);
+    }
+}
+
 /* The C++ compiler ($CXX, else g++) where it and tests/emu/EMU.cpp are
  * there (run from the repository root), with a new temporary folder for
  * the cases in dir (a template ending in XXXXXX); NULL after a SKIP or
