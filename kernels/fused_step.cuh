@@ -263,18 +263,43 @@ mn_fused_step_kernel(const mn_rule_kargs a)
         const int rows = (int)mn_step_rows_at(t0, n);
         bool at_current = MN_P_AT_W;
         if (!MN_P_AT_W && MN_REFRESH > 0 && s_global % (MN_REFRESH > 0 ? MN_REFRESH / MN_STEP : 1) == 0) {
-            /* a new refresh block: the gradient point becomes W^(s) */
+            /* a new refresh block: the gradient point becomes W^(s). One
+             * pass a parameter reads each element of W (in the workspace)
+             * once, into P and the anchor: float4s, several in flight
+             * before any store. As two scalar loops, one load at a time
+             * each, the copy waited on global memory's latency for 10-16%
+             * of P1-c16's kernel (MNEMO_FUSED_PROFILE). P's padding stays
+             * the zeros mn_pset_from gave it. */
 #pragma unroll
-            for (int i = 0; i < MN_LAYERS; i++) {
-                for (int e = tid; e < MN_LPOUT(i) * MN_LLD(i); e += MN_FT) P.w[i][e] = Wp.w[i][e];
-                if (MN_BIAS)
-                    for (int o = tid; o < MN_LPOUT(i); o += MN_FT) P.b[i][o] = Wp.b[i][o];
+            for (int p = 0; p < MN_NPARAMS; p++) {
+                const bool own = mn_owns(p, lead); /* the anchor's b2: rank 0's in a cluster */
+                const int numel = (int)MN_NUMEL(p);
+                if (MN_VEC4) {
+                    constexpr int U = 4;
+                    const int n4 = numel / 4;
+                    for (int base = tid; base < n4; base += U * MN_FT) {
+                        float4 v[U];
+#pragma unroll
+                        for (int u = 0; u < U; u++) {
+                            const int e4 = base + u * MN_FT;
+                            if (e4 < n4) v[u] = *reinterpret_cast<const float4 *>(mn_pset_el(Wp, p, 4 * e4));
+                        }
+#pragma unroll
+                        for (int u = 0; u < U; u++) {
+                            const int e4 = base + u * MN_FT;
+                            if (e4 >= n4) break;
+                            *reinterpret_cast<float4 *>(mn_pset_el(P, p, 4 * e4)) = v[u];
+                            if (own) *reinterpret_cast<float4 *>(A[p] + mn_gel(p, 4 * e4)) = v[u];
+                        }
+                    }
+                } else {
+                    for (int e = tid; e < numel; e += MN_FT) {
+                        const float v = *mn_pset_el(Wp, p, e);
+                        *mn_pset_el(P, p, e) = v;
+                        if (own) A[p][mn_gel(p, e)] = v;
+                    }
+                }
             }
-#pragma unroll
-            for (int p = 0; p < MN_NPARAMS; p++)
-                if (mn_owns(p, lead))
-                    for (long long e = tid; e < MN_NUMEL(p); e += MN_FT)
-                        A[p][mn_gel(p, (int)e)] = *mn_pset_el(Wp, p, (int)e);
             __syncthreads();
             at_current = true;
             MN_PROF_MARK(2);

@@ -278,6 +278,16 @@ do
   -- a step's weight norm is summed with the next step's sums, or at a write's end on its own
   local bad = T.steps_differ(steps, one)
   T.ok("fused/memory: two writes' per-step outputs equal one run's to the bit", bad == "", bad)
+  -- a refresh block of 2 steps split by the writes (24 tokens: 3 steps of
+  -- 8): the second write's first step takes its gradient point from the
+  -- anchor the first wrote at its block's start (the refresh's copy)
+  local blocks = m.rule { layers = 2, hidden = 32, step = 8, refresh = 16, theta = 0.1, eta = 0.9 }
+  local bst, bone, bsteps = T.two_writes(blocks, d.k, d.v, 24, 3)
+  local be = math.max(rel(bst.W1:cpu(), bone.final.W1:cpu()), rel(bst.S_W1:cpu(), bone.final.S_W1:cpu()))
+  T.ok("fused/memory: refresh 2 steps, two writes split in a block equal one run (W1, S_W1)", be < 1e-6,
+    tostring(be))
+  bad = T.steps_differ(bsteps, bone)
+  T.ok("fused/memory: refresh 2 steps, two writes' per-step outputs equal one run's to the bit", bad == "", bad)
 end
 
 T.done()
