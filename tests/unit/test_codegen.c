@@ -882,20 +882,22 @@ static void test_plan_kunroll(void)
 {
     mn_rule r;
     mn_rule_init(&r);
-    r.step = 64;
     mn_dims lin = {4, 32, 4096, 64, 64, 0, 0}, p1 = {4, 32, 4096, 64, 64, 256, 0}, m1 = {32, 16, 1024, 64, 64, 128, 0};
     mn_cuda_plan pl;
     unsetenv("MNEMO_CUDA_PATH");
     unsetenv("MNEMO_FUSED_KUNROLL");
-    struct { int layers; const mn_dims *d; mn_precision p; int want; const char *name; } cases[] = {
-        {1, &lin, MN_PREC_BF16, 2, "codegen/kunroll/linear_bf16"}, {1, &lin, MN_PREC_TF32, 8, "codegen/kunroll/linear_tf32"},
-        {2, &p1, MN_PREC_BF16, 2, "codegen/kunroll/p1_bf16"},      {2, &p1, MN_PREC_FP32, 4, "codegen/kunroll/p1_fp32"},
-        {2, &m1, MN_PREC_BF16, 8, "codegen/kunroll/m1_bf16"},      {2, &p1, MN_PREC_TF32, 4, "codegen/kunroll/p1_tf32"},
-        {2, &m1, MN_PREC_TF32, 8, "codegen/kunroll/m1_tf32"},      {-2, &p1, MN_PREC_TF32, 8, "codegen/kunroll/p1_c16_tf32"}};
+    struct { int layers, step; const mn_dims *d; mn_precision p; int want; const char *name; } cases[] = {
+        {1, 64, &lin, MN_PREC_BF16, 2, "codegen/kunroll/linear_bf16"},
+        {1, 64, &lin, MN_PREC_TF32, 8, "codegen/kunroll/linear_tf32"},
+        {2, 64, &p1, MN_PREC_BF16, 2, "codegen/kunroll/p1_bf16"},
+        {2, 64, &p1, MN_PREC_FP32, 4, "codegen/kunroll/p1_fp32"},
+        {2, 64, &m1, MN_PREC_BF16, 8, "codegen/kunroll/m1_bf16"},
+        {2, 64, &p1, MN_PREC_TF32, 4, "codegen/kunroll/p1_tf32"},
+        {2, 64, &m1, MN_PREC_TF32, 8, "codegen/kunroll/m1_tf32"},
+        {2, 16, &p1, MN_PREC_TF32, 8, "codegen/kunroll/p1_c16_tf32"}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        /* a negative layer count: the same rule on steps of 16 rows (P1-c16) */
-        r.layers = abs(cases[i].layers);
-        r.step = cases[i].layers < 0 ? 16 : 64;
+        r.layers = cases[i].layers;
+        r.step = cases[i].step;
         bool ok = mn_cuda_plan_rule(&r, cases[i].d, cases[i].p, 128, 90, 0, &pl) == MN_OK && pl.path == MN_PATH_FUSED;
         char *src = ok ? mn_cuda_plan_source(&r, cases[i].d, cases[i].p, &pl) : NULL;
         char want[32];
@@ -904,6 +906,7 @@ static void test_plan_kunroll(void)
         free(src);
     }
     r.layers = 2;
+    r.step = 64;
     mn_cuda_plan bp;
     bool ok = mn_cuda_plan_backward(&r, &p1, MN_PREC_BF16, 90, 0, &bp) == MN_OK && bp.path == MN_PATH_FUSED;
     char *bsrc = ok ? mn_cuda_fused_grad_source(&r, &p1, MN_PREC_BF16, &bp) : NULL;
