@@ -120,6 +120,18 @@ static_assert((MN_DV * MN_DK / 4) % 32 == 0, "every lane of a warp in each pass 
 static_assert(MN_DV * MN_RR2_PARTS <= MN_FR * MN_LDV, "the W2 rows' partials fit fb.dy");
 #endif
 
+/* Where W lives in the workspace (refresh > step), a step's rows other
+ * than retrieve = after's last are read at W^(s), by a forward pass of
+ * their own that reads W from global memory. W^(s) is what the last step's
+ * update wrote; run at the step's own time, its lines had left L2 (P1-c16:
+ * the retrieval was 24% of the kernel). So where a step is one chunk, the
+ * next step's rows (already in flight in registers) are retrieved right
+ * after this step's update, while the new W is in L2: the same products of
+ * the same values, so the same bits. Not before a refresh block's first step
+ * (its forward at the new anchor is the retrieval), nor with q, out_norm,
+ * or a next step that reaches the padding. */
+#define MN_EARLY_RET (!MN_P_AT_W && MN_STEP <= MN_FR && !MN_OUT_NORM)
+
 /* In tf32, the chunk's x rows and h are stored rounded as the products
  * round them, where nothing but products reads them (no residual, no
  * out_norm): each product then takes them as they are, not converting each
@@ -259,6 +271,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
     float xnext[MN_NX]; /* the next chunk's k rows, in flight */
     mn_rows_fetch(xnext, k, n < MN_FR ? (int)n : MN_FR);
     bool pending = false; /* MN_FOLD: the last step's last token waits in fb.xs for this step's first chunk */
+    bool early = false;   /* MN_EARLY_RET: this step's rows were retrieved right after the last update */
     /* A step's weight norm (of W^(s+1), the outputs' statistic) is summed
      * over the block with the next step's gradient norm and loss, in one
      * mn_block_sums_in (MN_SUMS values): a step's own sums of W's squares
@@ -481,7 +494,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
 
             /* retrieval at W^(s) where the forward above was not it on q */
             const int ret_rows = before_rows - r0 < cr ? before_rows - r0 : cr;
-            if (y_out && ret_rows > 0 && (q || !at_current)) {
+            if (y_out && ret_rows > 0 && (q || !at_current) && !early) {
                 {
                     float xq[MN_NX];
                     mn_rows_fetch(xq, (q ? q : k) + t * MN_DK, cr);
@@ -713,6 +726,27 @@ mn_fused_step_kernel(const mn_rule_kargs a)
             mn_fused_row(Wp, fb, xr, y_out + lastt * MN_DV, MN_LN_G, MN_LN_B);
             MN_PROF_MARK(10);
         }
+        early = false;
+#if MN_EARLY_RET
+        {
+            const long long tn = t0 + MN_STEP; /* the next step's rows, xnext's */
+            const bool next_refresh = MN_REFRESH > 0 && (s_global + 1) % (MN_REFRESH > 0 ? MN_REFRESH / MN_STEP : 1) == 0;
+            const int rows_n = sl + 1 < nsteps ? (int)mn_step_rows_at(tn, n) : 0;
+            const int ret_n = MN_RETRIEVE_BEFORE ? rows_n : rows_n - 1;
+            if (y_out && !q && !next_refresh && ret_n > 0 && grows == rows && tn + rows_n <= real_end) {
+                __syncthreads(); /* the last token's readers are done with fb */
+                mn_rows_store<MN_PRE>(fb.x, xnext, rows_n);
+                __syncthreads();
+                float *yo = y_out + tn * MN_DV;
+                mn_fused_forward<false, false, false, MN_PRE>(Wp, fb, rows_n, [&](int r, int j, float y0, float y1) {
+                    if (lead && r < ret_n && j < MN_DV) mn_st_once(yo + r * MN_DV + j, y0);
+                    if (lead && r < ret_n && j + 1 < MN_DV) mn_st_once(yo + r * MN_DV + j + 1, y1);
+                });
+                MN_PROF_MARK(7);
+                early = true;
+            }
+        }
+#endif
     }
     if (sl == nsteps && sl > 0) mn_fused_weight_norm_out(a, fb, wsq_prev, sl - 1, lead); /* ran to the end */
     __syncthreads();
