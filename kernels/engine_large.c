@@ -355,6 +355,14 @@ static dim3 grid_elems(const run *R, long long elems)
     return g;
 }
 
+/* The same for rows x width elements, which the elementwise kernels take
+ * four at a time where width is a multiple of 4: a thread for each four,
+ * not for each element (three quarters of the blocks would find no work). */
+static dim3 grid_rows(const run *R, long long rows, long long width)
+{
+    return grid_elems(R, width % 4 == 0 ? rows * width / 4 : rows * width);
+}
+
 static dim3 grid_slices(const run *R)
 {
     dim3 g = {(unsigned)R->a.nslices, (unsigned)R->M, 1};
@@ -387,7 +395,7 @@ static mn_status stage(const run *R, bool from_q, long long r0, long long cr, lo
     o.rows = cr;
     o.step_rows = step_rows;
     o.ld = R->CR;
-    return launch(R, K_STAGE, grid_elems(R, cr * R->dk), block1, &o);
+    return launch(R, K_STAGE, grid_rows(R, cr, R->dk), block1, &o);
 }
 
 /* The model on the cr rows in X at the weights params (fp32: biases) and
@@ -418,7 +426,7 @@ static mn_status forward(const run *R, float *const *params, const void *const *
         o.bias = R->per == 2 ? params[i * 2 + 1] : NULL;
         o.rows = cr;
         o.ld = R->CR;
-        MN_TRY(launch(R, K_ACT, grid_elems(R, cr * R->dh), block1, &o));
+        MN_TRY(launch(R, K_ACT, grid_rows(R, cr, R->dh), block1, &o));
         in = R->H[i];
     }
     return MN_OK;
@@ -502,7 +510,7 @@ static mn_status out_rows(const run *R, bool from_q, long long r0, long long cr,
     o.r0 = r0;
     o.rows = cr;
     o.ld = R->CR;
-    return launch(R, K_OUT, grid_elems(R, cr * R->dv), block1, &o);
+    return launch(R, K_OUT, grid_rows(R, cr, R->dv), block1, &o);
 }
 
 /* Every launch of one step of rows rows, in order (the header comment). */

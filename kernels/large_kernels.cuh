@@ -214,6 +214,33 @@ __device__ __forceinline__ double mn_lg_thread_sumsq(const float *x, long long e
     return acc;
 }
 
+/* mn_lg_thread_sumsq with 16-byte loads where [e0, e1) of x is a whole
+ * number of aligned float4s (else that function): this thread's float4s
+ * q = threadIdx.x, then every MN_LARGE_THREADS further, four in flight, the
+ * four elements of one in order. A slice of the per-slice kernels (4096
+ * elements) is then one round of loads a thread, not four. */
+__device__ __forceinline__ double mn_lg_thread_sumsq_vec(const float *x, long long e0, long long e1)
+{
+    if (((e1 - e0) & 3) != 0 || !mn_lg_al16(x + e0)) return mn_lg_thread_sumsq(x, e0, e1);
+    const float4 *x4 = (const float4 *)(x + e0);
+    const long long n4 = (e1 - e0) / 4;
+    double acc = 0.0;
+    long long q = threadIdx.x;
+    for (; q < n4; q += 4 * MN_LARGE_THREADS) {
+        float v[4][4];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (q + k * MN_LARGE_THREADS < n4) mn_lg_unpack(x4[q + k * MN_LARGE_THREADS], v[k]);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            if (q + k * MN_LARGE_THREADS >= n4) break;
+#pragma unroll
+            for (int j = 0; j < 4; j++) acc += (double)v[k][j] * v[k][j];
+        }
+    }
+    return acc;
+}
+
 /* ---- the step counter, the last block (the sums: large_common.cuh) ---- */
 
 __device__ __forceinline__ long long mn_lg_step(const mn_large_kargs &a) { return a.counter ? *a.counter : 0; }
@@ -575,7 +602,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_ker
     long long e0, e1;
     const int p = mn_lg_slice<MN_LG_NP>(a.slice_start, a.numel, blockIdx.x, &e0, &e1);
     const float *g = a.G[p] + m * a.numel[p];
-    const double acc = mn_lg_block_sum(mn_lg_thread_sumsq(g, e0, e1));
+    const double acc = mn_lg_block_sum(mn_lg_thread_sumsq_vec(g, e0, e1));
     if (threadIdx.x == 0) a.part[m * a.nslices + blockIdx.x] = acc;
     if (!mn_lg_last_arrival(&a.tickets[0], gridDim.x * gridDim.y)) return;
 
@@ -688,7 +715,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_update_k
             }
         }
     } else {
-        wsq = mn_lg_thread_sumsq(W, e0, e1);
+        wsq = mn_lg_thread_sumsq_vec(W, e0, e1);
     }
     wsq = mn_lg_block_sum(wsq);
     if (threadIdx.x == 0) a.part[m * a.nslices + blockIdx.x] = wsq;
