@@ -357,7 +357,9 @@ static dim3 grid_elems(const run *R, long long elems)
 
 /* The same for rows x width elements, which the elementwise kernels take
  * four at a time where width is a multiple of 4: a thread for each four,
- * not for each element (three quarters of the blocks would find no work). */
+ * not for each element (three quarters of the blocks would find no work).
+ * A kernel that takes one at a time after all (a caller's view at an odd
+ * address) still covers every element: its loop strides over the grid. */
 static dim3 grid_rows(const run *R, long long rows, long long width)
 {
     return grid_elems(R, width % 4 == 0 ? rows * width / 4 : rows * width);
