@@ -21,7 +21,7 @@ __device__ void mn_fused_padding_tail(const mn_rule_kargs &a, const mn_pset &Wp,
     bool anchor = false;
     if (!MN_P_AT_W && MN_REFRESH > 0)
         for (long long s = sl; s < nsteps; s++)
-            if ((a.steps_done + s) % (MN_REFRESH > 0 ? MN_REFRESH / MN_STEP : 1) == 0) anchor = true;
+            if (mn_refresh_start(a.steps_done + s)) anchor = true;
     double wsq = 0.0;
 #pragma unroll
     for (int p = 0; p < MN_NPARAMS; p++)
@@ -286,7 +286,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
         const long long s_global = a.steps_done + sl, t0 = sl * MN_STEP;
         const int rows = (int)mn_step_rows_at(t0, n);
         bool at_current = MN_P_AT_W;
-        if (!MN_P_AT_W && MN_REFRESH > 0 && s_global % (MN_REFRESH > 0 ? MN_REFRESH / MN_STEP : 1) == 0) {
+        if (!MN_P_AT_W && mn_refresh_start(s_global)) {
             /* a new refresh block: the gradient point becomes W^(s). One
              * pass a parameter reads each element of W (in the workspace)
              * once, into P and the anchor: float4s, several in flight
@@ -730,7 +730,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
 #if MN_EARLY_RET
         {
             const long long tn = t0 + MN_STEP; /* the next step's rows, xnext's */
-            const bool next_refresh = MN_REFRESH > 0 && (s_global + 1) % (MN_REFRESH > 0 ? MN_REFRESH / MN_STEP : 1) == 0;
+            const bool next_refresh = mn_refresh_start(s_global + 1);
             const int rows_n = sl + 1 < nsteps ? (int)mn_step_rows_at(tn, n) : 0;
             const int ret_n = MN_RETRIEVE_BEFORE ? rows_n : rows_n - 1;
             if (y_out && !q && !next_refresh && ret_n > 0 && grows == rows && tn + rows_n <= real_end) {

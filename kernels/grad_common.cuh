@@ -249,11 +249,6 @@ __device__ __forceinline__ long long mn_real_rows(const mn_grad_kargs &a, long l
     return mn_real_rows_at(t0, rows, a.lengths[m / a.heads]);
 }
 
-__device__ __forceinline__ bool mn_refresh_start(long long s)
-{
-    return MN_REFRESH > 0 && s % (MN_REFRESH > 0 ? MN_REFRESH / MN_STEP : 1) == 0;
-}
-
 __device__ __forceinline__ void mn_grefresh(mn_gstate *g, long long s)
 {
     if (mn_refresh_start(s)) mn_vcopy(g->A, g->W, g->P);

@@ -425,6 +425,13 @@ template <class Rows> __device__ __forceinline__ long long mn_real_rows_at(long 
     return t0 >= real_end ? 0 : (t0 + rows <= real_end ? rows : real_end - t0);
 }
 
+/* Whether step s of the whole run (steps_done counted in) opens a refresh
+ * block: the gradient point moves to W^(s) there. Never with refresh 0. */
+__device__ __forceinline__ bool mn_refresh_start(long long s)
+{
+    return MN_REFRESH > 0 && s % (MN_REFRESH > 0 ? MN_REFRESH / MN_STEP : 1) == 0;
+}
+
 /* Ragged batches: padding tokens [from, to) of a memory have y = 0 and
  * loss = 0 (y_out NULL: no retrieval). No barrier: nothing else in the step
  * writes these rows. In the fused kernel the loops stay rolled: stores
@@ -491,7 +498,7 @@ extern "C" __global__ void __launch_bounds__(MN_RULE_THREADS) mn_rule_step_kerne
         float *const *P = W;
         bool at_current = MN_REFRESH == MN_STEP;
         if (MN_REFRESH != MN_STEP) {
-            if (MN_REFRESH > 0 && s_global % (MN_REFRESH > 0 ? MN_REFRESH / MN_STEP : 1) == 0) {
+            if (mn_refresh_start(s_global)) {
 #pragma unroll
                 for (int p = 0; p < MN_NPARAMS; p++)
                     for (long long e = tid; e < MN_NUMEL(p); e += MN_RULE_THREADS) A[p][e] = W[p][e];
