@@ -195,12 +195,33 @@ __device__ __forceinline__ double mn_lg_strided_sum(const T *p, long long i, lon
     return s;
 }
 
-/* This thread's sum of squares of x[e] for e = e0 + threadIdx.x, then every
- * MN_LARGE_THREADS further below e1, in that order, in double, with four
+/* This thread's sum of squares of x over [e0, e1), in double, in a fixed
+ * order. Where the range is a whole number of aligned float4s (a slice of
+ * the per-slice kernels, 4096 elements, nearly always): the thread's float4s
+ * q = threadIdx.x, then every MN_LARGE_THREADS further, four in flight, the
+ * four elements of one in order, so a slice is one round of loads a thread.
+ * Else elements e0 + threadIdx.x, then every MN_LARGE_THREADS further, four
  * loads in flight (a loop of one load a round waits for each in turn). */
 __device__ __forceinline__ double mn_lg_thread_sumsq(const float *x, long long e0, long long e1)
 {
     double acc = 0.0;
+    if (((e1 - e0) & 3) == 0 && mn_lg_al16(x + e0)) {
+        const float4 *x4 = (const float4 *)(x + e0);
+        const long long n4 = (e1 - e0) / 4;
+        for (long long q = threadIdx.x; q < n4; q += 4 * MN_LARGE_THREADS) {
+            float v[4][4];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                if (q + k * MN_LARGE_THREADS < n4) mn_lg_unpack(x4[q + k * MN_LARGE_THREADS], v[k]);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                if (q + k * MN_LARGE_THREADS >= n4) break;
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc += (double)v[k][j] * v[k][j];
+            }
+        }
+        return acc;
+    }
     long long e = e0 + threadIdx.x;
     for (; e + 3 * MN_LARGE_THREADS < e1; e += 4 * MN_LARGE_THREADS) {
         const float x0 = x[e], x1 = x[e + MN_LARGE_THREADS], x2 = x[e + 2 * MN_LARGE_THREADS],
@@ -211,33 +232,6 @@ __device__ __forceinline__ double mn_lg_thread_sumsq(const float *x, long long e
         acc += (double)x3 * x3;
     }
     for (; e < e1; e += MN_LARGE_THREADS) acc += (double)x[e] * x[e];
-    return acc;
-}
-
-/* mn_lg_thread_sumsq with 16-byte loads where [e0, e1) of x is a whole
- * number of aligned float4s (else that function): this thread's float4s
- * q = threadIdx.x, then every MN_LARGE_THREADS further, four in flight, the
- * four elements of one in order. A slice of the per-slice kernels (4096
- * elements) is then one round of loads a thread, not four. */
-__device__ __forceinline__ double mn_lg_thread_sumsq_vec(const float *x, long long e0, long long e1)
-{
-    if (((e1 - e0) & 3) != 0 || !mn_lg_al16(x + e0)) return mn_lg_thread_sumsq(x, e0, e1);
-    const float4 *x4 = (const float4 *)(x + e0);
-    const long long n4 = (e1 - e0) / 4;
-    double acc = 0.0;
-    long long q = threadIdx.x;
-    for (; q < n4; q += 4 * MN_LARGE_THREADS) {
-        float v[4][4];
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-            if (q + k * MN_LARGE_THREADS < n4) mn_lg_unpack(x4[q + k * MN_LARGE_THREADS], v[k]);
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            if (q + k * MN_LARGE_THREADS >= n4) break;
-#pragma unroll
-            for (int j = 0; j < 4; j++) acc += (double)v[k][j] * v[k][j];
-        }
-    }
     return acc;
 }
 
@@ -602,7 +596,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_ker
     long long e0, e1;
     const int p = mn_lg_slice<MN_LG_NP>(a.slice_start, a.numel, blockIdx.x, &e0, &e1);
     const float *g = a.G[p] + m * a.numel[p];
-    const double acc = mn_lg_block_sum(mn_lg_thread_sumsq_vec(g, e0, e1));
+    const double acc = mn_lg_block_sum(mn_lg_thread_sumsq(g, e0, e1));
     if (threadIdx.x == 0) a.part[m * a.nslices + blockIdx.x] = acc;
     if (!mn_lg_last_arrival(&a.tickets[0], gridDim.x * gridDim.y)) return;
 
@@ -715,7 +709,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_update_k
             }
         }
     } else {
-        wsq = mn_lg_thread_sumsq_vec(W, e0, e1);
+        wsq = mn_lg_thread_sumsq(W, e0, e1);
     }
     wsq = mn_lg_block_sum(wsq);
     if (threadIdx.x == 0) a.part[m * a.nslices + blockIdx.x] = wsq;
