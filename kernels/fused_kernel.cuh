@@ -762,6 +762,9 @@ struct mn_gacc {
         {
             if (skip || r >= rows) return make_float2(0.0f, 0.0f);
             const float *p = g + r * cols + c;
+            /* one 8-byte load where the pair is whole and aligned, as the
+             * store below: G is global where it does not fit shared memory */
+            if (c + 1 < cols && ((size_t)p & 7) == 0) return *reinterpret_cast<const float2 *>(p);
             return make_float2(c < cols ? p[0] : 0.0f, c + 1 < cols ? p[1] : 0.0f);
         }
     };
