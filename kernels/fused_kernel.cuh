@@ -746,6 +746,17 @@ __device__ __forceinline__ float *mn_pset_el(const mn_pset &ps, int p, int e)
     return ps.w[i] + (e / ni) * MN_LLD(i) + e % ni;
 }
 
+/* pre's 8-byte loads of the old sums (below): in the step kernel where a
+ * step has more than one chunk (P1, H1: 2-4.5% faster on an H200). Where
+ * every chunk is its step's first (c <= the chunk's rows: M1, P1-c16) pre
+ * never loads, but its code compiled in made those kernels 2% slower in
+ * tf32 (registers), so there, and in the fused backward (not measured),
+ * the code stays as it was (tests/bench/RESULTS.md, 2026-11-28) */
+#if !defined(MN_FUSED_GRAD) && MN_STEP > MN_FR
+#define MN_GACC_PAIR_LOADS 1
+#else
+#define MN_GACC_PAIR_LOADS 0
+#endif
 /* G (+)= a gradient product over the real rows and columns: the earlier
  * chunks' sum comes in through pre (loaded before the tile's products), the
  * new sum is stored, and squared into *ss after the step's last chunk. */
@@ -763,8 +774,10 @@ struct mn_gacc {
             if (skip || r >= rows) return make_float2(0.0f, 0.0f);
             const float *p = g + r * cols + c;
             /* one 8-byte load where the pair is whole and aligned, as the
-             * store below: G is global where it does not fit shared memory */
-            if (c + 1 < cols && ((size_t)p & 7) == 0) return *reinterpret_cast<const float2 *>(p);
+             * store below does: G is global where it does not fit shared
+             * memory, and these loads were the epilogue's longest waits */
+            if (MN_GACC_PAIR_LOADS && c + 1 < cols && ((size_t)p & 7) == 0)
+                return *reinterpret_cast<const float2 *>(p);
             return make_float2(c < cols ? p[0] : 0.0f, c + 1 < cols ? p[1] : 0.0f);
         }
     };
