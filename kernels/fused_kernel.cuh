@@ -746,13 +746,14 @@ __device__ __forceinline__ float *mn_pset_el(const mn_pset &ps, int p, int e)
     return ps.w[i] + (e / ni) * MN_LLD(i) + e % ni;
 }
 
-/* pre's 8-byte loads of the old sums (below): in the step kernel where a
- * step has more than one chunk (P1, H1: 2-4.5% faster on an H200). Where
- * every chunk is its step's first (c <= the chunk's rows: M1, P1-c16) pre
- * never loads, but its code compiled in made those kernels 2% slower in
- * tf32 (registers), so there, and in the fused backward (not measured),
- * the code stays as it was (tests/bench/RESULTS.md, 2026-11-28) */
-#if !defined(MN_FUSED_GRAD) && MN_STEP > MN_FR
+/* pre's 8-byte loads of the old sums (below): in the step kernel in tf32
+ * and bf16 where a step has more than one chunk (P1, H1: 2-4.5% faster on
+ * an H200). Where every chunk is its step's first (c <= the chunk's rows:
+ * M1, P1-c16) pre never loads, but its code compiled in made those
+ * kernels 2% slower in tf32 (registers); fp32's P1 and H1 were 1% slower.
+ * There, and in the fused backward (not measured), the code stays as it
+ * was (tests/bench/RESULTS.md, 2026-11-28) */
+#if !defined(MN_FUSED_GRAD) && MN_STEP > MN_FR && MN_PREC != 0
 #define MN_GACC_PAIR_LOADS 1
 #else
 #define MN_GACC_PAIR_LOADS 0
