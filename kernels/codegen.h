@@ -21,6 +21,10 @@ char *mn_cuda_rule_source(const mn_rule *r, const mn_dims *d, mn_precision p);
 char *mn_cuda_source_for(const mn_rule *r, const mn_dims *d, mn_precision p, const char *const *templates,
                          const char *defines);
 
+/* The text of the embedded template kernels/NAME.cuh, or NULL where this
+ * build has none by that name. */
+const char *mn_cuda_template(const char *name);
+
 /* Whether rules a and b give the same source text (at the same dims,
  * precision, templates and defines) without generating it: the same
  * fields, the same expression objects (expressions are immutable and

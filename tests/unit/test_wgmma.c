@@ -12,6 +12,7 @@
  * each kernel's products in flight together). */
 #include "check.h"
 #include "random.h"
+#include "../../kernels/codegen.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -20,9 +21,6 @@
 #ifdef MN_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <nvrtc.h>
-
-typedef struct { const char *name; const char *source; } mn_embedded_cuda_file;
-extern const mn_embedded_cuda_file mn_embedded_cuda[];
 
 /* The probe, with A from registers (rs) or from shared memory (ss), for K
  * of 8, 32 and 64: template arguments, not branches, so that each kernel's
@@ -90,17 +88,10 @@ static const char *probe_kernel =
     "MN_WG_PROBE(mn_wg_probe_ss_k64, true, 64)\n";
 
 
-static const char *embedded(const char *name)
-{
-    for (const mn_embedded_cuda_file *f = mn_embedded_cuda; f->name; f++)
-        if (strcmp(f->name, name) == 0) return f->source;
-    return NULL;
-}
-
 /* The probe's cubin for sm_90a, or NULL with the reason in why. */
 static void *compile_probe(size_t *size, char *why, size_t wlen)
 {
-    const char *lib = embedded("wgmma");
+    const char *lib = mn_cuda_template("wgmma");
     if (!lib) {
         snprintf(why, wlen, "kernels/wgmma.cuh is not among the embedded CUDA templates");
         return NULL;
