@@ -758,6 +758,23 @@ __device__ __forceinline__ float *mn_pset_el(const mn_pset &ps, int p, int e)
 #else
 #define MN_GACC_PAIR_LOADS 0
 #endif
+/* MN_G_SWZ (kernels/plan.c defines it, with G in shared memory): the
+ * float4 groups of G's row r are XORed with r & 7 within each 32 floats.
+ * The epilogue's pair stores put 8 rows of a tile into one instruction;
+ * with rows 64 or 128 floats apart they all fell on the same 8 banks, and
+ * on M1 that one store made two thirds of the kernel's excess shared
+ * wavefronts (ncu, H200). The update reads G through mn_g_el, the same
+ * map. Never with newton_schulz, which reads G as a plain matrix, nor in
+ * the fused backward, whose G lives elsewhere. */
+#if defined(MN_FUSED_GRAD) || !defined(MN_G_SWZ) || MN_PRECOND
+#undef MN_G_SWZ
+#define MN_G_SWZ 0
+#endif
+__device__ __forceinline__ int mn_g_col(int r, int c, int cols)
+{
+    return MN_G_SWZ && cols % 32 == 0 ? c ^ ((r & 7) << 2) : c;
+}
+
 /* G (+)= a gradient product over the real rows and columns: the earlier
  * chunks' sum comes in through pre (loaded before the tile's products), the
  * new sum is stored, and squared into *ss after the step's last chunk. */
@@ -773,7 +790,7 @@ struct mn_gacc {
         __device__ __forceinline__ float2 operator()(int r, int c) const
         {
             if (skip || r >= rows) return make_float2(0.0f, 0.0f);
-            const float *p = g + r * cols + c;
+            const float *p = g + r * cols + mn_g_col(r, c, cols);
             /* one 8-byte load where the pair is whole and aligned, as the
              * store below does: G is global where it does not fit shared
              * memory, and these loads were the epilogue's longest waits */
@@ -786,7 +803,7 @@ struct mn_gacc {
     __device__ __forceinline__ void operator()(int r, int c, float s0, float s1) const
     {
         if (r >= rows || c >= cols) return;
-        float *p = g + r * cols + c;
+        float *p = g + r * cols + mn_g_col(r, c, cols);
         if (c + 1 < cols && ((size_t)p & 7) == 0) {
             *reinterpret_cast<float2 *>(p) = make_float2(s0, s1);
         } else {

@@ -181,6 +181,21 @@ __device__ __forceinline__ float4 mn_ld_g4(const float4 *g)
 }
 __device__ __forceinline__ float mn_ld_g(const float *g) { return MN_G_SHARED ? *g : mn_ld_once(g); }
 
+/* Where G holds element e of parameter p: mn_g_col's map for a weight
+ * matrix (rows of MN_LIN floats), the identity for a bias. */
+__device__ __forceinline__ int mn_g_el(int p, int e)
+{
+    if (!MN_G_SWZ || (MN_BIAS && p % 2 == 1)) return e;
+    const int cols = MN_LIN(p / MN_PER);
+    return e / cols * cols + mn_g_col(e / cols, e % cols, cols);
+}
+/* Whether that map moves float4 e4 + MN_FT as it moves e4 (its row advances
+ * by a multiple of 8): then the update's loop XORs by a constant. */
+__device__ __forceinline__ constexpr bool mn_g_steady(int p)
+{
+    return !MN_G_SWZ || (MN_BIAS && p % 2 == 1) || MN_FT % (2 * MN_LIN(p / MN_PER)) == 0;
+}
+
 extern "C" __global__ void __launch_bounds__(MN_FT, MN_FUSED_MINB) MN_CLUSTER_DIMS
 mn_fused_step_kernel(const mn_rule_kargs a)
 {
@@ -599,12 +614,13 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                     /* restrict: G, S and W never alias, so the unrolled
                      * iterations' loads may all be issued first */
                     const float4 *__restrict__ G4 = reinterpret_cast<const float4 *>(Gp);
-                    const int n4 = numel / 4;
+                    const int n4 = numel / 4, gx = mn_g_el(p, 4 * tid) / 4 ^ tid;
 #pragma unroll 2
                     for (int e4 = tid; e4 < n4; e4 += MN_FT) {
                         float4 *__restrict__ W4 = reinterpret_cast<float4 *>(mn_pset_el(Wp, p, 4 * e4));
                         float4 *__restrict__ S4 = reinterpret_cast<float4 *>(Sp + mn_gel(p, 4 * e4));
-                        const float4 gv = mn_ld_g4(G4 + e4), sv = *S4, wv = *W4;
+                        const float4 gv = mn_ld_g4(G4 + (mn_g_steady(p) ? e4 ^ gx : mn_g_el(p, 4 * e4) / 4)), sv = *S4,
+                                     wv = *W4;
                         const float g[4] = {gv.x, gv.y, gv.z, gv.w}, wo[4] = {wv.x, wv.y, wv.z, wv.w};
                         float sn[4] = {sv.x, sv.y, sv.z, sv.w}, wn[4], q = 0.0f;
 #pragma unroll
@@ -653,7 +669,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
 #pragma unroll
                         for (int u = 0; u < U; u++) {
                             const int e = base + u * MN_FT;
-                            gv[u] = e < numel ? mn_ld_g(Gp + e) : 0.0f;
+                            gv[u] = e < numel ? mn_ld_g(Gp + mn_g_el(p, e)) : 0.0f;
                             sv[u] = e < numel ? Sp[mn_gel(p, e)] : 0.0f;
                             wv[u] = e < numel ? *mn_pset_el(Wp, p, e) : 0.0f;
                         }

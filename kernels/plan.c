@@ -316,6 +316,18 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
             const size_t used = strlen(out->why);
             snprintf(out->why + used, sizeof out->why - used, "; the step's gradient beside them (%ld KB)",
                      gbytes / 1024);
+            /* its rows swizzled (fused_kernel.cuh's MN_G_SWZ) where that
+             * measured faster on an H200 (kernel ms, three rounds,
+             * 2026-11-28): bf16 M1 5.45 -> 5.33, P1-lin 0.430 -> 0.421; tf32
+             * P1-lin 0.369 -> 0.360; but tf32 M1 5.17 -> 5.25 (its update's
+             * index arithmetic outweighed the stores' bank conflicts); fp32
+             * not measured. MNEMO_FUSED_GSWZ=0 or 1, an experiment's knob,
+             * sets it. */
+            const char *sw = getenv("MNEMO_FUSED_GSWZ");
+            out->g_swizzle = sw && (!strcmp(sw, "0") || !strcmp(sw, "1"))
+                                 ? !strcmp(sw, "1")
+                                 : p == MN_PREC_BF16 || (p == MN_PREC_TF32 && r->layers == 1);
+            if (r->precondition != MN_PRECOND_NONE) out->g_swizzle = false;
         }
         /* The unroll of the products' K loops, as measured fastest on an H100
          * (tests/bench/RESULTS.md): fp32 4 (P1 -5% and M1 -13% against 8,
@@ -355,6 +367,8 @@ void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len)
         used += snprintf(buf + used, len - (size_t)used, "#define MN_FUSED_MINB %d\n", pl->min_blocks);
     if (used > 0 && (size_t)used < len && pl->g_shared)
         used += snprintf(buf + used, len - (size_t)used, "#define MN_G_SHARED 1\n");
+    if (used > 0 && (size_t)used < len && pl->g_swizzle)
+        used += snprintf(buf + used, len - (size_t)used, "#define MN_G_SWZ 1\n");
     /* the step kernel's code for q and for lengths only where the run gives
      * them: a run without either (most) compiles without a retrieval pass
      * and the padding's tail it never takes (P1's quick compile 0.57 ->
@@ -521,6 +535,7 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
     }
     *out = fwd;
     out->min_blocks = 1; /* the forward's: the backward's block is compiled for one an SM */
+    out->g_swizzle = false; /* the forward's G layout: the backward keeps its own */
     out->kunroll = power_knob("MNEMO_FUSED_KUNROLL"); /* unset: fused_gemm.cuh's backward default */
     out->forced = force_fused;
     out->rows = rows;

@@ -102,9 +102,18 @@ static bool prepare(const fused_case *c, const char *dir, char *why, size_t wlen
     snprintf(path, sizeof path, "%s/step.cu", dir);
     bool ok = write_source(&r, &d, c->q, c->lengths, path, &work_floats, why, wlen);
     /* and the source of a run that gives q and lengths, for the same inputs
-     * where they give neither: the code for them compiled in, never taken */
+     * where they give neither: the code for them compiled in, never taken;
+     * and with G's rows swizzled where G is in shared memory (the plan's
+     * choice in bf16 and for a linear memory, MN_G_SWZ): a layout, so the
+     * same bits again */
     snprintf(path, sizeof path, "%s/step_all.cu", dir);
+    const char *gswz = getenv("MNEMO_FUSED_GSWZ");
+    char gswz_was[8] = "";
+    if (gswz) snprintf(gswz_was, sizeof gswz_was, "%s", gswz);
+    setenv("MNEMO_FUSED_GSWZ", "1", 1);
     if (ok) ok = write_source(&r, &d, true, true, path, &work_floats, why, wlen);
+    if (gswz_was[0]) setenv("MNEMO_FUSED_GSWZ", gswz_was, 1);
+    else unsetenv("MNEMO_FUSED_GSWZ");
     if (!ok) {
         mn_rule_free(&r);
         return false;
@@ -182,12 +191,13 @@ static void run_case(const fused_case *c, const char *cxx, const char *dir)
     /* the run's own source (without the code for q or lengths where the
      * case gives neither) and the one with it: the same bits */
     if (strcmp(bits, bits_all) != 0) {
-        printf("FAIL %s: the outputs of the run's source (%s) and of the one with the code for q and lengths (%s) "
-               "differ\n",
+        printf("FAIL %s: the outputs of the run's source (%s) and of the one with the code for q and lengths and G "
+               "swizzled (%s) differ\n",
                name, bits, bits_all);
         check_failures_++;
     } else if (!c->q && !c->lengths) {
-        printf("PASS %s/without the code for q and lengths: the same bits as with it\n", name);
+        printf("PASS %s/without the code for q and lengths, G as planned: the same bits as with them, G swizzled\n",
+               name);
     }
     check_worst(name, worst, worst_name, "output", all);
     if (c->split <= 0) return;
