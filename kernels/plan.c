@@ -316,17 +316,15 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
             const size_t used = strlen(out->why);
             snprintf(out->why + used, sizeof out->why - used, "; the step's gradient beside them (%ld KB)",
                      gbytes / 1024);
-            /* its rows swizzled (fused_kernel.cuh's MN_G_SWZ) where that
-             * measured faster on an H200 (kernel ms, three rounds,
-             * 2026-11-28): bf16 M1 5.45 -> 5.33, P1-lin 0.430 -> 0.421; tf32
-             * P1-lin 0.369 -> 0.360; but tf32 M1 5.17 -> 5.25 (its update's
-             * index arithmetic outweighed the stores' bank conflicts); fp32
-             * not measured. MNEMO_FUSED_GSWZ=0 or 1, an experiment's knob,
-             * sets it. */
+            /* its rows swizzled (fused_kernel.cuh's MN_G_SWZ) in tf32 and
+             * bf16, measured faster on an H200 (kernel ms, 2026-11-28):
+             * M1 tf32 5.16 -> 5.13, bf16 5.44 -> 5.35; P1-lin tf32 0.367 ->
+             * 0.357, bf16 0.429 -> 0.421. fp32 not measured. MNEMO_FUSED_GSWZ
+             * =0 or 1, an experiment's knob, sets it. */
             const char *sw = getenv("MNEMO_FUSED_GSWZ");
             out->g_swizzle = sw && (!strcmp(sw, "0") || !strcmp(sw, "1"))
                                  ? !strcmp(sw, "1")
-                                 : p == MN_PREC_BF16 || (p == MN_PREC_TF32 && r->layers == 1);
+                                 : p == MN_PREC_TF32 || p == MN_PREC_BF16;
             if (r->precondition != MN_PRECOND_NONE) out->g_swizzle = false;
         }
         /* The unroll of the products' K loops, as measured fastest on an H100
