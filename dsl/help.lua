@@ -309,8 +309,9 @@ rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =
   Fields: path, why, forced, rows (token rows per chunk), threads,
   smem_bytes, grad_in_shared (the step's gradient kept in shared memory
   beside the weights, where it fits), grad_swizzled (its rows' float
-  groups permuted against bank conflicts: tf32 and bf16), k_unroll (how far the tensor-core
-  products' K loops unroll), kernel, memories, precision, arch,
+  groups permuted against bank conflicts: tf32 and bf16), k_unroll (how
+  far the tensor-core products' K loops unroll), kernel, memories,
+  precision, arch,
   device; backward and
   backward_why: where a cuda run's res:backward runs and why ("fused
   (cuda)" where the forward is fused, with

@@ -103,9 +103,9 @@ static bool prepare(const fused_case *c, const char *dir, char *why, size_t wlen
     bool ok = write_source(&r, &d, c->q, c->lengths, path, &work_floats, why, wlen);
     /* and the source of a run that gives q and lengths, for the same inputs
      * where they give neither: the code for them compiled in, never taken;
-     * and with G's rows swizzled where G is in shared memory (the plan's
-     * choice in bf16 and for a linear memory, MN_G_SWZ): a layout, so the
-     * same bits again */
+     * and with G's rows swizzled where G is in shared memory (MN_G_SWZ,
+     * the plan's choice in tf32 and bf16; these cases are fp32): a layout,
+     * so the same bits again */
     snprintf(path, sizeof path, "%s/step_all.cu", dir);
     const char *gswz = getenv("MNEMO_FUSED_GSWZ");
     char gswz_was[8] = "";
