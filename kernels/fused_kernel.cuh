@@ -764,10 +764,9 @@ __device__ __forceinline__ float *mn_pset_el(const mn_pset &ps, int p, int e)
  * with rows 64 or 128 floats apart they all fell on the same 8 banks, and
  * on M1 that one store made two thirds of the kernel's excess shared
  * wavefronts (ncu, H200). The update reads G through mn_g_el, the same
- * map. Never with newton_schulz, which reads G as a plain matrix, nor in
- * the fused backward, whose G lives elsewhere. */
-#if defined(MN_FUSED_GRAD) || !defined(MN_G_SWZ) || MN_PRECOND
-#undef MN_G_SWZ
+ * map. The plan never defines it with newton_schulz, which reads G as a
+ * plain matrix, nor for the fused backward, whose G lives elsewhere. */
+#ifndef MN_G_SWZ
 #define MN_G_SWZ 0
 #endif
 __device__ __forceinline__ int mn_g_col(int r, int c, int cols)

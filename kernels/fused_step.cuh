@@ -181,11 +181,13 @@ __device__ __forceinline__ float4 mn_ld_g4(const float4 *g)
 }
 __device__ __forceinline__ float mn_ld_g(const float *g) { return MN_G_SHARED ? *g : mn_ld_once(g); }
 
+/* Whether G holds parameter p as it is (no swizzle, or a bias) */
+__device__ __forceinline__ constexpr bool mn_g_plain(int p) { return !MN_G_SWZ || (MN_BIAS && p % 2 == 1); }
 /* Where G holds element e of parameter p: mn_g_col's map for a weight
  * matrix (rows of MN_LIN floats), the identity for a bias. */
 __device__ __forceinline__ int mn_g_el(int p, int e)
 {
-    if (!MN_G_SWZ || (MN_BIAS && p % 2 == 1)) return e;
+    if (mn_g_plain(p)) return e;
     const int cols = MN_LIN(p / MN_PER);
     return e / cols * cols + mn_g_col(e / cols, e % cols, cols);
 }
@@ -193,7 +195,7 @@ __device__ __forceinline__ int mn_g_el(int p, int e)
  * by a multiple of 8): then the update's loop XORs by a constant. */
 __device__ __forceinline__ constexpr bool mn_g_steady(int p)
 {
-    return !MN_G_SWZ || (MN_BIAS && p % 2 == 1) || MN_FT % (2 * MN_LIN(p / MN_PER)) == 0;
+    return mn_g_plain(p) || MN_FT % (2 * MN_LIN(p / MN_PER)) == 0;
 }
 
 extern "C" __global__ void __launch_bounds__(MN_FT, MN_FUSED_MINB) MN_CLUSTER_DIMS

@@ -880,6 +880,9 @@ static void test_grad_in_shared(void)
     CHECK("codegen/grad_swizzled/not_in_the_backward",
           ok && mn_cuda_plan_backward(&r, &m1, MN_PREC_BF16, 90, 0, &bw) == MN_OK && bw.path == MN_PATH_FUSED &&
               bw.g_shared && !bw.g_swizzle);
+    src = ok && bw.path == MN_PATH_FUSED ? mn_cuda_fused_grad_source(&r, &m1, MN_PREC_BF16, &bw) : NULL;
+    CHECK("codegen/grad_swizzled/not_in_the_backward_source", src && !strstr(src, "#define MN_G_SWZ 1\n"));
+    free(src);
     setenv("MNEMO_FUSED_GSWZ", "1", 1);
     ok = mn_cuda_plan_rule(&r, &m1, MN_PREC_FP32, 512, 90, 0, &pl) == MN_OK;
     CHECK("codegen/grad_swizzled/knob_on", ok && pl.g_swizzle);
