@@ -300,11 +300,10 @@ rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =
              (layers 1-2, dk, dv <= 128, hidden <= 4 d, when they fit)
     large    a dimension >= 256: cuBLAS products, each step from a graph
              (glu too: the fused path never takes it)
-    general  everything else (one thread block per memory, plain loops),
-             every rule with precondition = "newton_schulz" and every
-             run with lengths (only this path runs them; forcing another
-             is an error); glu below 256 (never fused); out_norm where
-             the fused path does not fit (never large)
+    general  everything else (one thread block per memory, plain loops):
+             glu below 256 (never fused); out_norm where the fused path
+             does not fit (never large)
+  Every path runs precondition = "newton_schulz" and lengths.
   For the GPU here, else for arch (e.g. 80 for sm_80; default sm_90).
   Fields: path, why, forced, rows (token rows per chunk), threads,
   smem_bytes, grad_in_shared (the step's gradient kept in shared memory
