@@ -99,6 +99,12 @@ template <bool T> __device__ __forceinline__ float4 mn_quad(const float *p, int 
     return *reinterpret_cast<const float4 *>(p + i * ld + j);
 }
 
+/* The offset of element (i, j) in the same layouts: mn_gemm moves a lane's
+ * operands to a base pointer once a tile, so that its loads in the unrolled
+ * K loop are that base plus constants (ncu on P1: computed per load, the
+ * weight gradients' addresses took two instructions for each load) */
+template <bool T> __device__ __forceinline__ int mn_el(int ld, int i, int j) { return T ? j * ld + i : i * ld + j; }
+
 /* No value to add to a product. */
 struct mn_no_pre {
     __device__ __forceinline__ float2 operator()(int, int) const { return make_float2(0.0f, 0.0f); }
@@ -203,6 +209,16 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     for (int tile = warp; tile < TILES; tile += MN_FWARPS) {
         const int m0 = (tile / NB) * 16, n0 = (tile % NB) * (8 * NT8);
+        /* the lane's first element of A and of B, by the k slots below: with
+         * ldmatrix, the row it names (stored by rows) or slot t (by columns);
+         * otherwise slots t and t + 4 hold k = 2t and 2t + 1 (bf16: 4t ..) */
+        constexpr int KS = MN_PREC == 2 ? 4 : 2;
+        const float *const al0 =
+            a + (!LDSM ? mn_el<AT>(lda, m0 + g, KS * t)
+                       : AT ? t * lda + m0 + g : (m0 + (lane & 7) + ((lane >> 3) & 1) * 8) * lda + (lane >> 4) * 4);
+        const float *const bl0 =
+            b + (!LDSM ? mn_el<BK>(ldb, n0 + g, KS * t)
+                       : BK ? t * ldb + n0 + g : (n0 + (lane & 7) + (lane >> 4) * 8) * ldb + ((lane >> 3) & 1) * 4);
         float acc[NT8][4];
         float2 old[NT8][2];
 #pragma unroll
@@ -216,13 +232,13 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
         for (int k0 = 0; k0 < K; k0 += MN_KSTEP) {
 #if MN_PREC == 2
             /* slots 2t, 2t+1, 2t+8, 2t+9 of the instruction hold k = 4t .. 4t+3 */
-            const float4 ar0 = mn_quad<AT>(a, lda, m0 + g, k0 + 4 * t);
-            const float4 ar1 = mn_quad<AT>(a, lda, m0 + g + 8, k0 + 4 * t);
+            const float4 ar0 = mn_quad<AT>(al0, lda, 0, k0);
+            const float4 ar1 = mn_quad<AT>(al0, lda, 8, k0);
             const unsigned a0 = mn_bf16x2(ar0.x, ar0.y), a2 = mn_bf16x2(ar0.z, ar0.w);
             const unsigned a1 = mn_bf16x2(ar1.x, ar1.y), a3 = mn_bf16x2(ar1.z, ar1.w);
 #pragma unroll
             for (int j = 0; j < NT8; j++) {
-                const float4 br = mn_quad<BK>(b, ldb, n0 + 8 * j + g, k0 + 4 * t);
+                const float4 br = mn_quad<BK>(bl0, ldb, 8 * j, k0);
                 mn_mma_bf16(acc[j], a0, a1, a2, a3, mn_bf16x2(br.x, br.y), mn_bf16x2(br.z, br.w));
             }
 #else
@@ -233,12 +249,12 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
                  * n-tiles an ldmatrix, blocks k0 and k0 + 4 of each) */
                 unsigned ar[4];
                 if (!AT) {
-                    mn_ldsm_x4(ar, a + (m0 + (lane & 7) + ((lane >> 3) & 1) * 8) * lda + k0 + (lane >> 4) * 4);
+                    mn_ldsm_x4(ar, al0 + k0);
                 } else {
-                    ar[0] = __float_as_uint(a[(k0 + t) * lda + m0 + g]);
-                    ar[1] = __float_as_uint(a[(k0 + t) * lda + m0 + g + 8]);
-                    ar[2] = __float_as_uint(a[(k0 + t + 4) * lda + m0 + g]);
-                    ar[3] = __float_as_uint(a[(k0 + t + 4) * lda + m0 + g + 8]);
+                    ar[0] = __float_as_uint(al0[k0 * lda]);
+                    ar[1] = __float_as_uint(al0[k0 * lda + 8]);
+                    ar[2] = __float_as_uint(al0[(k0 + 4) * lda]);
+                    ar[3] = __float_as_uint(al0[(k0 + 4) * lda + 8]);
                 }
                 unsigned ah[4];
 #pragma unroll
@@ -252,12 +268,12 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
                 for (int j = 0; j < NT8; j += 2) {
                     unsigned br[4]; /* b0, b1 of tile j, then of tile j + 1 */
                     if (!BK) {
-                        mn_ldsm_x4(br, b + (n0 + 8 * j + (lane & 7) + (lane >> 4) * 8) * ldb + k0 + ((lane >> 3) & 1) * 4);
+                        mn_ldsm_x4(br, bl0 + 8 * j * ldb + k0);
                     } else {
 #pragma unroll
                         for (int h = 0; h < 2; h++) {
-                            br[2 * h] = __float_as_uint(b[(k0 + t) * ldb + n0 + 8 * (j + h) + g]);
-                            br[2 * h + 1] = __float_as_uint(b[(k0 + t + 4) * ldb + n0 + 8 * (j + h) + g]);
+                            br[2 * h] = __float_as_uint(bl0[k0 * ldb + 8 * (j + h)]);
+                            br[2 * h + 1] = __float_as_uint(bl0[(k0 + 4) * ldb + 8 * (j + h)]);
                         }
                     }
 #pragma unroll
@@ -277,8 +293,8 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
                 continue;
             }
             /* B in global memory: slots t and t+4 of the instruction hold k = 2t and 2t+1 */
-            const float2 ar0 = mn_pair<AT>(a, lda, m0 + g, k0 + 2 * t);
-            const float2 ar1 = mn_pair<AT>(a, lda, m0 + g + 8, k0 + 2 * t);
+            const float2 ar0 = mn_pair<AT>(al0, lda, 0, k0);
+            const float2 ar1 = mn_pair<AT>(al0, lda, 8, k0);
             const float af[4] = {ar0.x, ar1.x, ar0.y, ar1.y};
             unsigned ah[4];
 #pragma unroll
@@ -290,7 +306,7 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
 #endif
 #pragma unroll
             for (int j = 0; j < NT8; j++) {
-                const float2 br = mn_pair<BK>(b, ldb, n0 + 8 * j + g, k0 + 2 * t);
+                const float2 br = mn_pair<BK>(bl0, ldb, 8 * j, k0);
                 const unsigned bh0 = BRD ? __float_as_uint(br.x) : mn_tf32_bits(br.x),
                                bh1 = BRD ? __float_as_uint(br.y) : mn_tf32_bits(br.y);
 #if MN_PREC == 0
