@@ -776,19 +776,40 @@ __device__ __forceinline__ int mn_g_col(int r, int c, int cols)
 
 /* G (+)= a gradient product over the real rows and columns: the earlier
  * chunks' sum comes in through pre (loaded before the tile's products), the
- * new sum is stored, and squared into *ss after the step's last chunk. */
+ * new sum is stored, and squared into *ss after the step's last chunk.
+ * rows and cols are the kernel's constants: the products' tiles cover
+ * up16(rows) x up16(cols), so where a dimension is a multiple of 16 no
+ * element is out of range and its test folds away, as does the pairs' 8-byte
+ * alignment where cols is even and G's base is 8-byte aligned (checked once,
+ * not at each pair): ncu on M1 had this epilogue at 13% of the kernel's
+ * instructions, most of them those tests and their branches. */
 struct mn_gacc {
     float *g;
     int rows, cols;
     bool first, last;
     double *ss;
+    __device__ __forceinline__ static bool row_in(int r, int rows) { return rows % 16 == 0 || r < rows; }
+    __device__ __forceinline__ static bool col_in(int c, int cols) { return cols % 16 == 0 || c < cols; }
+    /* 8-byte loads and stores of a pair (c even) at g + r cols + c: in the
+     * step kernel every parameter's G starts on a float4 (mn_fused_step_kernel
+     * and kernels/plan.c's fused_grad_floats), so that is known here at
+     * compile time; the fused backward's adjoints are tested (once a call) */
+    __device__ __forceinline__ static bool pairs(const float *g, int cols)
+    {
+#if defined(MN_FUSED_GRAD)
+        return cols % 2 == 0 && ((size_t)g & 7) == 0;
+#else
+        (void)g;
+        return cols % 2 == 0;
+#endif
+    }
     struct old {
         const float *g;
         int rows, cols;
         bool skip;
         __device__ __forceinline__ float2 operator()(int r, int c) const
         {
-            if (skip || r >= rows) return make_float2(0.0f, 0.0f);
+            if (skip || !row_in(r, rows)) return make_float2(0.0f, 0.0f);
             /* Where a step fits one chunk (MN_STEP <= MN_FR: M1, a linear
              * P1) every chunk is its step's first and this never loads; the
              * swizzle's arithmetic compiled in here anyway cost M1 1.6% in
@@ -798,21 +819,21 @@ struct mn_gacc {
             /* one 8-byte load where the pair is whole and aligned, as the
              * store below does: G is global where it does not fit shared
              * memory, and these loads were the epilogue's longest waits */
-            if (MN_GACC_PAIR_LOADS && c + 1 < cols && ((size_t)p & 7) == 0)
+            if (MN_GACC_PAIR_LOADS && col_in(c + 1, cols) && pairs(g, cols))
                 return *reinterpret_cast<const float2 *>(p);
-            return make_float2(c < cols ? p[0] : 0.0f, c + 1 < cols ? p[1] : 0.0f);
+            return make_float2(col_in(c, cols) ? p[0] : 0.0f, col_in(c + 1, cols) ? p[1] : 0.0f);
         }
     };
     __device__ __forceinline__ old pre() const { return old{g, rows, cols, first}; }
     __device__ __forceinline__ void operator()(int r, int c, float s0, float s1) const
     {
-        if (r >= rows || c >= cols) return;
+        if (!row_in(r, rows) || !col_in(c, cols)) return;
         float *p = g + r * cols + mn_g_col(r, c, cols);
-        if (c + 1 < cols && ((size_t)p & 7) == 0) {
+        if (col_in(c + 1, cols) && pairs(g, cols)) {
             *reinterpret_cast<float2 *>(p) = make_float2(s0, s1);
         } else {
             p[0] = s0;
-            if (c + 1 < cols) p[1] = s1;
+            if (col_in(c + 1, cols)) p[1] = s1;
             else s1 = 0.0f;
         }
         /* the pair's squares summed in float (a rounding of 6e-8 on a sum

@@ -246,7 +246,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
 #pragma unroll
         for (int p = 0; p < MN_NPARAMS; p++) {
             G[p] = gbase + gfloats;
-            gfloats += MN_NUMEL(p);
+            gfloats += (MN_NUMEL(p) + 3) & ~3LL; /* each on a float4: mn_gacc's pairs are aligned */
         }
     }
     mn_pset Wp; /* where the current W lives: P itself, or the padded global copy */
@@ -369,7 +369,8 @@ mn_fused_step_kernel(const mn_rule_kargs a)
         for (int r0 = 0; r0 < grows; r0 += MN_FR) {
             const int cr = grows - r0 < MN_FR ? grows - r0 : MN_FR;
             const long long t = t0 + r0;
-            const bool first = r0 == 0, last = r0 + MN_FR >= grows;
+            /* (a step that fits one chunk has one: known here at compile time) */
+            const bool first = r0 == 0, last = MN_STEP <= MN_FR || r0 + MN_FR >= grows;
             const bool fold = MN_FOLD && pending && first; /* row cr: the last step's last token */
             last_cr = cr;
             mn_rows_store<MN_PRE>(fb.x, xnext, cr, fold ? fb.xs : 0);

@@ -73,13 +73,16 @@ static mn_dims block_slice(const mn_dims *d, int cluster)
 }
 
 /* Floats of a block's step gradient G (unpadded, every parameter in order;
- * a cluster's block: its slice's), rounded up to whole float4s. */
+ * a cluster's block: its slice's), each parameter's rounded up to whole
+ * float4s, as mn_fused_step_kernel lays them out. */
 static long fused_grad_floats(const mn_rule *r, const mn_dims *d, int cluster)
 {
     const mn_dims slice = block_slice(d, cluster);
     mn_param_layout lo;
     mn_param_layout_init(&lo, r->layers, r->bias, r->glu, slice.dk, slice.dv, slice.dh);
-    return (lo.total + 3) & ~3L;
+    long floats = 0;
+    for (int p = 0; p < lo.nparams; p++) floats += (long)((lo.numel[p] + 3) & ~3LL);
+    return floats;
 }
 
 /* Whether the fused kernel holds one memory of the rule at the dims, in one

@@ -915,6 +915,17 @@ static void test_grad_in_shared(void)
     ok = mn_cuda_plan_rule(&r, &p1, MN_PREC_TF32, 128, 90, 0, &pl) == MN_OK;
     CHECK("codegen/grad_in_shared/p1_no_room", ok && pl.path == MN_PATH_FUSED && !pl.g_shared && pl.rows == 32 &&
                                                    mn_fused_work_floats(&r, &p1, &pl) == p1_grad);
+    /* odd lengths: each parameter's G starts on a float4 (the step kernel's
+     * mn_gacc takes its pairs as aligned), so the workspace holds 9 x 14 ->
+     * 128, 14 -> 16, 7 x 14 = 98 -> 100 and 7 -> 8 floats, not their sum 245
+     * rounded once */
+    r.step = 8;
+    mn_dims odd = {1, 2, 29, 9, 7, 14, 0};
+    setenv("MNEMO_FUSED_GSHARED", "0", 1); /* small enough for shared memory: the workspace instead */
+    ok = mn_cuda_plan_rule(&r, &odd, MN_PREC_TF32, 2, 90, 0, &pl) == MN_OK;
+    unsetenv("MNEMO_FUSED_GSHARED");
+    CHECK("codegen/grad_in_shared/odd_sizes_on_float4s",
+          ok && pl.path == MN_PATH_FUSED && !pl.g_shared && mn_fused_work_floats(&r, &odd, &pl) == 128 + 16 + 100 + 8);
     mn_rule_free(&r);
 }
 

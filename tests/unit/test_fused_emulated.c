@@ -59,6 +59,13 @@ static const fused_case cases[] = {
      {"", 2, 0, 0, MN_ACT_SILU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NORM, MN_SCOPE_GLOBAL, NULL, 16, 32,
       MN_RETRIEVE_AFTER, MN_PREC_FP32, 32, 16, 128, false, false},
      64, false, false, 48},
+    /* odd sizes: parameters of odd length (G's next one padded to a float4,
+     * mn_gacc's pairs where the rows' length is even) and odd rows (single
+     * floats) */
+    {"mlp_odd_sizes",
+     {"", 2, 1, 0, MN_ACT_GELU, NULL, MN_LOSS_MSE, NULL, MN_CLIP_NORM, MN_SCOPE_GLOBAL, NULL, 8, 8, MN_RETRIEVE_AFTER,
+      MN_PREC_FP32, 9, 7, 14, false, false},
+     29, false, false, 0},
     {"mlp_silu_huber_refresh_block",
      {"", 2, 1, 0, MN_ACT_SILU, NULL, MN_LOSS_HUBER, NULL, MN_CLIP_VALUE, MN_SCOPE_GLOBAL, NULL, 6, 12,
       MN_RETRIEVE_BEFORE, MN_PREC_FP32, 12, 8, 24, false, true},
