@@ -779,10 +779,10 @@ __device__ __forceinline__ int mn_g_col(int r, int c, int cols)
  * new sum is stored, and squared into *ss after the step's last chunk.
  * rows and cols are the kernel's constants: the products' tiles cover
  * up16(rows) x up16(cols), so where a dimension is a multiple of 16 no
- * element is out of range and its test folds away, as does the pairs' 8-byte
- * alignment where cols is even and G's base is 8-byte aligned (checked once,
- * not at each pair): ncu on M1 had this epilogue at 13% of the kernel's
- * instructions, most of them those tests and their branches. */
+ * element is out of range and its test folds away; in the step kernel so
+ * does the pairs' 8-byte alignment where cols is even (pairs below). ncu on
+ * M1 had this epilogue at 13% of the kernel's instructions, most of them
+ * those tests and their branches. */
 struct mn_gacc {
     float *g;
     int rows, cols;
@@ -793,7 +793,7 @@ struct mn_gacc {
     /* 8-byte loads and stores of a pair (c even) at g + r cols + c: in the
      * step kernel every parameter's G starts on a float4 (mn_fused_step_kernel
      * and kernels/plan.c's fused_grad_floats), so that is known here at
-     * compile time; the fused backward's adjoints are tested (once a call) */
+     * compile time; the fused backward tests its adjoints' base */
     __device__ __forceinline__ static bool pairs(const float *g, int cols)
     {
 #if defined(MN_FUSED_GRAD)
