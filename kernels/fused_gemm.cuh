@@ -104,6 +104,15 @@ template <bool T> __device__ __forceinline__ float4 mn_quad(const float *p, int 
  * K loop are that base plus constants (ncu on P1: computed per load, the
  * weight gradients' addresses took two instructions for each load) */
 template <bool T> __device__ __forceinline__ int mn_el(int ld, int i, int j) { return T ? j * ld + i : i * ld + j; }
+/* The fused backward keeps the per-load addresses: its K loops are not
+ * unrolled and it spills, and there the base pointers made P1's backward
+ * slower (H200, grad_probe.lua T=4096: tf32 45.7 -> 47.5 ms, bf16 43.8 ->
+ * 50.3), so its code is what it was. */
+#if defined(MN_FUSED_GRAD)
+#define MN_GEMM_LANE_BASE 0
+#else
+#define MN_GEMM_LANE_BASE 1
+#endif
 
 /* No value to add to a product. */
 struct mn_no_pre {
@@ -213,12 +222,14 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
          * ldmatrix, the row it names (stored by rows) or slot t (by columns);
          * otherwise slots t and t + 4 hold k = 2t and 2t + 1 (bf16: 4t ..) */
         constexpr int KS = MN_PREC == 2 ? 4 : 2;
+#if MN_GEMM_LANE_BASE
         const float *const al0 =
             a + (!LDSM ? mn_el<AT>(lda, m0 + g, KS * t)
                        : AT ? t * lda + m0 + g : (m0 + (lane & 7) + ((lane >> 3) & 1) * 8) * lda + (lane >> 4) * 4);
         const float *const bl0 =
             b + (!LDSM ? mn_el<BK>(ldb, n0 + g, KS * t)
                        : BK ? t * ldb + n0 + g : (n0 + (lane & 7) + (lane >> 4) * 8) * ldb + ((lane >> 3) & 1) * 4);
+#endif
         float acc[NT8][4];
         float2 old[NT8][2];
 #pragma unroll
@@ -232,13 +243,20 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
         for (int k0 = 0; k0 < K; k0 += MN_KSTEP) {
 #if MN_PREC == 2
             /* slots 2t, 2t+1, 2t+8, 2t+9 of the instruction hold k = 4t .. 4t+3 */
-            const float4 ar0 = mn_quad<AT>(al0, lda, 0, k0);
-            const float4 ar1 = mn_quad<AT>(al0, lda, 8, k0);
+#if MN_GEMM_LANE_BASE
+            const float4 ar0 = mn_quad<AT>(al0, lda, 0, k0), ar1 = mn_quad<AT>(al0, lda, 8, k0);
+#else
+            const float4 ar0 = mn_quad<AT>(a, lda, m0 + g, k0 + 4 * t), ar1 = mn_quad<AT>(a, lda, m0 + g + 8, k0 + 4 * t);
+#endif
             const unsigned a0 = mn_bf16x2(ar0.x, ar0.y), a2 = mn_bf16x2(ar0.z, ar0.w);
             const unsigned a1 = mn_bf16x2(ar1.x, ar1.y), a3 = mn_bf16x2(ar1.z, ar1.w);
 #pragma unroll
             for (int j = 0; j < NT8; j++) {
+#if MN_GEMM_LANE_BASE
                 const float4 br = mn_quad<BK>(bl0, ldb, 8 * j, k0);
+#else
+                const float4 br = mn_quad<BK>(b, ldb, n0 + 8 * j + g, k0 + 4 * t);
+#endif
                 mn_mma_bf16(acc[j], a0, a1, a2, a3, mn_bf16x2(br.x, br.y), mn_bf16x2(br.z, br.w));
             }
 #else
@@ -248,6 +266,7 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
                  * at k0, then at k0 + 4), else four loads; B likewise (!BK: two
                  * n-tiles an ldmatrix, blocks k0 and k0 + 4 of each) */
                 unsigned ar[4];
+#if MN_GEMM_LANE_BASE
                 if (!AT) {
                     mn_ldsm_x4(ar, al0 + k0);
                 } else {
@@ -256,6 +275,16 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
                     ar[2] = __float_as_uint(al0[(k0 + 4) * lda]);
                     ar[3] = __float_as_uint(al0[(k0 + 4) * lda + 8]);
                 }
+#else
+                if (!AT) {
+                    mn_ldsm_x4(ar, a + (m0 + (lane & 7) + ((lane >> 3) & 1) * 8) * lda + k0 + (lane >> 4) * 4);
+                } else {
+                    ar[0] = __float_as_uint(a[(k0 + t) * lda + m0 + g]);
+                    ar[1] = __float_as_uint(a[(k0 + t) * lda + m0 + g + 8]);
+                    ar[2] = __float_as_uint(a[(k0 + t + 4) * lda + m0 + g]);
+                    ar[3] = __float_as_uint(a[(k0 + t + 4) * lda + m0 + g + 8]);
+                }
+#endif
                 unsigned ah[4];
 #pragma unroll
                 for (int i = 0; i < 4; i++) ah[i] = ARD ? ar[i] : mn_tf32_bits(__uint_as_float(ar[i]));
@@ -267,6 +296,7 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
 #pragma unroll
                 for (int j = 0; j < NT8; j += 2) {
                     unsigned br[4]; /* b0, b1 of tile j, then of tile j + 1 */
+#if MN_GEMM_LANE_BASE
                     if (!BK) {
                         mn_ldsm_x4(br, bl0 + 8 * j * ldb + k0);
                     } else {
@@ -276,6 +306,17 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
                             br[2 * h + 1] = __float_as_uint(bl0[(k0 + 4) * ldb + 8 * (j + h)]);
                         }
                     }
+#else
+                    if (!BK) {
+                        mn_ldsm_x4(br, b + (n0 + 8 * j + (lane & 7) + (lane >> 4) * 8) * ldb + k0 + ((lane >> 3) & 1) * 4);
+                    } else {
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            br[2 * h] = __float_as_uint(b[(k0 + t) * ldb + n0 + 8 * (j + h) + g]);
+                            br[2 * h + 1] = __float_as_uint(b[(k0 + t + 4) * ldb + n0 + 8 * (j + h) + g]);
+                        }
+                    }
+#endif
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         const float b0 = __uint_as_float(br[2 * h]), b1 = __uint_as_float(br[2 * h + 1]);
@@ -293,8 +334,11 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
                 continue;
             }
             /* B in global memory: slots t and t+4 of the instruction hold k = 2t and 2t+1 */
-            const float2 ar0 = mn_pair<AT>(al0, lda, 0, k0);
-            const float2 ar1 = mn_pair<AT>(al0, lda, 8, k0);
+#if MN_GEMM_LANE_BASE
+            const float2 ar0 = mn_pair<AT>(al0, lda, 0, k0), ar1 = mn_pair<AT>(al0, lda, 8, k0);
+#else
+            const float2 ar0 = mn_pair<AT>(a, lda, m0 + g, k0 + 2 * t), ar1 = mn_pair<AT>(a, lda, m0 + g + 8, k0 + 2 * t);
+#endif
             const float af[4] = {ar0.x, ar1.x, ar0.y, ar1.y};
             unsigned ah[4];
 #pragma unroll
@@ -306,7 +350,11 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
 #endif
 #pragma unroll
             for (int j = 0; j < NT8; j++) {
+#if MN_GEMM_LANE_BASE
                 const float2 br = mn_pair<BK>(bl0, ldb, 8 * j, k0);
+#else
+                const float2 br = mn_pair<BK>(b, ldb, n0 + 8 * j + g, k0 + 2 * t);
+#endif
                 const unsigned bh0 = BRD ? __float_as_uint(br.x) : mn_tf32_bits(br.x),
                                bh1 = BRD ? __float_as_uint(br.y) : mn_tf32_bits(br.y);
 #if MN_PREC == 0

@@ -788,28 +788,30 @@ struct mn_gacc {
     int rows, cols;
     bool first, last;
     double *ss;
-    __device__ __forceinline__ static bool row_in(int r, int rows) { return rows % 16 == 0 || r < rows; }
-    __device__ __forceinline__ static bool col_in(int c, int cols) { return cols % 16 == 0 || c < cols; }
-    /* 8-byte loads and stores of a pair (c even) at g + r cols + c: in the
-     * step kernel every parameter's G starts on a float4 (mn_fused_step_kernel
-     * and kernels/plan.c's fused_grad_floats), so that is known here at
-     * compile time; the fused backward tests its adjoints' base */
-    __device__ __forceinline__ static bool pairs(const float *g, int cols)
-    {
+    /* The step kernel's tests (the fused backward's are as they were: its
+     * code with these folds measured slower, as mn_gemm's MN_GEMM_LANE_BASE
+     * says). 8-byte loads and stores of a pair (c even) at p = g + r cols + c:
+     * in the step kernel every parameter's G starts on a float4
+     * (mn_fused_step_kernel and kernels/plan.c's fused_grad_floats), so that
+     * is known at compile time; the backward tests p. */
 #if defined(MN_FUSED_GRAD)
-        return cols % 2 == 0 && ((size_t)g & 7) == 0;
+    __device__ __forceinline__ static bool row_out(int r, int rows) { return r >= rows; }
+    __device__ __forceinline__ static bool col_out(int c, int cols) { return c >= cols; }
+    __device__ __forceinline__ static bool col_in(int c, int cols) { return c < cols; }
+    __device__ __forceinline__ static bool pairs(const float *p, int) { return ((size_t)p & 7) == 0; }
 #else
-        (void)g;
-        return cols % 2 == 0;
+    __device__ __forceinline__ static bool row_out(int r, int rows) { return rows % 16 != 0 && r >= rows; }
+    __device__ __forceinline__ static bool col_out(int c, int cols) { return cols % 16 != 0 && c >= cols; }
+    __device__ __forceinline__ static bool col_in(int c, int cols) { return cols % 16 == 0 || c < cols; }
+    __device__ __forceinline__ static bool pairs(const float *, int cols) { return cols % 2 == 0; }
 #endif
-    }
     struct old {
         const float *g;
         int rows, cols;
         bool skip;
         __device__ __forceinline__ float2 operator()(int r, int c) const
         {
-            if (skip || !row_in(r, rows)) return make_float2(0.0f, 0.0f);
+            if (skip || row_out(r, rows)) return make_float2(0.0f, 0.0f);
             /* Where a step fits one chunk (MN_STEP <= MN_FR: M1, a linear
              * P1) every chunk is its step's first and this never loads; the
              * swizzle's arithmetic compiled in here anyway cost M1 1.6% in
@@ -819,7 +821,7 @@ struct mn_gacc {
             /* one 8-byte load where the pair is whole and aligned, as the
              * store below does: G is global where it does not fit shared
              * memory, and these loads were the epilogue's longest waits */
-            if (MN_GACC_PAIR_LOADS && col_in(c + 1, cols) && pairs(g, cols))
+            if (MN_GACC_PAIR_LOADS && col_in(c + 1, cols) && pairs(p, cols))
                 return *reinterpret_cast<const float2 *>(p);
             return make_float2(col_in(c, cols) ? p[0] : 0.0f, col_in(c + 1, cols) ? p[1] : 0.0f);
         }
@@ -827,9 +829,9 @@ struct mn_gacc {
     __device__ __forceinline__ old pre() const { return old{g, rows, cols, first}; }
     __device__ __forceinline__ void operator()(int r, int c, float s0, float s1) const
     {
-        if (!row_in(r, rows) || !col_in(c, cols)) return;
+        if (row_out(r, rows) || col_out(c, cols)) return;
         float *p = g + r * cols + mn_g_col(r, c, cols);
-        if (col_in(c + 1, cols) && pairs(g, cols)) {
+        if (col_in(c + 1, cols) && pairs(p, cols)) {
             *reinterpret_cast<float2 *>(p) = make_float2(s0, s1);
         } else {
             p[0] = s0;
