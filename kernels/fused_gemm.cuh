@@ -221,8 +221,8 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
         /* the lane's first element of A and of B, by the k slots below: with
          * ldmatrix, the row it names (stored by rows) or slot t (by columns);
          * otherwise slots t and t + 4 hold k = 2t and 2t + 1 (bf16: 4t ..) */
-        constexpr int KS = MN_PREC == 2 ? 4 : 2;
 #if MN_GEMM_LANE_BASE
+        constexpr int KS = MN_PREC == 2 ? 4 : 2;
         const float *const al0 =
             a + (!LDSM ? mn_el<AT>(lda, m0 + g, KS * t)
                        : AT ? t * lda + m0 + g : (m0 + (lane & 7) + ((lane >> 3) & 1) * 8) * lda + (lane >> 4) * 4);
