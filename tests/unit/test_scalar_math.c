@@ -25,6 +25,8 @@
 #ifdef MN_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <nvrtc.h>
+
+#include "nvrtc_cubin.h"
 #endif
 
 #define F_NAME(name) tf_##name
@@ -135,38 +137,16 @@ static const char *sweep_kernel =
 static void *compile_sweep(size_t *size, char *why, size_t wlen)
 {
     const char *prelude = mn_expr_c_prelude(true);
-    size_t n = strlen(prelude) + strlen(sweep_kernel) + 2;
+    const size_t n = prelude ? strlen(prelude) + strlen(sweep_kernel) + 2 : 0;
     char *src = prelude ? malloc(n) : NULL;
     if (!src) {
         snprintf(why, wlen, "no prelude or out of memory");
         return NULL;
     }
     snprintf(src, n, "%s\n%s", prelude, sweep_kernel);
-    nvrtcProgram prog;
-    nvrtcResult r = nvrtcCreateProgram(&prog, src, "scalar_math_sweep.cu", 0, NULL, NULL);
-    free(src);
-    if (r != NVRTC_SUCCESS) {
-        snprintf(why, wlen, "nvrtcCreateProgram: %s", nvrtcGetErrorString(r));
-        return NULL;
-    }
     const char *opts[] = {"--gpu-architecture=sm_90", "--std=c++17"};
-    r = nvrtcCompileProgram(prog, 2, opts);
-    void *cubin = NULL;
-    if (r != NVRTC_SUCCESS) {
-        size_t loglen = 0;
-        char *log = NULL;
-        if (nvrtcGetProgramLogSize(prog, &loglen) == NVRTC_SUCCESS && loglen > 1 && (log = malloc(loglen)) &&
-            nvrtcGetProgramLog(prog, log) != NVRTC_SUCCESS)
-            log[0] = 0;
-        snprintf(why, wlen, "nvrtcCompileProgram: %s: %.400s", nvrtcGetErrorString(r), log ? log : "");
-        free(log);
-    } else if (nvrtcGetCUBINSize(prog, size) != NVRTC_SUCCESS || !(cubin = malloc(*size)) ||
-               nvrtcGetCUBIN(prog, cubin) != NVRTC_SUCCESS) {
-        snprintf(why, wlen, "nvrtcGetCUBIN failed");
-        free(cubin);
-        cubin = NULL;
-    }
-    nvrtcDestroyProgram(&prog);
+    void *cubin = test_nvrtc_cubin(src, "scalar_math_sweep.cu", opts, 2, size, NULL, why, wlen);
+    free(src);
     return cubin;
 }
 
