@@ -319,7 +319,7 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
             const size_t used = strlen(out->why);
             snprintf(out->why + used, sizeof out->why - used, "; the step's gradient beside them (%ld KB)",
                      gbytes / 1024);
-            /* its rows swizzled (fused_kernel.cuh's MN_G_SWZ) in tf32 and
+            /* its rows swizzled (fused_wgrad.cuh's MN_G_SWZ) in tf32 and
              * bf16, measured faster on an H200 (kernel ms, 2026-11-28):
              * M1 tf32 5.16 -> 5.13, bf16 5.44 -> 5.35; P1-lin tf32 0.367 ->
              * 0.357, bf16 0.429 -> 0.421. fp32 not measured. MNEMO_FUSED_GSWZ
