@@ -24,9 +24,8 @@
 
 #ifdef MN_HAVE_CUDA
 #include <cuda_runtime_api.h>
-#include <nvrtc.h>
 
-#include "nvrtc_cubin.h"
+#include "../../kernels/nvrtc.h"
 #endif
 
 #define F_NAME(name) tf_##name
@@ -52,9 +51,11 @@ typedef struct {
     float at;
 } worst_ulp;
 
-static void note(worst_ulp *w, double got, double want, float x)
+/* |got - want| in ulps of scale (want itself, or a larger term where want
+ * cancels), kept in w where it is the worst so far */
+static void note(worst_ulp *w, double got, double want, double scale, float x)
 {
-    double u = fabs(got - want) / float_ulp(want);
+    double u = fabs(got - want) / float_ulp(scale);
     if (!(u <= w->worst)) w->worst = u, w->at = x; /* a NaN counts as the worst */
 }
 
@@ -97,14 +98,12 @@ static void check_sweep(const char *where, const float *x, size_t n, const float
     worst_ulp cdf = {0, 0}, cdf_tail = {0, 0}, pdf = {0, 0}, gelu = {0, 0}, grad = {0, 0};
     for (size_t i = 0; i < n; i++) {
         const double xd = x[i], P = phi_exact(xd), p = pdf_exact(xd);
-        note(x[i] < -5.0f ? &cdf_tail : &cdf, out[i], P, x[i]);
-        note(&pdf, out[n + i], p, x[i]);
-        note(&gelu, out[2 * n + i], xd * P, x[i]);
+        note(x[i] < -5.0f ? &cdf_tail : &cdf, out[i], P, P, x[i]);
+        note(&pdf, out[n + i], p, p, x[i]);
+        note(&gelu, out[2 * n + i], xd * P, xd * P, x[i]);
         /* gelu' = Phi + x phi cancels near x = -0.75: measured in ulps of
          * the larger of its two terms */
-        const double g = P + xd * p, scale = fmax(P, fabs(xd * p));
-        const double u = fabs(out[3 * n + i] - g) / float_ulp(scale);
-        if (!(u <= grad.worst)) grad.worst = u, grad.at = x[i];
+        note(&grad, out[3 * n + i], P + xd * p, fmax(P, fabs(xd * p)), x[i]);
     }
     char name[120];
     snprintf(name, sizeof name, "%s float normcdf on [-5, 6]", where);
@@ -132,9 +131,10 @@ static const char *sweep_kernel =
     "    out[3 * n + i] = mn_f_gelu_grad(v);\n"
     "}\n";
 
-/* The float prelude and the sweep kernel as a cubin for sm_90, or NULL with
- * the reason in why. */
-static void *compile_sweep(size_t *size, char *why, size_t wlen)
+/* The float prelude and the sweep kernel as a cubin for arch (90: sm_90),
+ * compiled as the engine compiles generated kernels (kernels/nvrtc.c's
+ * options, so the same contractions), or NULL with the reason in why. */
+static void *compile_sweep(int arch, size_t *size, char *why, size_t wlen)
 {
     const char *prelude = mn_expr_c_prelude(true);
     const size_t n = prelude ? strlen(prelude) + strlen(sweep_kernel) + 2 : 0;
@@ -144,8 +144,10 @@ static void *compile_sweep(size_t *size, char *why, size_t wlen)
         return NULL;
     }
     snprintf(src, n, "%s\n%s", prelude, sweep_kernel);
-    const char *opts[] = {"--gpu-architecture=sm_90", "--std=c++17"};
-    void *cubin = test_nvrtc_cubin(src, "scalar_math_sweep.cu", opts, 2, size, NULL, why, wlen);
+    void *cubin = NULL;
+    char key[33];
+    if (mn_nvrtc_cubin(src, arch, MN_TIER_FULL, false, key, &cubin, size) != MN_OK)
+        snprintf(why, wlen, "%s", mn_last_error());
     free(src);
     return cubin;
 }
@@ -193,14 +195,18 @@ static void float_sweeps(void)
 #ifndef MN_HAVE_CUDA
     SKIP("gpu float sweep", "this build has no CUDA (nvcc was not found)");
 #else
+    /* the GPU's own architecture; without one, sm_90's compile alone */
+    int dev = -1, major = 9, minor = 0;
+    const bool gpu = cudaGetDevice(&dev) == cudaSuccess &&
+                     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
+    if (!gpu) (void)cudaGetLastError(), major = 9, minor = 0;
     char why[600] = "";
     size_t size = 0;
-    void *cubin = compile_sweep(&size, why, sizeof why);
+    void *cubin = compile_sweep(10 * major + minor, &size, why, sizeof why);
     if (!cubin) printf("FAIL gpu float prelude compiles: %s\n", why), check_failures_++;
     else printf("PASS gpu float prelude compiles\n");
-    int dev = -1;
-    if (!cubin || cudaGetDevice(&dev) != cudaSuccess) {
-        (void)cudaGetLastError();
+    if (!cubin || !gpu) {
         SKIP("gpu float sweep", cubin ? "no GPU" : "the sweep did not compile");
     } else if (!evaluate_gpu(cubin, x, n, out, why, sizeof why)) {
         printf("FAIL gpu float sweep: %s\n", why), check_failures_++;

@@ -22,8 +22,6 @@
 #include <cuda_runtime_api.h>
 #include <nvrtc.h>
 
-#include "nvrtc_cubin.h"
-
 /* The probe, with A from registers (rs) or from shared memory (ss), for K
  * of 8, 32 and 64: template arguments, not branches, so that each kernel's
  * products issue back to back (ptxas serialises wgmmas that follow a branch
@@ -105,16 +103,36 @@ static void *compile_probe(size_t *size, char *why, size_t wlen)
         return NULL;
     }
     snprintf(src, n, "%s\n%s", lib, probe_kernel);
-    const char *opts[] = {"--gpu-architecture=sm_90a", "--std=c++17", "-default-device"};
-    char *log = NULL;
-    void *cubin = test_nvrtc_cubin(src, "wgmma_probe.cu", opts, 3, size, &log, why, wlen);
+    nvrtcProgram prog;
+    nvrtcResult r = nvrtcCreateProgram(&prog, src, "wgmma_probe.cu", 0, NULL, NULL);
     free(src);
+    if (r != NVRTC_SUCCESS) {
+        snprintf(why, wlen, "nvrtcCreateProgram: %s", nvrtcGetErrorString(r));
+        return NULL;
+    }
+    const char *opts[] = {"--gpu-architecture=sm_90a", "--std=c++17", "-default-device"};
+    r = nvrtcCompileProgram(prog, 3, opts);
+    size_t loglen = 0;
+    char *log = NULL;
+    if (nvrtcGetProgramLogSize(prog, &loglen) == NVRTC_SUCCESS && loglen > 1 && (log = malloc(loglen))) {
+        if (nvrtcGetProgramLog(prog, log) != NVRTC_SUCCESS) log[0] = 0;
+    }
+    void *cubin = NULL;
+    if (r != NVRTC_SUCCESS) {
+        snprintf(why, wlen, "nvrtcCompileProgram: %s: %.400s", nvrtcGetErrorString(r), log ? log : "");
+    } else if (nvrtcGetCUBINSize(prog, size) != NVRTC_SUCCESS || !(cubin = malloc(*size)) ||
+               nvrtcGetCUBIN(prog, cubin) != NVRTC_SUCCESS) {
+        snprintf(why, wlen, "nvrtcGetCUBIN failed");
+        free(cubin);
+        cubin = NULL;
+    }
     /* ptxas serialises wgmmas it cannot keep in flight together (C7520):
      * the products would then wait for each other, which the kernels built
      * on this file must never do */
     if (log && strstr(log, "serialized")) printf("FAIL wgmma/not_serialised: ptxas: %.400s\n", log), check_failures_++;
     else if (cubin) printf("PASS wgmma/not_serialised\n");
     free(log);
+    nvrtcDestroyProgram(&prog);
     return cubin;
 }
 
