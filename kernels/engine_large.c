@@ -342,10 +342,37 @@ static mn_status finish(run *R, mn_status s)
 
 static const dim3 block1 = {MN_LARGE_THREADS, 1, 1};
 
+/* Each kernel a programmatic dependent of the kernel ahead of it on sm_90
+ * and later (large_kernels.cuh, mn_lg_after_prior): it launches when every
+ * block of that kernel has exited, not after its completion. L1 on an H200:
+ * 1-3% a run (tests/bench/RESULTS.md, 2026-11-29). MNEMO_LARGE_PDL=0 (an
+ * experiment's knob) launches them one after another. */
+static bool pdl_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *knob = getenv("MNEMO_LARGE_PDL");
+        on = mn_cuda_arch() >= 90 && !(knob && strcmp(knob, "0") == 0);
+    }
+    return on;
+}
+
 static mn_status launch(const run *R, int k, dim3 grid, dim3 block, const mn_large_op *o)
 {
     void *args[2] = {(void *)&R->dargs, (void *)o}; /* copied by the launch */
-    return MN_CUDA_ST(cudaLaunchKernel((const void *)R->mod->k[k], grid, block, args, 0, dev.stream));
+    if (!pdl_on()) return MN_CUDA_ST(cudaLaunchKernel((const void *)R->mod->k[k], grid, block, args, 0, dev.stream));
+    cudaLaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.stream = dev.stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    return MN_CUDA_ST(cudaLaunchKernelExC(&cfg, (const void *)R->mod->k[k], args));
 }
 
 /* Grid-stride over elems elements of each memory: (x, M). */

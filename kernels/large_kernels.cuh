@@ -239,6 +239,20 @@ __device__ __forceinline__ double mn_lg_thread_sumsq(const float *x, long long e
 
 __device__ __forceinline__ long long mn_lg_step(const mn_large_kargs &a) { return a.counter ? *a.counter : 0; }
 
+/* Programmatic dependent launch (sm_90; kernels/engine_large.c's launch):
+ * the host lets each of these kernels launch as soon as every block of the
+ * kernel ahead of it in the stream has exited, before that kernel's
+ * completion, so that the launch overlaps that kernel's tail instead of
+ * following it. Every kernel calls this first: griddepcontrol.wait returns
+ * once the kernel ahead has completed and its writes are visible (at once
+ * where there is no such dependency), and nothing is read before it. */
+__device__ __forceinline__ void mn_lg_after_prior(void)
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 /* The model's input rows of a launch: q with MN_LARGE_FROM_Q, else k. */
 __device__ __forceinline__ const float *mn_lg_rows_of(const mn_large_kargs &a, const mn_large_op &o)
 {
@@ -286,6 +300,7 @@ __device__ __forceinline__ long long mn_lg_real_rows(const mn_large_kargs &a, lo
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_params_kernel(const mn_large_kargs *__restrict__ ap,
     const mn_large_op o)
 {
+    mn_lg_after_prior();
     const mn_large_kargs &a = *ap;
     const long long m = blockIdx.y;
     long long e0, e1;
@@ -353,6 +368,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_args_ker
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_stage_kernel(const mn_large_kargs *__restrict__ ap,
     const mn_large_op o)
 {
+    mn_lg_after_prior();
     const mn_large_kargs &a = *ap;
     const long long m = blockIdx.y, sl = mn_lg_step(a), t = sl * MN_STEP + o.r0;
     const long long real = mn_lg_real_rows(a, m, sl, o.step_rows) - o.r0; /* real rows of this launch's */
@@ -378,6 +394,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_stage_ke
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_act_kernel(const mn_large_kargs *__restrict__ ap,
     const mn_large_op o)
 {
+    mn_lg_after_prior();
     const mn_large_kargs &a = *ap;
     (void)a;
     const long long m = blockIdx.y;
@@ -438,6 +455,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_act_kern
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_loss_kernel(const mn_large_kargs *__restrict__ ap,
     const mn_large_op o)
 {
+    mn_lg_after_prior();
     const mn_large_kargs &a = *ap;
     const long long m = blockIdx.y, r = (long long)blockIdx.x * MN_LG_WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
@@ -510,6 +528,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_loss_ker
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_cols_kernel(const mn_large_kargs *__restrict__ ap,
     const mn_large_op o)
 {
+    mn_lg_after_prior();
     const mn_large_kargs &a = *ap;
     const long long m = blockIdx.z, rb = blockIdx.y, nrb = gridDim.y;
     const int tx = threadIdx.x, ty = threadIdx.y, cols = o.cols;
@@ -596,6 +615,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_cols_ker
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_kernel(const mn_large_kargs *__restrict__ ap,
     const mn_large_op o)
 {
+    mn_lg_after_prior();
     const mn_large_kargs &a = *ap;
     const long long m = blockIdx.y, sl = mn_lg_step(a);
     long long e0, e1;
@@ -648,6 +668,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_ker
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_ns_kernel(const mn_large_kargs *__restrict__ ap,
     const mn_large_op o)
 {
+    mn_lg_after_prior();
     const mn_large_kargs &a = *ap;
     (void)o;
 #if MN_PRECOND
@@ -676,6 +697,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_ns_kerne
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_update_kernel(const mn_large_kargs *__restrict__ ap,
     const mn_large_op o)
 {
+    mn_lg_after_prior();
     const mn_large_kargs &a = *ap;
     const long long m = blockIdx.y, sl = mn_lg_step(a);
     long long e0, e1;
@@ -738,6 +760,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_update_k
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_out_kernel(const mn_large_kargs *__restrict__ ap,
     const mn_large_op o)
 {
+    mn_lg_after_prior();
     const mn_large_kargs &a = *ap;
     const long long m = blockIdx.y, sl = mn_lg_step(a), t = sl * MN_STEP + o.r0;
     const long long real = mn_lg_real_rows(a, m, sl, o.step_rows) - o.r0; /* y 0 from row real on */
@@ -778,6 +801,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_out_kern
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_row_kernel(const mn_large_kargs *__restrict__ ap,
     const mn_large_op o)
 {
+    mn_lg_after_prior();
     const mn_large_kargs &a = *ap;
     const int layer = o.layer, lane = threadIdx.x & 31;
     const bool last = layer == MN_LAYERS - 1;
