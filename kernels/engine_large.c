@@ -342,11 +342,12 @@ static mn_status finish(run *R, mn_status s)
 
 static const dim3 block1 = {MN_LARGE_THREADS, 1, 1};
 
-/* Each kernel a programmatic dependent of the kernel ahead of it on sm_90
- * and later (large_kernels.cuh, mn_lg_after_prior): it launches when every
- * block of that kernel has exited, not after its completion. L1 on an H200:
- * 1-3% a run (tests/bench/RESULTS.md, 2026-11-29). MNEMO_LARGE_PDL=0 (an
- * experiment's knob) launches them one after another. */
+/* In a captured step, each kernel a programmatic dependent of the kernel
+ * ahead of it on sm_90 and later (large_kernels.cuh, mn_lg_after_prior): it
+ * launches when every block of that kernel has exited, not after its
+ * completion. L1 on an H200: 0.5-3% a run (tests/bench/RESULTS.md,
+ * 2026-11-29). Not in the steps launched directly: P2, one step, was 10%
+ * slower so. MNEMO_LARGE_PDL=0 (an experiment's knob) turns it off. */
 static bool pdl_on(void)
 {
     static int on = -1;
@@ -360,7 +361,7 @@ static bool pdl_on(void)
 static mn_status launch(const run *R, int k, dim3 grid, dim3 block, const mn_large_op *o)
 {
     void *args[2] = {(void *)&R->dargs, (void *)o}; /* copied by the launch */
-    if (!pdl_on()) return MN_CUDA_ST(cudaLaunchKernel((const void *)R->mod->k[k], grid, block, args, 0, dev.stream));
+    if (!R->capturing || !pdl_on()) return MN_CUDA_ST(cudaLaunchKernel((const void *)R->mod->k[k], grid, block, args, 0, dev.stream));
     cudaLaunchAttribute attr;
     memset(&attr, 0, sizeof attr);
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -615,7 +616,10 @@ static mn_status enqueue_full_step(void *ctx)
  * capture or the instantiation fails: the caller then launches directly. */
 static bool capture_step(run *R, cudaGraphExec_t *graph)
 {
-    return mn_cuda_capture_graph(dev.stream, enqueue_full_step, R, graph);
+    R->capturing = true;
+    const bool ok = mn_cuda_capture_graph(dev.stream, enqueue_full_step, R, graph);
+    R->capturing = false;
+    return ok;
 }
 
 /* Our stream after the legacy stream's work (inputs, outputs and state were

@@ -30,6 +30,7 @@ typedef struct run {
     long long M, dk, dv, dh, wide, CR;
     mn_precision prec;
     bool training;
+    bool capturing; /* a step is being captured: launches are programmatic dependents (engine_large.c) */
     /* chunk buffers, [M, CR, width]: X, H, Db and DUb are GEMM operands (bf16
      * in bf16); U (glu) holds the gate u, then dL/du, an operand in fp32/tf32 */
     void *X, *H[MN_MAX_LAYERS], *Db, *DUb;
