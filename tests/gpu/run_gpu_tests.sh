@@ -21,7 +21,8 @@
 #   - the compile tiers (tests/lua/test_compile_tiers.lua with an empty
 #     kernel cache; tests/gpu/same_bits.sh: the fast and the full tier's
 #     outputs and gradients equal to the bit on every path; and the fused
-#     forward with and without its L2 hints, likewise),
+#     forward with and without its L2 hints, and the large path with and
+#     without its dependent launches, likewise),
 #   - the PyTorch bridge (tests/python/test_bridge.py, tests/gpu/test_bridge_gpu.py),
 #   - compute-sanitizer (memcheck; racecheck, initcheck, synccheck on fewer)
 #     on a few `mnemo run` calls, seven of them with the backward (fused and
@@ -198,6 +199,8 @@ want tiers && {
     # the fused forward's L2 hints change no value
     [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (L2 hints)" env PYTHON="$PYTHON" MNEMO_COMPILE=full \
         sh tests/gpu/same_bits.sh MNEMO_FUSED_STREAM 0 1 auto
+    [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (large path's dependent launches)" env PYTHON="$PYTHON" \
+        MNEMO_COMPILE=full sh tests/gpu/same_bits.sh MNEMO_LARGE_PDL 0 1 large
 }
 
 want paths && for path in general fused large; do

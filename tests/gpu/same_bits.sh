@@ -12,6 +12,9 @@
 #     calls. Also: a bad MNEMO_COMPILE is a one-line error naming it.
 #   MNEMO_FUSED_STREAM 0 1 auto: the fused forward with and without its
 #     evict-first L2 hints (kernels/fused_kernel.cuh): hints only.
+#   MNEMO_LARGE_PDL 0 1 large: the large path's captured steps with and
+#     without programmatic dependent launches (kernels/engine_large.c): the
+#     same kernels, only launched earlier, each waiting for the one ahead.
 # One PASS/FAIL line each. Needs MNEMO and a python with h5py (PYTHON).
 #   . tests/gpu/env.sh && sh tests/gpu/same_bits.sh [VAR A B [PATHS]]
 MNEMO=${MNEMO:-./mnemo}
