@@ -361,7 +361,8 @@ static bool pdl_on(void)
 static mn_status launch(const run *R, int k, dim3 grid, dim3 block, const mn_large_op *o)
 {
     void *args[2] = {(void *)&R->dargs, (void *)o}; /* copied by the launch */
-    if (!R->capturing || !pdl_on()) return MN_CUDA_ST(cudaLaunchKernel((const void *)R->mod->k[k], grid, block, args, 0, dev.stream));
+    if (!R->capturing || !pdl_on())
+        return MN_CUDA_ST(cudaLaunchKernel((const void *)R->mod->k[k], grid, block, args, 0, dev.stream));
     cudaLaunchAttribute attr;
     memset(&attr, 0, sizeof attr);
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
