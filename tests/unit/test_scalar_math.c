@@ -25,6 +25,7 @@
 #ifdef MN_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "../../kernels/cuda.h"
 #include "../../kernels/nvrtc.h"
 #endif
 
@@ -195,15 +196,12 @@ static void float_sweeps(void)
 #ifndef MN_HAVE_CUDA
     SKIP("gpu float sweep", "this build has no CUDA (nvcc was not found)");
 #else
-    /* the GPU's own architecture; without one, sm_90's compile alone */
-    int dev = -1, major = 9, minor = 0;
-    const bool gpu = cudaGetDevice(&dev) == cudaSuccess &&
-                     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
-    if (!gpu) (void)cudaGetLastError(), major = 9, minor = 0;
+    /* the GPU's own architecture (the engine's, as its kernels get); without
+     * one, sm_90's compile alone */
+    const bool gpu = mn_cuda_register();
     char why[600] = "";
     size_t size = 0;
-    void *cubin = compile_sweep(10 * major + minor, &size, why, sizeof why);
+    void *cubin = compile_sweep(gpu ? mn_cuda_arch() : 90, &size, why, sizeof why);
     if (!cubin) printf("FAIL gpu float prelude compiles: %s\n", why), check_failures_++;
     else printf("PASS gpu float prelude compiles\n");
     if (!cubin || !gpu) {
