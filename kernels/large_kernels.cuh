@@ -176,20 +176,21 @@ __device__ __forceinline__ void mn_lg_st_op4(mn_lg_op *p, const float v[4])
 #endif
 }
 
-/* sum of p[i], p[i + stride], ... below end in double, in that order, with
- * eight loads in flight: the last block of a kernel walks partials and loss
+/* s + p[i] + p[i + stride] + ... below end in double, in that order, with
+ * NB loads in flight: the last block of a kernel walks partials and loss
  * rows alone, and one load at a time would put a global load's latency per
- * element on the step's critical path. CG: past L1 (other blocks' partials). */
-template <bool CG, typename T>
-__device__ __forceinline__ double mn_lg_strided_sum(const T *p, long long i, long long end, long long stride)
+ * element on the step's critical path. CG: past L1 (other blocks'
+ * partials). NB changes how many loads wait together, never the sum. */
+template <bool CG, int NB = 8, typename T>
+__device__ __forceinline__ double mn_lg_strided_sum(const T *p, long long i, long long end, long long stride,
+                                                    double s = 0.0)
 {
-    double s = 0.0;
-    for (; i + 7 * stride < end; i += 8 * stride) {
-        T v[8];
+    for (; i + (NB - 1) * stride < end; i += NB * stride) {
+        T v[NB];
 #pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = CG ? __ldcg(p + i + k * stride) : p[i + k * stride];
+        for (int k = 0; k < NB; k++) v[k] = CG ? __ldcg(p + i + k * stride) : p[i + k * stride];
 #pragma unroll
-        for (int k = 0; k < 8; k++) s += (double)v[k];
+        for (int k = 0; k < NB; k++) s += (double)v[k];
     }
     for (; i < end; i += stride) s += (double)(CG ? __ldcg(p + i) : p[i]);
     return s;
@@ -240,12 +241,20 @@ __device__ __forceinline__ double mn_lg_thread_sumsq(const float *x, long long e
 __device__ __forceinline__ long long mn_lg_step(const mn_large_kargs &a) { return a.counter ? *a.counter : 0; }
 
 /* Programmatic dependent launch (sm_90; kernels/engine_large.c's launch):
- * the host lets each of these kernels launch as soon as every block of the
- * kernel ahead of it in the stream has exited, before that kernel's
- * completion, so that the launch overlaps that kernel's tail instead of
- * following it. Every kernel calls this first: griddepcontrol.wait returns
- * once the kernel ahead has completed and its writes are visible (at once
- * where there is no such dependency), and nothing is read before it. */
+ * in a captured step the host lets each of these kernels launch before the
+ * kernel ahead of it in the stream has completed, so that the launch
+ * overlaps that kernel's tail instead of following it. griddepcontrol.wait
+ * returns once the kernel ahead has completed and its writes are visible
+ * (at once where there is no such dependency). Every block calls this
+ * before it returns, and before it reads anything a kernel of the run
+ * writes. What it may read before: the arguments (*ap), the step counter
+ * (advanced only by a step's last kernel, and a captured graph holds one
+ * step) and the run's inputs (k, v, q, theta, eta, alpha, lengths), which
+ * no kernel writes: those loads then overlap the wait. Waiting in every
+ * block also keeps the chain: this kernel completes only after the one
+ * ahead has, so the kernel behind may rely on both. (Signalling the kernel
+ * behind early, griddepcontrol.launch_dependents at the start, made L1 no
+ * faster in tf32 and 3-5% slower in bf16 on an H200: not in.) */
 __device__ __forceinline__ void mn_lg_after_prior(void)
 {
 #if __CUDA_ARCH__ >= 900
@@ -300,15 +309,18 @@ __device__ __forceinline__ long long mn_lg_real_rows(const mn_large_kargs &a, lo
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_params_kernel(const mn_large_kargs *__restrict__ ap,
     const mn_large_op o)
 {
-    mn_lg_after_prior();
     const mn_large_kargs &a = *ap;
     const long long m = blockIdx.y;
     long long e0, e1;
     const int p = mn_lg_slice<MN_LG_NP>(a.slice_start, a.numel, blockIdx.x, &e0, &e1);
     const long long base = m * a.numel[p];
-    if (o.flags & MN_LARGE_REFRESH) {
+    const bool refresh = (o.flags & MN_LARGE_REFRESH) != 0;
+    const long long sl = refresh ? mn_lg_step(a) : 0;
+    mn_lg_after_prior();
+    if (refresh) {
+        (void)sl; /* used where refresh blocks span steps */
 #if MN_REFRESH > 0 && MN_REFRESH != MN_STEP
-        if ((a.steps_done + mn_lg_step(a)) % (MN_REFRESH / MN_STEP) != 0) return;
+        if ((a.steps_done + sl) % (MN_REFRESH / MN_STEP) != 0) return;
         const float *W = a.W[p] + base;
         float *A = a.A[p] + base;
         mn_lg_op *Ab = a.Ab[p] ? (mn_lg_op *)a.Ab[p] + base : 0;
@@ -368,12 +380,12 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_args_ker
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_stage_kernel(const mn_large_kargs *__restrict__ ap,
     const mn_large_op o)
 {
-    mn_lg_after_prior();
     const mn_large_kargs &a = *ap;
     const long long m = blockIdx.y, sl = mn_lg_step(a), t = sl * MN_STEP + o.r0;
     const long long real = mn_lg_real_rows(a, m, sl, o.step_rows) - o.r0; /* real rows of this launch's */
     const float *src = mn_lg_rows_of(a, o) + (m * a.n + t) * MN_DK;
     mn_lg_op *dst = (mn_lg_op *)o.out_op + m * o.ld * MN_DK;
+    mn_lg_after_prior();
     if (MN_DK % 4 == 0 && mn_lg_al16(src) && mn_lg_op_al(dst)) {
         MN_LG_GRID_STRIDE(q, o.rows * MN_DK / 4)
         {
@@ -455,15 +467,26 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_act_kern
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_loss_kernel(const mn_large_kargs *__restrict__ ap,
     const mn_large_op o)
 {
-    mn_lg_after_prior();
     const mn_large_kargs &a = *ap;
     const long long m = blockIdx.y, r = (long long)blockIdx.x * MN_LG_WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
-    if (r >= o.rows) return; /* the whole warp */
-    const long long sl = mn_lg_step(a), t = sl * MN_STEP + o.r0 + r;
+    const bool in_rows = r < o.rows; /* the whole warp */
+    const long long sl = mn_lg_step(a), t = sl * MN_STEP + o.r0 + (in_rows ? r : 0);
     const long long grows = mn_lg_real_rows(a, m, sl, o.step_rows);
-    const float *yr = o.in + (m * o.ld + r) * MN_DV;
     const float *vr = a.v + (m * a.n + t) * MN_DV;
+    /* v of the lane's first eight columns and theta: inputs, so loaded
+     * before the wait (mn_lg_after_prior), in flight while it waits */
+    float v0[8];
+    float theta_t = 0.0f;
+    if (in_rows && o.r0 + r < grows) {
+        theta_t = a.theta[m * a.n + t];
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (lane + 32 * i < MN_DV) v0[i] = vr[lane + 32 * i];
+    }
+    mn_lg_after_prior();
+    if (!in_rows) return;
+    const float *yr = o.in + (m * o.ld + r) * MN_DV;
     const float *xr = a.k + (m * a.n + t) * MN_DK;
     const float *b = o.bias ? o.bias + m * MN_DV : 0;
     float *dy = o.out + (m * o.ld + r) * MN_DV;
@@ -480,7 +503,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_loss_ker
     }
     const double R = MN_FEATURE_SCALE;
     const double tscale = MN_TOKEN_MEAN ? 1.0 / (double)grows : 1.0;
-    const float wt = (float)((double)a.theta[m * a.n + t] * tscale);
+    const float wt = (float)((double)theta_t * tscale);
     double acc = 0.0;
     /* a lane's columns j, j + 32, ... eight at a time: their loads all
      * issue before the first store (which the compiler may not move them
@@ -494,7 +517,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_loss_ker
                 yy[i] = yr[j];
                 if (b) yy[i] += b[j];
                 if (MN_RESIDUAL) yy[i] += xr[j];
-                vv[i] = vr[j];
+                vv[i] = j0 == lane ? v0[i] : vr[j];
             }
         }
 #pragma unroll
@@ -615,12 +638,12 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_cols_ker
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_kernel(const mn_large_kargs *__restrict__ ap,
     const mn_large_op o)
 {
-    mn_lg_after_prior();
     const mn_large_kargs &a = *ap;
     const long long m = blockIdx.y, sl = mn_lg_step(a);
     long long e0, e1;
     const int p = mn_lg_slice<MN_LG_NP>(a.slice_start, a.numel, blockIdx.x, &e0, &e1);
     const float *g = a.G[p] + m * a.numel[p];
+    mn_lg_after_prior();
     const double acc = mn_lg_block_sum(mn_lg_thread_sumsq(g, e0, e1));
     if (threadIdx.x == 0) a.part[m * a.nslices + blockIdx.x] = acc;
     if (!mn_lg_last_arrival(&a.tickets[0], gridDim.x * gridDim.y)) return;
@@ -628,10 +651,22 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_ker
     const int lane = threadIdx.x & 31;
     for (long long mm = threadIdx.x >> 5; mm < a.memories; mm += MN_LG_WARPS) {
         const double *pp = a.part + mm * a.nslices;
-        double sq[MN_LG_NP];
+        /* the lane's first partial of every parameter loaded together (a
+         * parameter of up to 32 slices has no more): one round of loads
+         * where a loop per parameter took one each; the sums as before
+         * (with the loss rows below, L1: 12.0 -> 11.0 us a launch) */
+        double sq[MN_LG_NP], first[MN_LG_NP];
 #pragma unroll
         for (int q = 0; q < MN_LG_NP; q++) {
-            sq[q] = mn_lg_warp_sum(mn_lg_strided_sum<true>(pp, a.slice_start[q] + lane, a.slice_start[q + 1], 32));
+            const long long i = a.slice_start[q] + lane;
+            first[q] = i < a.slice_start[q + 1] ? __ldcg(pp + i) : 0.0;
+        }
+#pragma unroll
+        for (int q = 0; q < MN_LG_NP; q++) {
+            const long long i = a.slice_start[q] + lane;
+            const double s = i < a.slice_start[q + 1]
+                ? mn_lg_strided_sum<true>(pp, i + 32, a.slice_start[q + 1], 32, 0.0 + first[q]) : 0.0;
+            sq[q] = mn_lg_warp_sum(s);
         }
         mn_step_control ctl = mn_step_control_of<MN_LG_NP>(sq);
         if (ctl.finite) {
@@ -643,7 +678,8 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_norm_ker
         }
         const float *lrow = a.loss + mm * a.n + sl * MN_STEP;
         const long long grows = mn_lg_real_rows(a, mm, sl, o.step_rows);
-        const double lsum = mn_lg_warp_sum(mn_lg_strided_sum<false>(lrow, lane, grows, 32));
+        /* 32 loads in flight: a step of 1024 rows is one round a lane */
+        const double lsum = mn_lg_warp_sum(mn_lg_strided_sum<false, 32>(lrow, lane, grows, 32));
         if (lane == 0) {
             const long long i = mm * a.nsteps + sl;
             if (grows == 0) {
@@ -697,7 +733,6 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_ns_kerne
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_update_kernel(const mn_large_kargs *__restrict__ ap,
     const mn_large_op o)
 {
-    mn_lg_after_prior();
     const mn_large_kargs &a = *ap;
     const long long m = blockIdx.y, sl = mn_lg_step(a);
     long long e0, e1;
@@ -706,9 +741,10 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_update_k
     float *W = a.W[p] + base, *Sm = a.S[p] + base;
     const float *G = a.G[p] + base;
     mn_lg_op *Wb = a.Wb[p] ? (mn_lg_op *)a.Wb[p] + base : 0;
+    const float e_s = a.eta[m * a.nsteps + sl], keep = 1.0f - a.alpha[m * a.nsteps + sl]; /* inputs */
+    mn_lg_after_prior();
     double wsq = 0.0;
     if (a.finite[m]) {
-        const float e_s = a.eta[m * a.nsteps + sl], keep = 1.0f - a.alpha[m * a.nsteps + sl];
         const float fs = MN_CLIP_MODE == 1 ? a.scale[m * MN_LG_NP + p] : 1.0f;
         /* four of the thread's elements at a time, loads first, the sum in order */
         for (long long e0t = e0 + threadIdx.x; e0t < e1; e0t += 4 * MN_LARGE_THREADS) {
@@ -760,7 +796,6 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_update_k
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_out_kernel(const mn_large_kargs *__restrict__ ap,
     const mn_large_op o)
 {
-    mn_lg_after_prior();
     const mn_large_kargs &a = *ap;
     const long long m = blockIdx.y, sl = mn_lg_step(a), t = sl * MN_STEP + o.r0;
     const long long real = mn_lg_real_rows(a, m, sl, o.step_rows) - o.r0; /* y 0 from row real on */
@@ -768,6 +803,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_out_kern
     const float *b = o.bias ? o.bias + m * MN_DV : 0;
     const float *x = mn_lg_rows_of(a, o) + (m * a.n + t) * MN_DK;
     float *y = a.y + (m * a.n + t) * MN_DV;
+    mn_lg_after_prior();
     if (MN_DV % 4 == 0 && mn_lg_al16(in) && mn_lg_al16(y) && (!b || mn_lg_al16(b)) && (!MN_RESIDUAL || mn_lg_al16(x))) {
         MN_LG_GRID_STRIDE(q, o.rows * MN_DV / 4)
         {
@@ -791,6 +827,29 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_out_kern
     }
 }
 
+/* A lane's part of the dot product of x and w (length n): elements lane,
+ * lane + 32, ... in that order, operands rounded as the precision rounds
+ * them. Eight of each loaded before the products: a loop of one load a
+ * round waits for each in turn, and the row kernels' whole time is a few
+ * such rounds (L1 tf32, Nsight Compute: 6.5 -> 5.4 us a launch). */
+__device__ __forceinline__ float mn_lg_lane_dot(const float *x, const float *w, int n, int lane)
+{
+    float acc = 0.0f;
+    int i = lane;
+    for (; i + 7 * 32 < n; i += 8 * 32) {
+        float xv[8], wv[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            xv[k] = x[i + 32 * k];
+            wv[k] = w[i + 32 * k];
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) acc += mn_lg_round(xv[k]) * mn_lg_round(wv[k]);
+    }
+    for (; i < n; i += 32) acc += mn_lg_round(x[i]) * mn_lg_round(w[i]);
+    return acc;
+}
+
 /* One layer of the forward of one row per memory at W (after the update):
  * the last row of a step, retrieve = after, sees W^(s+1). One warp per
  * output unit (with glu, a hidden unit's gate U_j in + c_j too), operands
@@ -801,7 +860,6 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_out_kern
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_row_kernel(const mn_large_kargs *__restrict__ ap,
     const mn_large_op o)
 {
-    mn_lg_after_prior();
     const mn_large_kargs &a = *ap;
     const int layer = o.layer, lane = threadIdx.x & 31;
     const bool last = layer == MN_LAYERS - 1;
@@ -810,16 +868,14 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_row_kern
     const long long sl = mn_lg_step(a), t = sl * MN_STEP + o.step_rows - 1;
     const float *x = mn_lg_rows_of(a, o) + (m * a.n + t) * MN_DK;
     const float *in = layer == 0 ? x : a.rowbuf + ((layer - 1) & 1) * a.memories * MN_LG_DH + m * MN_LG_DH;
+    mn_lg_after_prior();
     const bool gated = MN_GLU && !last;
     if (j < no) {
         const float *w = a.W[layer * MN_LG_PER] + (m * no + j) * ni;
-        float acc = 0.0f, gacc = 0.0f;
-        for (int i = lane; i < ni; i += 32) acc += mn_lg_round(in[i]) * mn_lg_round(w[i]);
-        acc = mn_lg_warp_sumf(acc);
+        float acc = mn_lg_warp_sumf(mn_lg_lane_dot(in, w, ni, lane)), gacc = 0.0f;
         if (gated) {
             const float *ug = a.W[MN_LG_GATE(layer)] + (m * no + j) * ni;
-            for (int i = lane; i < ni; i += 32) gacc += mn_lg_round(in[i]) * mn_lg_round(ug[i]);
-            gacc = mn_lg_warp_sumf(gacc);
+            gacc = mn_lg_warp_sumf(mn_lg_lane_dot(in, ug, ni, lane));
         }
         if (lane == 0) {
             if (MN_BIAS) acc += a.W[layer * MN_LG_PER + 1][m * no + j];
