@@ -6,7 +6,9 @@
  * odd and large sizes and the three precisions, each rule of 2 or 3 layers
  * also with glu's gated hidden layers; every kernel the engine
  * looks up is in the source and is an entry point of the compiled code; a
- * rule that does not validate has no source. Correctness on a GPU is the
+ * rule that does not validate has no source; every kernel but the
+ * arguments' copy waits for the kernel ahead before it returns (the
+ * programmatic dependent launches). Correctness on a GPU is the
  * conformance suite's (tests/reference/test_conformance.py with
  * MNEMO_CUDA_PATH=large). */
 #include "check.h"
@@ -132,6 +134,63 @@ static void test_compile_cases(bool glu)
     }
 }
 
+/* The body of the kernel name in text (from its opening brace to the
+ * matching closing one) as [*begin, *end), or false. */
+static bool kernel_body(const char *text, const char *name, const char **begin, const char **end)
+{
+    char want[96];
+    snprintf(want, sizeof want, "%s(", name);
+    const char *p = text ? strstr(text, want) : NULL;
+    p = p ? strchr(p, '{') : NULL;
+    if (!p) return false;
+    int depth = 0;
+    for (const char *q = p; *q; q++) {
+        if (*q == '{') depth++;
+        if (*q == '}' && --depth == 0) {
+            *begin = p;
+            *end = q + 1;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Whether the kernel name waits for the kernel ahead (mn_lg_after_prior)
+ * before its first return: under programmatic dependent launch a block
+ * that returned without waiting could let the kernel behind complete
+ * before the one ahead has (large_kernels.cuh). */
+static bool waits_before_return(const char *text, const char *name)
+{
+    const char *b, *e;
+    if (!kernel_body(text, name, &b, &e)) return false;
+    const char *wait = strstr(b, "mn_lg_after_prior();"), *ret = strstr(b, "return");
+    return wait && wait < e && (!ret || ret >= e || wait < ret);
+}
+
+/* Every kernel of the path but the arguments' copy (the first launch of a
+ * segment, plain) waits before it returns; and the check can fail. */
+static void test_kernels_wait_first(void)
+{
+    mn_rule r;
+    mn_status s = make_rule(&cases[2], &r);
+    mn_dims d = {1, 1, 4096, 512, 512, 512, 0};
+    char *src = s == MN_OK ? mn_cuda_large_source(&r, &d, MN_PREC_FP32) : NULL;
+    CHECK("large/wait_first/source", src != NULL);
+    for (const char *const *k = mn_large_kernel_names; src && *k; k++) {
+        if (strcmp(*k, "mn_large_args_kernel") == 0) continue;
+        char name[128];
+        snprintf(name, sizeof name, "large/wait_first/%s", *k);
+        CHECK(name, waits_before_return(src, *k));
+    }
+    const char *early = "__global__ void k_kernel(int x) { if (x) { return; } mn_lg_after_prior(); }";
+    const char *late = "__global__ void k_kernel(int x) { mn_lg_after_prior(); if (x) { return; } }";
+    CHECK("large/wait_first/catches_return_before_wait", !waits_before_return(early, "k_kernel"));
+    CHECK("large/wait_first/passes_wait_then_return", waits_before_return(late, "k_kernel"));
+    CHECK("large/wait_first/catches_no_wait", !waits_before_return("void k_kernel() { }", "k_kernel"));
+    free(src);
+    mn_rule_free(&r);
+}
+
 static void test_source_follows_inputs(void)
 {
     mn_rule r;
@@ -165,6 +224,7 @@ static void test_source_follows_inputs(void)
 int main(void)
 {
     test_source_follows_inputs();
+    test_kernels_wait_first();
     test_compile_cases(false);
     test_compile_cases(true);
     return CHECK_DONE();
