@@ -80,7 +80,7 @@ const char *const mn_large_kernel_names[] = {
     "mn_large_update_kernel", "mn_large_out_kernel",    "mn_large_row_kernel", "mn_large_ns_kernel",
     "mn_large_args_kernel",   NULL};
 
-const char *const mn_large_templates[] = {"update_math", "large_common", "large_kernels", NULL};
+const char *const mn_large_templates[] = {"update_math", "large_common", "large_device", "large_kernels", NULL};
 
 char *mn_cuda_large_source(const mn_rule *r, const mn_dims *d, mn_precision p)
 {

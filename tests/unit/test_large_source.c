@@ -158,7 +158,7 @@ static bool kernel_body(const char *text, const char *name, const char **begin, 
 /* Whether the kernel name waits for the kernel ahead (mn_lg_after_prior)
  * before its first return: under programmatic dependent launch a block
  * that returned without waiting could let the kernel behind complete
- * before the one ahead has (large_kernels.cuh). */
+ * before the one ahead has (large_device.cuh, mn_lg_after_prior). */
 static bool waits_before_return(const char *text, const char *name)
 {
     const char *b, *e;
