@@ -1,7 +1,8 @@
 /* large_device.cuh: how the large path's forward kernels
  * (large_kernels.cuh) move and sum numbers, apart from what they compute:
  * GEMM operands in the precision's type and its rounding, four neighbours
- * a load, sums in a fixed order with their loads in flight, the last block
+ * a load, sums in a fixed order with their loads in flight, a slice copied
+ * with its loads in flight, the last block
  * of a grid to arrive, the wait for the kernel ahead (programmatic
  * dependent launch) and a lane's part of a dot product. None of it knows
  * the segment's arguments. NVRTC only: kernels/engine_large.c's template
@@ -136,6 +137,31 @@ __device__ __forceinline__ double mn_lg_thread_sumsq(const float *x, long long e
     }
     for (; e < e1; e += MN_LARGE_THREADS) acc += (double)x[e] * x[e];
     return acc;
+}
+
+/* dst[e] = src[e] and op[e] = the operand of src[e] (either may be NULL)
+ * over a slice [e0, e1): this thread's elements, e0 + threadIdx.x then
+ * every MN_LARGE_THREADS further, all of a slice's loaded before any is
+ * stored. Stores between loads would hold each load back (dst may alias
+ * src as far as the compiler knows), and the copy then waited out a global
+ * load's latency per element: 16 rounds a slice, about 10 us a launch of
+ * P2's parameters, one block an SM (Nsight Compute, H200). */
+__device__ __forceinline__ void mn_lg_copy_slice(float *dst, mn_lg_op *op, const float *src, long long e0, long long e1)
+{
+    constexpr int N = MN_LARGE_SLICE / MN_LARGE_THREADS;
+    for (long long e = e0 + threadIdx.x; e < e1; e += N * MN_LARGE_THREADS) {
+        float v[N];
+#pragma unroll
+        for (int k = 0; k < N; k++)
+            if (e + k * MN_LARGE_THREADS < e1) v[k] = src[e + k * MN_LARGE_THREADS];
+#pragma unroll
+        for (int k = 0; k < N; k++) {
+            const long long i = e + k * MN_LARGE_THREADS;
+            if (i >= e1) break;
+            if (dst) dst[i] = v[k];
+            if (op) op[i] = mn_lg_to_op(v[k]);
+        }
+    }
 }
 
 /* ---- the last block, the wait for the kernel ahead, a lane's dot product ---- */

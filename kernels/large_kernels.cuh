@@ -154,14 +154,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_params_k
         (void)sl; /* used where refresh blocks span steps */
 #if MN_REFRESH > 0 && MN_REFRESH != MN_STEP
         if ((a.steps_done + sl) % (MN_REFRESH / MN_STEP) != 0) return;
-        const float *W = a.W[p] + base;
-        float *A = a.A[p] + base;
-        mn_lg_op *Ab = a.Ab[p] ? (mn_lg_op *)a.Ab[p] + base : 0;
-        for (long long e = e0 + threadIdx.x; e < e1; e += MN_LARGE_THREADS) {
-            const float w = W[e];
-            A[e] = w;
-            if (Ab) Ab[e] = mn_lg_to_op(w);
-        }
+        mn_lg_copy_slice(a.A[p] + base, a.Ab[p] ? (mn_lg_op *)a.Ab[p] + base : 0, a.W[p] + base, e0, e1);
 #endif
         return;
     }
@@ -172,16 +165,8 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_params_k
             if (!user) continue; /* the anchor, where the gradient point is W */
             user += base;
             void *opv = j ? a.Ab[p] : a.Wb[p];
-            mn_lg_op *op = load && opv ? (mn_lg_op *)opv + base : 0;
-            for (long long e = e0 + threadIdx.x; e < e1; e += MN_LARGE_THREADS) {
-                if (!load) {
-                    user[e] = own[e];
-                    continue;
-                }
-                const float w = user[e];
-                own[e] = w;
-                if (op) op[e] = mn_lg_to_op(w);
-            }
+            if (load) mn_lg_copy_slice(own, opv ? (mn_lg_op *)opv + base : 0, user, e0, e1);
+            else mn_lg_copy_slice(user, 0, own, e0, e1);
         }
         return;
     }
@@ -189,8 +174,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_params_k
     const float *src = (from_a ? a.A[p] : a.W[p]) + base;
     void *dst = from_a ? a.Ab[p] : a.Wb[p];
     if (!dst) return; /* a bias: added in fp32, never a GEMM operand */
-    mn_lg_op *d = (mn_lg_op *)dst + base;
-    for (long long e = e0 + threadIdx.x; e < e1; e += MN_LARGE_THREADS) d[e] = mn_lg_to_op(src[e]);
+    mn_lg_copy_slice(0, (mn_lg_op *)dst + base, src, e0, e1);
 }
 
 /* The segment's arguments into device memory (*dst), where every other
