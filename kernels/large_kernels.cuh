@@ -357,13 +357,15 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_loss_ker
 /* dL/dz of one layer, [M, ld, cols] in out (fp32, in place); block 32 x 8
  * over 32 columns and MN_LARGE_COL_ROWS rows, grid (ceil(cols/32),
  * ceil(rows/COL_ROWS), M). flags: MN_LARGE_ACT: out *= phi'(in) (in = z of
- * the layer: out was dL/dh); out_op (if not NULL) = out as GEMM operand;
+ * the layer: out was dL/dh); out_op (if not NULL) = out as GEMM operand,
+ * stored there only (bf16: the products read the operand, nothing reads
+ * out again, and its store was a third of the launch's bytes);
  * MN_LARGE_BIAS: gb (+)= column sums of out over the rows, in double per
  * block, the blocks of a column tile combined in order by the last of them.
  * glu (gate not NULL, with MN_LARGE_ACT): h = phi(z) u, so first
  * du = dh phi(z) replaces u in gate (gate_op: its operand copy) and dh *= u,
- * as rule_kernel.cuh's mn_backward; MN_LARGE_BIAS also sums du into gc (its
- * partials after dz's in part). */
+ * as rule_kernel.cuh's mn_backward (with gate_op there only, as out_op);
+ * MN_LARGE_BIAS also sums du into gc (its partials after dz's in part). */
 #define MN_LG_COL_BATCH (MN_LARGE_COL_ROWS / 8) /* a thread's rows of a column block */
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_cols_kernel(const mn_large_kargs *__restrict__ ap,
     const mn_large_op o)
@@ -404,14 +406,14 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_cols_ker
                 float v = dv[k];
                 if (u) {
                     const float du = v * mn_hook_act(zv[k]);
-                    u[i] = du;
                     if (uop) uop[i] = mn_lg_to_op(du);
+                    else u[i] = du;
                     gacc += du;
                     v *= uv[k];
                 }
                 if (o.flags & MN_LARGE_ACT) {
                     v *= mn_hook_act_grad(zv[k]);
-                    d[i] = v;
+                    if (!dop) d[i] = v;
                 }
                 if (dop) dop[i] = mn_lg_to_op(v);
                 acc += v;
