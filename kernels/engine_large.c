@@ -12,7 +12,7 @@
  *   params (REFRESH)     refresh neither 0 nor c: A = W at a refresh block's first step
  *   for each chunk of at most CR rows:
  *     stage              rows of k -> X, the first product's operand
- *     hidden layer i     GEMM Z = X_i P_i^T;  act: z = Z + b kept, H_i = phi(z)
+ *     hidden layer i     GEMM Z = X_i P_i^T;  act: z = Z + b, H_i = phi(z), phi'(z) kept (glu: z)
  *                        glu: also GEMM U = X_i Q_i^T (Q_i the gate's U_i at P);
  *                        act: u = U + c kept, H_i = phi(z) u
  *     last layer         GEMM Y = H P_L^T
@@ -432,7 +432,7 @@ static mn_status stage(const run *R, bool from_q, long long r0, long long cr, lo
 /* The model on the cr rows in X at the weights params (fp32: biases) and
  * ops (operands): z and h of the hidden layers kept, the last product in Y
  * (its bias and the residual are added by the consumer: loss or out). */
-static mn_status forward(const run *R, float *const *params, const void *const *ops, long long cr)
+static mn_status forward(const run *R, float *const *params, const void *const *ops, long long cr, bool train)
 {
     const void *in = R->X;
     for (int i = 0; i < R->L; i++) {
@@ -453,6 +453,7 @@ static mn_status forward(const run *R, float *const *params, const void *const *
             o.gate_bias = R->per == 2 ? params[q + 1] : NULL;
         }
         o.out = out;
+        o.flags = train && !R->glu ? MN_LARGE_KEEP_GRAD : 0; /* phi'(z) kept for the backward's cols */
         o.out_op = R->H[i];
         o.bias = R->per == 2 ? params[i * 2 + 1] : NULL;
         o.rows = cr;
@@ -518,7 +519,7 @@ static mn_status backward(const run *R, long long cr, bool accum)
         if (gated)
             MN_TRY(gemm(R, CUBLAS_OP_N, CUBLAS_OP_N, ni, cr, no, R->Pop[q], ni, no * ni, du, no, R->CR * no, 1.0f,
                         R->D[cur ^ 1], ni, R->CR * ni));
-        int flags = MN_LARGE_ACT | (R->per == 2 ? MN_LARGE_BIAS | acc : 0);
+        int flags = MN_LARGE_ACT | (R->per == 2 ? MN_LARGE_BIAS | acc : 0) | (R->glu ? 0 : MN_LARGE_KEEP_GRAD);
         /* layer i - 1 is hidden: with glu, gated */
         const int qp = R->glu ? mn_param_index(R->L, R->per == 2, i - 1, 1) : -1;
         MN_TRY(cols(R, R->D[cur ^ 1], R->Z[i - 1], bf16 ? R->Db : NULL, R->per == 2 ? R->a.G[(i - 1) * 2 + 1] : NULL,
@@ -558,7 +559,7 @@ static mn_status enqueue_step(const run *R, long long rows)
     for (long long r0 = 0; r0 < rows; r0 += R->CR) {
         const long long cr = rows - r0 < R->CR ? rows - r0 : R->CR;
         MN_TRY(stage(R, false, r0, cr, rows));
-        MN_TRY(forward(R, R->P, R->Pop, cr));
+        MN_TRY(forward(R, R->P, R->Pop, cr, true));
         memset(&o, 0, sizeof o);
         o.in = R->Y;
         o.bias = R->per == 2 ? R->P[R->nl - 1] : NULL; /* b_L */
@@ -582,7 +583,7 @@ static mn_status enqueue_step(const run *R, long long rows)
         for (long long r0 = 0; r0 < before; r0 += R->CR) {
             const long long cr = before - r0 < R->CR ? before - r0 : R->CR;
             MN_TRY(stage(R, from_q, r0, cr, rows));
-            MN_TRY(forward(R, R->a.W, R->Wop, cr));
+            MN_TRY(forward(R, R->a.W, R->Wop, cr, false));
             MN_TRY(out_rows(R, from_q, r0, cr, rows));
         }
     }
@@ -764,7 +765,7 @@ mn_status mn_cuda_large_read(const mn_memory_state *st, const mn_tensor *q, mn_t
         const long long cr = rows - r0 < R.CR ? rows - r0 : R.CR;
         /* every row real: the read has no lengths, and its rows are one "step" */
         s = stage(&R, true, r0, cr, rows);
-        if (s == MN_OK) s = forward(&R, R.a.W, R.Wop, cr);
+        if (s == MN_OK) s = forward(&R, R.a.W, R.Wop, cr, false);
         if (s == MN_OK) s = out_rows(&R, true, r0, cr, rows);
     }
     return finish(&R, s);

@@ -42,6 +42,7 @@
 #define MN_LARGE_COPY_Y 256    /* loss: y of the rows below copy_rows copied out */
 #define MN_LARGE_LOAD 512      /* params: W = Wu, A = Au (and their operand copies): a kept segment's start */
 #define MN_LARGE_STORE 1024    /* params: Wu = W, Au = A: a kept segment's end */
+#define MN_LARGE_KEEP_GRAD 2048 /* act: out = phi'(z), not z (a training forward without glu); cols: in is it */
 
 /* Every kernel takes the segment's arguments (mn_large_kargs) from device
  * memory, written by mn_large_args_kernel at the segment's start, and what
@@ -216,10 +217,12 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_stage_ke
 }
 
 /* A hidden layer after its product: z = out + bias in place (kept for the
- * backward), out_op = phi(z) (the next product's operand). With glu, gate
- * holds the gate's product: u = gate + gate_bias in place (kept for the
- * backward) and out_op = phi(z) u, in that order of rounding as
- * rule_kernel.cuh's mn_forward. Grid (x, M). */
+ * backward), out_op = phi(z) (the next product's operand). With
+ * MN_LARGE_KEEP_GRAD (a training forward without glu) phi'(z) takes z's
+ * place: the column kernel multiplies by it where it evaluated phi' again.
+ * With glu, gate holds the gate's product: u = gate + gate_bias in place
+ * (kept for the backward) and out_op = phi(z) u, in that order of rounding
+ * as rule_kernel.cuh's mn_forward. Grid (x, M). */
 extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_act_kernel(const mn_large_kargs *__restrict__ ap,
     const mn_large_op o)
 {
@@ -232,6 +235,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_act_kern
     const float *b = o.bias ? o.bias + m * MN_LG_DH : 0;
     float *u = o.gate ? o.gate + m * o.ld * MN_LG_DH : 0;
     const float *cb = o.gate_bias ? o.gate_bias + m * MN_LG_DH : 0;
+    const bool keep_grad = (o.flags & MN_LARGE_KEEP_GRAD) != 0; /* never with a gate */
     if (MN_LG_DH % 4 == 0 && mn_lg_al16(z) && mn_lg_op_al(h) && (!b || mn_lg_al16(b)) && (!u || mn_lg_al16(u)) &&
         (!cb || mn_lg_al16(cb))) {
         MN_LG_GRID_STRIDE(q, o.rows * MN_DH / 4)
@@ -239,12 +243,22 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_act_kern
             const long long e = q * 4, c = e % MN_LG_DH;
             float v[4], hv[4];
             mn_lg_unpack(mn_lg_ld4(z + e), v);
-            if (b) {
-                mn_lg_add4(v, b + c);
-                mn_lg_st4(z + e, v);
-            }
+            if (b) mn_lg_add4(v, b + c);
+            if (keep_grad) {
+                /* phi and phi' share their terms: phi' here costs little,
+                 * where the column kernel would evaluate it again */
+                float dv[4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) hv[i] = mn_hook_act(v[i]);
+                for (int i = 0; i < 4; i++) {
+                    hv[i] = mn_hook_act(v[i]);
+                    dv[i] = mn_hook_act_grad(v[i]);
+                }
+                mn_lg_st4(z + e, dv);
+            } else {
+                if (b) mn_lg_st4(z + e, v);
+#pragma unroll
+                for (int i = 0; i < 4; i++) hv[i] = mn_hook_act(v[i]);
+            }
             if (u) {
                 float g[4];
                 mn_lg_unpack(mn_lg_ld4(u + e), g);
@@ -263,8 +277,8 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_act_kern
     {
         float v = z[e];
         if (b) v += b[e % MN_LG_DH];
-        z[e] = v;
         float hv = mn_hook_act(v);
+        z[e] = keep_grad ? mn_hook_act_grad(v) : v;
         if (u) {
             float g = u[e];
             if (cb) g += cb[e % MN_LG_DH];
@@ -357,7 +371,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_loss_ker
 /* dL/dz of one layer, [M, ld, cols] in out (fp32, in place); block 32 x 8
  * over 32 columns and MN_LARGE_COL_ROWS rows, grid (ceil(cols/32),
  * ceil(rows/COL_ROWS), M). flags: MN_LARGE_ACT: out *= phi'(in) (in = z of
- * the layer: out was dL/dh); out_op (if not NULL) = out as GEMM operand,
+ * the layer: out was dL/dh; with MN_LARGE_KEEP_GRAD in is phi'(z)); out_op (if not NULL) = out as GEMM operand,
  * stored there only (bf16: the products read the operand, nothing reads
  * out again, and its store was a third of the launch's bytes);
  * MN_LARGE_BIAS: gb (+)= column sums of out over the rows, in double per
@@ -412,7 +426,7 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_cols_ker
                     v *= uv[k];
                 }
                 if (o.flags & MN_LARGE_ACT) {
-                    v *= mn_hook_act_grad(zv[k]);
+                    v *= (o.flags & MN_LARGE_KEEP_GRAD) ? zv[k] : mn_hook_act_grad(zv[k]);
                     if (!dop) d[i] = v;
                 }
                 if (dop) dop[i] = mn_lg_to_op(v);
