@@ -430,8 +430,9 @@ static mn_status stage(const run *R, bool from_q, long long r0, long long cr, lo
 }
 
 /* The model on the cr rows in X at the weights params (fp32: biases) and
- * ops (operands): z and h of the hidden layers kept, the last product in Y
- * (its bias and the residual are added by the consumer: loss or out). */
+ * ops (operands): z (train without glu: phi'(z), the backward's) and h of
+ * the hidden layers kept, the last product in Y (its bias and the residual
+ * are added by the consumer: loss or out). */
 static mn_status forward(const run *R, float *const *params, const void *const *ops, long long cr, bool train)
 {
     const void *in = R->X;

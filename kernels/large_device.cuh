@@ -2,12 +2,11 @@
  * (large_kernels.cuh) move and sum numbers, apart from what they compute:
  * GEMM operands in the precision's type and its rounding, four neighbours
  * a load, sums in a fixed order with their loads in flight, a slice copied
- * with its loads in flight, the last block
- * of a grid to arrive, the wait for the kernel ahead (programmatic
- * dependent launch) and a lane's part of a dot product. None of it knows
- * the segment's arguments. NVRTC only: kernels/engine_large.c's template
- * list puts it after large_common.cuh (the block size, the warp and block
- * sums) and before large_kernels.cuh. */
+ * with its loads in flight, the last block of a grid to arrive, the wait
+ * for the kernel ahead (programmatic dependent launch) and a lane's part
+ * of a dot product. None of it knows the segment's arguments. NVRTC only:
+ * kernels/engine_large.c's template list puts it after large_common.cuh
+ * (the block size, the warp and block sums) and before large_kernels.cuh. */
 #ifdef __CUDACC_RTC__
 
 /* ---- precision: how GEMM operands are stored, and rounded where we multiply ourselves ---- */

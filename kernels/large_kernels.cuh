@@ -42,7 +42,7 @@
 #define MN_LARGE_COPY_Y 256    /* loss: y of the rows below copy_rows copied out */
 #define MN_LARGE_LOAD 512      /* params: W = Wu, A = Au (and their operand copies): a kept segment's start */
 #define MN_LARGE_STORE 1024    /* params: Wu = W, Au = A: a kept segment's end */
-#define MN_LARGE_KEEP_GRAD 2048 /* act: out = phi'(z), not z (a training forward without glu); cols: in is it */
+#define MN_LARGE_KEEP_GRAD 2048 /* act: out = phi'(z), not z (training, no glu); cols: in is phi'(z) */
 
 /* Every kernel takes the segment's arguments (mn_large_kargs) from device
  * memory, written by mn_large_args_kernel at the segment's start, and what
@@ -371,9 +371,10 @@ extern "C" __global__ void __launch_bounds__(MN_LARGE_THREADS) mn_large_loss_ker
 /* dL/dz of one layer, [M, ld, cols] in out (fp32, in place); block 32 x 8
  * over 32 columns and MN_LARGE_COL_ROWS rows, grid (ceil(cols/32),
  * ceil(rows/COL_ROWS), M). flags: MN_LARGE_ACT: out *= phi'(in) (in = z of
- * the layer: out was dL/dh; with MN_LARGE_KEEP_GRAD in is phi'(z)); out_op (if not NULL) = out as GEMM operand,
- * stored there only (bf16: the products read the operand, nothing reads
- * out again, and its store was a third of the launch's bytes);
+ * the layer: out was dL/dh; with MN_LARGE_KEEP_GRAD in is phi'(z) itself);
+ * out_op (if not NULL) = out as GEMM operand, stored there only (bf16: the
+ * products read the operand, nothing reads out again, and its store was a
+ * third of the launch's bytes);
  * MN_LARGE_BIAS: gb (+)= column sums of out over the rows, in double per
  * block, the blocks of a column tile combined in order by the last of them.
  * glu (gate not NULL, with MN_LARGE_ACT): h = phi(z) u, so first
