@@ -49,7 +49,7 @@ ifeq ($(CUDA),1)
 KERNEL_C_SRC  = $(wildcard kernels/*.c)
 KERNEL_CU_SRC = $(wildcard kernels/*.cu)
 CFLAGS  += -DMN_HAVE_CUDA -I$(CUDA_HOME)/include
-LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lnvrtc -lstdc++
+LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lcublasLt -lnvrtc -lstdc++
 else
 KERNEL_C_SRC  =
 KERNEL_CU_SRC =

@@ -49,6 +49,7 @@
 #include "engine_large.h"
 #include "codegen.h"
 #include "cuda_check.h"
+#include "large_bgrad.h"
 #include "cuda_module.h"
 #include "module_memo.h"
 #include "nvrtc.h"
@@ -486,6 +487,28 @@ static mn_status cols(const run *R, float *d, const float *z, void *dop, float *
     return launch(R, K_COLS, grid, block, &o);
 }
 
+/* The plan of G_W's product with the bias gradient (large_bgrad.h) for
+ * layer ni -> no over cr rows, or NULL: the column kernel sums them. */
+static mn_status bias_plan(const run *R, long long ni, long long no, long long cr, const mn_bgrad_plan **out)
+{
+    mn_bgrad_shape sh;
+    memset(&sh, 0, sizeof sh); /* compared byte for byte, padding too */
+    sh.type = R->prec == MN_PREC_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    sh.compute = R->prec == MN_PREC_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    sh.m = ni;
+    sh.n = no;
+    sh.k = cr;
+    sh.lda = ni;
+    sh.sa = R->CR * ni;
+    sh.ldb = no;
+    sh.sb = R->CR * no;
+    sh.ldc = ni;
+    sh.sc = no * ni;
+    sh.bias_stride = no;
+    sh.batch = (int)R->M;
+    return mn_bgrad_plan_for(&sh, BLAS_WORKSPACE, out);
+}
+
 /* The gradients of the cr rows whose dL/dy the loss kernel left in D[0]
  * (and Db), added to G for a later chunk of the step (accum). With glu, a
  * hidden layer i's dL/du is in U[i] (and DUb), left there by the cols
@@ -502,15 +525,24 @@ static mn_status backward(const run *R, long long cr, bool accum)
         const bool gated = R->glu && i < R->L - 1;
         const int q = gated ? mn_param_index(R->L, R->per == 2, i, 1) : -1; /* U_i */
         const void *du = gated ? (bf16 ? R->DUb : (const void *)R->U[i]) : NULL;
+        /* the last layer's bias: its gradient from G_W's product where cuBLASLt
+         * can (a step's first chunk: the epilogue writes, never adds) */
+        const mn_bgrad_plan *bg = NULL;
+        if (R->per == 2 && i == R->L - 1 && !accum) MN_TRY(bias_plan(R, ni, no, cr, &bg));
         /* G_W [no, ni] (+)= dz^T in: G^T = in^T op_T(dz^T) */
-        MN_TRY(gemm(R, CUBLAS_OP_N, CUBLAS_OP_T, ni, no, cr, in, ni, R->CR * ni, dz, no, R->CR * no,
-                    accum ? 1.0f : 0.0f, R->a.G[i * R->per], ni, no * ni));
+        if (bg)
+            MN_TRY(mn_bgrad_run(bg, in, dz, R->a.G[i * R->per], R->a.G[i * 2 + 1], R->blas_ws, BLAS_WORKSPACE,
+                                dev.stream));
+        else
+            MN_TRY(gemm(R, CUBLAS_OP_N, CUBLAS_OP_T, ni, no, cr, in, ni, R->CR * ni, dz, no, R->CR * no,
+                        accum ? 1.0f : 0.0f, R->a.G[i * R->per], ni, no * ni));
         /* the gate's G_U [no, ni] (+)= du^T in, as G_W */
         if (gated)
             MN_TRY(gemm(R, CUBLAS_OP_N, CUBLAS_OP_T, ni, no, cr, in, ni, R->CR * ni, du, no, R->CR * no,
                         accum ? 1.0f : 0.0f, R->a.G[q], ni, no * ni));
-        /* the last layer's bias; hidden layers' (and gates') come with their dz below */
-        if (R->per == 2 && i == R->L - 1)
+        /* the last layer's bias (unless its product summed it); hidden layers'
+         * (and gates') come with their dz below */
+        if (R->per == 2 && i == R->L - 1 && !bg)
             MN_TRY(cols(R, R->D[cur], NULL, NULL, R->a.G[i * 2 + 1], no, cr, MN_LARGE_BIAS | acc, NULL, NULL, NULL));
         if (i == 0) break;
         /* dh [cr, ni] = dz W: dh^T = W^T dz^T */
