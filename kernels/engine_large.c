@@ -2,7 +2,8 @@
  * (kernels/engine_large.h). The same outputs as the general path
  * (kernels/engine_cuda.c, kernels/rule_kernel.cuh, SPEC.md section 2), made
  * differently: the products go to cuBLAS, batched over the M = B*H memories
- * (cublasGemmStridedBatchedEx, in the state's precision), the work between
+ * (cublasGemmStridedBatchedEx, in the state's precision; the last layer's
+ * weight gradient through cuBLASLt, kernels/large_bgrad.h), the work between
  * them to the generated kernels of kernels/large_kernels.cuh, and each step
  * is one CUDA graph replayed.
  *
@@ -17,7 +18,8 @@
  *                        act: u = U + c kept, H_i = phi(z) u
  *     last layer         GEMM Y = H P_L^T
  *     loss               y = Y + b (+ k): loss[t], D = dL/dy, y copied out where it is retrieval
- *     layer i, L..1      GEMM G_Wi (+)= D^T X_i;  cols: G_bL (+)= column sums of D (last layer, bias)
+ *     layer i, L..1      GEMM G_Wi (+)= D^T X_i;  cols: G_bL (+)= column sums of D (last layer, bias;
+ *                        a step's first chunk: from G_WL's cuBLASLt product, kernels/large_bgrad.h)
  *                        glu, hidden i: GEMM G_Ui (+)= DU^T X_i (DU = dL/du, in u's place)
  *                        GEMM D' = D P_i (glu, hidden i: + DU Q_i, beta 1);
  *                        cols: D' *= phi'(z), G_b(i-1) (+)= column sums
@@ -36,8 +38,9 @@
  * instantiation fails, the steps run directly. The graph and the workspace
  * are kept for the next segment of the same shape, which replays the graph
  * from its first step (kernels/large_keep.c). A 2-layer MLP with biases,
- * q = k, refresh = c, retrieve = after and y wanted is 14 launches a step
- * (5 GEMMs; stage, act, loss, 2 cols, norm, update, 2 row), 12 without y;
+ * q = k, refresh = c, retrieve = after and y wanted is 13 launches a step
+ * (5 GEMMs, one with its bias-gradient epilogue; stage, act, loss, cols,
+ * norm, update, 2 row), 11 without y;
  * the finite check, clip and momentum never wait for the host.
  *
  * Our own stream and cuBLAS handle (kernels/blas.c's stay untouched): the
