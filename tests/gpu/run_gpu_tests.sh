@@ -12,7 +12,9 @@
 #     on the path the plan picks (the fused kernel for layers 1 and 2), in
 #     fp32 on sequences up to 400 tokens (steps longer than a chunk), and in
 #     fp32 with the general and the large path forced (MNEMO_CUDA_PATH; and
-#     in tf32 and bf16 on fewer configurations), all
+#     in tf32 and bf16 on fewer configurations; the large one also in chunks
+#     of 64 rows, and with its last bias gradient from our own column launch,
+#     MNEMO_LARGE_BGRAD=0), all
 #     at once (they share the kernel cache, written atomically); the forced
 #     runs' /grads come from the GPU's general and large backward, the
 #     others' from the CPU's (MNEMO_CUDA_BACKWARD=cpu); and fewer configurations in each
@@ -151,6 +153,13 @@ if want conformance && [ -n "$PYTHON" ]; then
     for prec in fp32 bf16; do
         conformance "large_chunked_$prec" 1 MNEMO_CUDA_PATH=large MNEMO_LARGE_CHUNK_ROWS=64 MNEMO_DEVICE=cuda \
             MNEMO_PRECISION=$prec MNEMO_CONFORMANCE_SEED=3 MNEMO_CONFORMANCE_COUNT=${BACKWARD_CONFORMANCE_COUNT:-24}
+    done
+    # the large path with the last layer's bias gradient summed by a column
+    # launch of its own in every chunk (MNEMO_LARGE_BGRAD=0), where cuBLASLt's
+    # epilogue sums a step's first chunk by default
+    for prec in fp32 bf16; do
+        conformance "large_nobgrad_$prec" 1 MNEMO_CUDA_PATH=large MNEMO_LARGE_BGRAD=0 MNEMO_DEVICE=cuda \
+            MNEMO_PRECISION=$prec MNEMO_CONFORMANCE_SEED=7 MNEMO_CONFORMANCE_COUNT=${BACKWARD_CONFORMANCE_COUNT:-24}
     done
     # the planned backward (fused where the rule takes it) against the
     # reference's gradients in each precision, on fewer configurations
