@@ -45,11 +45,28 @@ static mn_status layout(cublasLtMatrixLayout_t *l, cudaDataType_t type, long lon
         cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
 }
 
+/* Whether every matrix of every batch of shape starts 256-byte aligned and
+ * every column and bias vector 16-byte aligned, its buffers' bases being
+ * 256-aligned (the path's workspace): the heuristic assumes 256 for every
+ * pointer (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*'s default) and never sees a
+ * batch's bias vector. Other shapes (odd widths, short chunks) keep the
+ * column launch. */
+static bool aligned(const mn_bgrad_shape *s)
+{
+    const long long es = s->type == CUDA_R_16BF ? 2 : 4;
+    return (s->sa * es) % 256 == 0 && (s->sb * es) % 256 == 0 && (s->sc * 4) % 256 == 0 && (s->lda * es) % 16 == 0 &&
+           (s->ldb * es) % 16 == 0 && (s->ldc * 4) % 16 == 0 && (s->bias_stride * 4) % 16 == 0;
+}
+
 /* Descriptor, layouts and the heuristic's first algorithm for p->shape;
- * p->none where it offers none. */
+ * p->none where it offers none or the shape is not aligned(). */
 static mn_status plan_make(mn_bgrad_plan *p)
 {
     const mn_bgrad_shape *s = &p->shape;
+    if (!aligned(s)) {
+        p->none = true;
+        return MN_OK;
+    }
     const cublasOperation_t na = CUBLAS_OP_N, tb = CUBLAS_OP_T;
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BGRADB;
     const int64_t bias_stride = s->bias_stride;

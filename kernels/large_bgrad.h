@@ -27,9 +27,10 @@ typedef struct mn_bgrad_plan mn_bgrad_plan;
 
 /* The plan for shape (remembered: a later run of the same shape takes it
  * without asking cuBLASLt again), or NULL without an error where cuBLASLt
- * offers no algorithm for it or MNEMO_LARGE_BGRAD=0: the caller then sums
- * the columns in a launch of its own. ws_bytes: the workspace the product
- * may use. */
+ * offers no algorithm for it, a batch's matrices are not 256-byte aligned
+ * (A, B, C and the bias on buffers that are assumed), or
+ * MNEMO_LARGE_BGRAD=0: the caller then sums the columns in a launch of its
+ * own. ws_bytes: the workspace the product may use. */
 mn_status mn_bgrad_plan_for(const mn_bgrad_shape *shape, size_t ws_bytes, const mn_bgrad_plan **out);
 
 /* C = A op_T(B) (beta 0) and bias = the column sums of B's rows, on stream. */
