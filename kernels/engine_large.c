@@ -57,7 +57,6 @@
 #include "module_memo.h"
 #include "nvrtc.h"
 #include "large_run.h"
-#include "rule_kernel.cuh"   /* and this one's: newton_schulz's workspace */
 
 #include <cublas_v2.h>
 #include <limits.h>
@@ -72,9 +71,6 @@
  * rows); a chunk buffer is then at most 64 MB at a width of 1024. */
 #define CHUNK_ROWS 16384LL
 #define CHUNK_FLOATS (1LL << 26)
-/* cuBLAS's workspace, given explicitly so that a captured product never
- * allocates (32 MiB: what cuBLAS asks for on Hopper). */
-#define BLAS_WORKSPACE ((size_t)32 << 20)
 /* Grid-stride kernels: at most this many blocks per SM. */
 #define BLOCKS_PER_SM 16
 
@@ -224,83 +220,6 @@ static mn_status run_init(run *R, const mn_memory_state *st, long long rows, boo
     MN_TRY(module_for(r, d, R->prec, &R->mod));
     MN_TRY(shared_init());
     return mn_cuda_module_set_constants(R->mod, r, dev.stream);
-}
-
-static void *take(char *base, size_t *off, size_t bytes)
-{
-    void *p = base ? base + *off : NULL;
-    *off += (bytes + 255) & ~(size_t)255; /* every piece 256-byte aligned, as cuBLAS likes */
-    return p;
-}
-
-size_t mn_large_carve(run *R, char *base)
-{
-    mn_large_kargs *a = &R->a;
-    const bool bf16 = R->prec == MN_PREC_BF16;
-    const size_t es = bf16 ? 2 : 4, rows = (size_t)(R->M * R->CR), M = (size_t)R->M;
-    size_t off = 0;
-    R->dargs = take(base, &off, sizeof(mn_large_kargs));
-    R->blas_ws = take(base, &off, BLAS_WORKSPACE);
-    R->X = take(base, &off, rows * R->dk * es);
-    for (int i = 0; i + 1 < R->L; i++) {
-        R->Z[i] = take(base, &off, rows * R->dh * 4);
-        R->H[i] = take(base, &off, rows * R->dh * es);
-        R->U[i] = R->glu ? take(base, &off, rows * R->dh * 4) : NULL;
-    }
-    R->Y = take(base, &off, rows * R->dv * 4);
-    for (int p = 0; p < R->np; p++) {
-        bool is_bias = mn_param_is_bias_glu(R->L, R->per == 2, p);
-        a->Wb[p] = bf16 && !is_bias ? take(base, &off, M * a->numel[p] * 2) : NULL;
-        a->Ab[p] = bf16 && !is_bias && R->training && R->refresh != R->step ? take(base, &off, M * a->numel[p] * 2)
-                                                                          : NULL;
-        if (R->own) {
-            R->own_W[p] = take(base, &off, M * a->numel[p] * 4);
-            R->own_A[p] = R->refresh != R->step ? take(base, &off, M * a->numel[p] * 4) : NULL;
-        }
-    }
-    if (!R->training) return off;
-    R->D[0] = take(base, &off, rows * R->wide * 4);
-    R->D[1] = take(base, &off, rows * R->wide * 4);
-    R->Db = bf16 ? take(base, &off, rows * R->wide * 2) : NULL;
-    R->DUb = bf16 && R->glu ? take(base, &off, rows * R->dh * 2) : NULL;
-    for (int p = 0; p < R->np; p++) a->G[p] = take(base, &off, M * a->numel[p] * 4);
-    size_t nrb = (size_t)((R->CR + MN_LARGE_COL_ROWS - 1) / MN_LARGE_COL_ROWS);
-    size_t ntiles = (size_t)((R->wide + 31) / 32);
-    /* glu: a gated layer's column sums of du follow those of dz */
-    size_t parts = M * (size_t)a->nslices, colparts = (R->glu ? 2 : 1) * M * nrb * (size_t)R->wide;
-    a->part = take(base, &off, (parts > colparts ? parts : colparts) * sizeof(double));
-    a->tickets = take(base, &off, (1 + M * ntiles) * sizeof(unsigned));
-    a->counter = take(base, &off, sizeof(long long));
-    a->scale = take(base, &off, M * R->np * sizeof(float));
-    a->finite = take(base, &off, M * sizeof(int));
-    a->rowbuf = take(base, &off, 2 * M * (size_t)(R->dh > 0 ? R->dh : 1) * sizeof(float));
-    if (R->ns) {
-        /* a slot per parameter of every memory: the ns kernel's blocks run at once */
-        a->ns_doubles = mn_rule_ns_doubles(R->L, R->per == 2, R->dk, R->dv, R->dh);
-        a->ns_work = take(base, &off, M * (size_t)R->np * (size_t)a->ns_doubles * sizeof(double));
-    }
-    return off;
-}
-
-/* The weights the products and the kernels read, once the workspace is
- * carved: a kept segment's are the path's own copies of W and A (the
- * caller's, Wu and Au, are copied in by begin and out by store). */
-void mn_large_point_weights(run *R)
-{
-    const bool at_w = R->refresh == R->step, bf16 = R->prec == MN_PREC_BF16;
-    for (int p = 0; p < R->np; p++) {
-        if (R->own) {
-            R->a.Wu[p] = R->a.W[p];
-            R->a.W[p] = R->own_W[p];
-            if (R->own_A[p]) {
-                R->a.Au[p] = R->a.A[p];
-                R->a.A[p] = R->own_A[p];
-            }
-        }
-        R->P[p] = at_w ? R->a.W[p] : R->a.A[p];
-        R->Wop[p] = bf16 ? R->a.Wb[p] : R->a.W[p];
-        R->Pop[p] = bf16 ? (at_w ? R->a.Wb[p] : R->a.Ab[p]) : R->P[p];
-    }
 }
 
 static mn_status alloc_work(run *R)
@@ -509,7 +428,7 @@ static mn_status bias_plan(const run *R, long long ni, long long no, long long c
     sh.sc = no * ni;
     sh.bias_stride = no;
     sh.batch = (int)R->M;
-    return mn_bgrad_plan_for(&sh, BLAS_WORKSPACE, out);
+    return mn_bgrad_plan_for(&sh, MN_LARGE_BLAS_WORKSPACE, out);
 }
 
 /* The gradients of the cr rows whose dL/dy the loss kernel left in D[0]
@@ -534,7 +453,7 @@ static mn_status backward(const run *R, long long cr, bool accum)
         if (R->per == 2 && i == R->L - 1 && !accum) MN_TRY(bias_plan(R, ni, no, cr, &bg));
         /* G_W [no, ni] (+)= dz^T in: G^T = in^T op_T(dz^T) */
         if (bg)
-            MN_TRY(mn_bgrad_run(bg, in, dz, R->a.G[i * R->per], R->a.G[i * 2 + 1], R->blas_ws, BLAS_WORKSPACE,
+            MN_TRY(mn_bgrad_run(bg, in, dz, R->a.G[i * R->per], R->a.G[i * 2 + 1], R->blas_ws, MN_LARGE_BLAS_WORKSPACE,
                                 dev.stream));
         else
             MN_TRY(gemm(R, CUBLAS_OP_N, CUBLAS_OP_T, ni, no, cr, in, ni, R->CR * ni, dz, no, R->CR * no,
@@ -669,7 +588,7 @@ static mn_status begin(run *R)
     MN_CUDA_CHECK(cudaStreamWaitEvent(dev.stream, dev.inputs_ready, 0));
     /* SetStream drops the workspace, so it comes first */
     MN_CUBLAS_CHECK(cublasSetStream(dev.blas, dev.stream));
-    MN_CUBLAS_CHECK(cublasSetWorkspace(dev.blas, R->blas_ws, BLAS_WORKSPACE));
+    MN_CUBLAS_CHECK(cublasSetWorkspace(dev.blas, R->blas_ws, MN_LARGE_BLAS_WORKSPACE));
     /* the arguments, where every kernel after this one reads them */
     const dim3 one = {1, 1, 1};
     void *args[2] = {(void *)&R->a, (void *)&R->dargs};

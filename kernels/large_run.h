@@ -1,7 +1,7 @@
 /* large_run.h: what kernels/engine_large.c (the large path's segments)
  * and kernels/large_keep.c (the steps it keeps between segments) share:
- * a segment's state (run), the workspace's layout, and the kept entry.
- * Internal to those two files. */
+ * a segment's state (run), the workspace's layout (kernels/large_run.c),
+ * and the kept entry. Internal to those files. */
 #ifndef MN_LARGE_RUN_H
 #define MN_LARGE_RUN_H
 
@@ -51,7 +51,13 @@ typedef struct run {
     bool retrieve;      /* ... else a forward of its own */
 } run;
 
-/* Carves the workspace at base (NULL: only counts); returns its bytes. */
+/* cuBLAS's workspace, given explicitly so that a captured product never
+ * allocates (32 MiB: what cuBLAS asks for on Hopper); cuBLASLt's products
+ * (kernels/large_bgrad.h) use the same. */
+#define MN_LARGE_BLAS_WORKSPACE ((size_t)32 << 20)
+
+/* Carves the workspace at base (NULL: only counts); returns its bytes
+ * (kernels/large_run.c). */
 size_t mn_large_carve(run *R, char *base);
 /* Points the products and the kernels at their weights, once carved. */
 void mn_large_point_weights(run *R);
