@@ -326,16 +326,21 @@ static dim3 grid_slices(const run *R)
 /* A row-major product for every memory as cuBLAS (column-major) sees it:
  * a row-major [r, c] matrix is the column-major [c, r] one (kernels/blas.c),
  * so each call below computes C^T. Operands in the precision's type, C fp32. */
+static cudaDataType_t operand_type(const run *R) { return R->prec == MN_PREC_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+static cublasComputeType_t compute_type(const run *R)
+{
+    return R->prec == MN_PREC_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
 static mn_status gemm(const run *R, cublasOperation_t ta, cublasOperation_t tb, long long m, long long n,
                       long long k, const void *A, long long lda, long long sa, const void *B, long long ldb,
                       long long sb, float beta, float *C, long long ldc, long long sc)
 {
     const float one = 1.0f;
-    cudaDataType_t t = R->prec == MN_PREC_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-    cublasComputeType_t ct = R->prec == MN_PREC_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    const cudaDataType_t t = operand_type(R);
     return MN_CUBLAS_ST(cublasGemmStridedBatchedEx(dev.blas, ta, tb, (int)m, (int)n, (int)k, &one, A, t, (int)lda,
                                                    sa, B, t, (int)ldb, sb, &beta, C, CUDA_R_32F, (int)ldc, sc,
-                                                   (int)R->M, ct, CUBLAS_GEMM_DEFAULT));
+                                                   (int)R->M, compute_type(R), CUBLAS_GEMM_DEFAULT));
 }
 
 /* Rows r0 .. r0 + cr - 1 of the step (of k, or q where from_q) into X;
@@ -415,8 +420,8 @@ static mn_status bias_plan(const run *R, long long ni, long long no, long long c
 {
     mn_bgrad_shape sh;
     memset(&sh, 0, sizeof sh); /* compared byte for byte, padding too */
-    sh.type = R->prec == MN_PREC_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-    sh.compute = R->prec == MN_PREC_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    sh.type = operand_type(R); /* gemm()'s, whose product this one replaces */
+    sh.compute = compute_type(R);
     sh.m = ni;
     sh.n = no;
     sh.k = cr;
