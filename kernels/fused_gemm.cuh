@@ -23,6 +23,31 @@ static_assert(MN_FT % 32 == 0 && MN_FT <= 1024, "whole warps");
 #define MN_LDSM (MN_PREC == 1)
 #endif
 
+/* bf16's operands stored as bf16 by their producers (MN_H16), in the step
+ * kernel: the hidden activations h, and where nothing else reads them the
+ * chunk's x rows, dz and dL/dy (fused_kernel.cuh, MN_X16 and below, says
+ * which and where). The products rounded each of them to bf16 again at
+ * every tile that loaded it, from floats, by one scalar load an element
+ * where the product's k is the buffer's rows (the weight gradients). Stored
+ * so, they come by ldmatrix (ldmatrix.trans where k is the rows), with no
+ * conversion (mn_gemm's AH and BH). The tensor cores get the same values
+ * (mn_bf16x2 rounds as mn_round does), and the products that take them
+ * order k as the instruction does (NAT in mn_gemm): on an H200 every
+ * output, final weight and gradient compared was the same to the bit, and
+ * P1's, H1's and H2's step kernels were 19% faster, M1's 14%
+ * (tests/bench/RESULTS.md, 2026-11-29). A bf16 row keeps the float row's
+ * byte stride: its ldmatrix rows then fall on distinct banks, and the
+ * buffers' layout is unchanged. The fused backward keeps floats (its
+ * recompute stores them unrounded); MNEMO_FUSED_H16 (plan.c) turns it off
+ * (0), or keeps h alone (h), or all but dL/dy (hx), to measure. */
+#ifndef MN_H16
+#if MN_PREC == 2 && !defined(MN_FUSED_GRAD) && !defined(MN_EMULATED)
+#define MN_H16 1
+#else
+#define MN_H16 0
+#endif
+#endif
+
 #if MN_PREC == 2
 #define MN_KSTEP 16
 #else
@@ -158,11 +183,12 @@ template <int M, int N> struct mn_gemm_shape {
 /* The emulation's mn_gemm (tests/emu/cuda_shim.h): the same tiles to the
  * same threads, pre before, epi after and post after the tile, each output
  * a plain fp32 sum. */
-template <int M, int N, int K, bool AT, bool BK, bool BSH = true, bool AR = false, bool BR = false, class Epi, class Pre = mn_no_pre,
-          class Post = mn_no_post>
+template <int M, int N, int K, bool AT, bool BK, bool BSH = true, bool AR = false, bool BR = false, bool AH = false,
+          bool BH = false, class Epi, class Pre = mn_no_pre, class Post = mn_no_post>
 __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre(),
                                         Post post = Post())
 {
+    static_assert(!AH && !BH, "bf16-stored operands only on the GPU (MN_H16)");
     constexpr int NT8 = mn_gemm_shape<M, N>::NT8, NB = mn_gemm_shape<M, N>::NB, TILES = mn_gemm_shape<M, N>::TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     for (int tile = warp; tile < TILES; tile += MN_FWARPS) {
@@ -191,7 +217,7 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
  * element (l / 4, l % 4) of each block: the m16n8k8 tf32 operands' layout.
  * Lanes 8i .. 8i + 7 name the rows of block i. volatile: it reads what other
  * threads stored before a barrier, which the compiler must not move it above. */
-__device__ __forceinline__ void mn_ldsm_x4(unsigned (&r)[4], const float *row)
+__device__ __forceinline__ void mn_ldsm_x4(unsigned (&r)[4], const void *row)
 {
     const unsigned s = (unsigned)__cvta_generic_to_shared(row);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -199,8 +225,20 @@ __device__ __forceinline__ void mn_ldsm_x4(unsigned (&r)[4], const float *row)
                  : "r"(s));
 }
 
-template <int M, int N, int K, bool AT, bool BK, bool BSH = true, bool AR = false, bool BR = false, class Epi,
-          class Pre = mn_no_pre, class Post = mn_no_post>
+/* The same four 8 x 8 blocks of 16-bit elements transposed: lane l gets
+ * elements (2 (l % 4), l / 4) and (2 (l % 4) + 1, l / 4) of each block, so
+ * a bf16 operand stored with k as its rows (B(k, n) = b[k ldb + n]) comes
+ * out as m16n8k16's B fragment. */
+__device__ __forceinline__ void mn_ldsm_x4_trans(unsigned (&r)[4], const void *row)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+template <int M, int N, int K, bool AT, bool BK, bool BSH = true, bool AR = false, bool BR = false, bool AH = false,
+          bool BH = false, class Epi, class Pre = mn_no_pre, class Post = mn_no_post>
 __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre(),
                                         Post post = Post())
 {
@@ -215,6 +253,16 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
      * stay: rows k0 + 2t and 2t + 1 of a buffer whose rows are 4 banks
      * apart hit 32 banks, where k0 + t and t + 4 would hit 16 twice */
     constexpr bool LDSM = MN_PREC != 2 && BSH && MN_LDSM && (!AT || !BK);
+    /* AH, BH (bf16, MN_H16): that operand is stored as bf16 (a row keeps
+     * the float row's stride, lda or ldb floats); its fragments come by
+     * ldmatrix, transposed where k is its rows (AT; B with BK). The product then
+     * takes k in the instruction's own order (NAT: slots 2t, 2t + 1 hold k =
+     * 2t, 2t + 1 and slots 2t + 8, 2t + 9 k = 2t + 8, 2t + 9), as ldmatrix
+     * delivers it, and the other operand's floats come as pairs in that
+     * order. */
+    constexpr bool NAT = MN_PREC == 2 && (AH || BH);
+    static_assert(!AH || MN_PREC == 2, "A stored as bf16 in bf16 mode");
+    static_assert(!BH || (BK && MN_PREC == 2 && BSH), "B stored as bf16: k its rows, in shared memory, in bf16 mode");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     for (int tile = warp; tile < TILES; tile += MN_FWARPS) {
         const int m0 = (tile / NB) * 16, n0 = (tile % NB) * (8 * NT8);
@@ -222,7 +270,7 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
          * ldmatrix, the row it names (stored by rows) or slot t (by columns);
          * otherwise slots t and t + 4 hold k = 2t and 2t + 1 (bf16: 4t ..) */
 #if MN_GEMM_LANE_BASE
-        constexpr int KS = MN_PREC == 2 ? 4 : 2;
+        constexpr int KS = MN_PREC == 2 && !NAT ? 4 : 2;
         const float *const al0 =
             a + (!LDSM ? mn_el<AT>(lda, m0 + g, KS * t)
                        : AT ? t * lda + m0 + g : (m0 + (lane & 7) + ((lane >> 3) & 1) * 8) * lda + (lane >> 4) * 4);
@@ -230,6 +278,21 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
             b + (!LDSM ? mn_el<BK>(ldb, n0 + g, KS * t)
                        : BK ? t * ldb + n0 + g : (n0 + (lane & 7) + (lane >> 4) * 8) * ldb + ((lane >> 3) & 1) * 4);
 #endif
+        /* NAT's lane bases (dead code without it): a float operand's first
+         * pair, at k = 2t; a bf16 one's ldmatrix row: A by rows, rows m0 +
+         * (l & 15) at k = 0 (l < 16) or 8; A by columns, rows k = (l & 7) (+ 8
+         * from l = 16) at m0 (+ 8 for l & 8); B (k its rows), rows k = l & 15
+         * at columns n0 (l < 16) or n0 + 8, two n-tiles an instruction. The
+         * blocks come in the fragment's register order: a0 (rows 0-7, k 0-7),
+         * a1 (rows 8-15), a2 (k 8-15), a3; b0, b1 of one n-tile, then the
+         * next's */
+        const float *const an = a + mn_el<AT>(lda, m0 + g, 2 * t), *const bn = b + mn_el<BK>(ldb, n0 + g, 2 * t);
+        const unsigned short *const anh =
+            AT ? reinterpret_cast<const unsigned short *>(a + ((lane & 7) + (lane >> 4) * 8) * lda) + m0 +
+                     ((lane >> 3) & 1) * 8
+               : reinterpret_cast<const unsigned short *>(a + (m0 + (lane & 15)) * lda) + (lane >> 4) * 8;
+        const unsigned short *const bnh =
+            reinterpret_cast<const unsigned short *>(b + (lane & 15) * ldb) + n0 + (lane >> 4) * 8;
         float acc[NT8][4];
         float2 old[NT8][2];
 #pragma unroll
@@ -242,6 +305,36 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
 #pragma unroll(K / MN_KSTEP <= MN_KUNROLL ? K / MN_KSTEP : MN_KUNROLL)
         for (int k0 = 0; k0 < K; k0 += MN_KSTEP) {
 #if MN_PREC == 2
+            if (NAT) {
+                unsigned af[4];
+                if (AH && AT) {
+                    mn_ldsm_x4_trans(af, anh + k0 * 2 * lda);
+                } else if (AH) {
+                    mn_ldsm_x4(af, anh + k0);
+                } else {
+                    const float2 p0 = mn_pair<AT>(an, lda, 0, k0), p1 = mn_pair<AT>(an, lda, 8, k0);
+                    const float2 p2 = mn_pair<AT>(an, lda, 0, k0 + 8), p3 = mn_pair<AT>(an, lda, 8, k0 + 8);
+                    af[0] = mn_bf16x2(p0.x, p0.y), af[1] = mn_bf16x2(p1.x, p1.y);
+                    af[2] = mn_bf16x2(p2.x, p2.y), af[3] = mn_bf16x2(p3.x, p3.y);
+                }
+#pragma unroll
+                for (int j = 0; j < NT8; j += 2) {
+                    unsigned bf[4]; /* b0, b1 of tile j, then of tile j + 1 */
+                    if (BH) {
+                        mn_ldsm_x4_trans(bf, bnh + k0 * 2 * ldb + 8 * j);
+                    } else {
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const float2 q0 = mn_pair<BK>(bn, ldb, 8 * (j + h), k0);
+                            const float2 q1 = mn_pair<BK>(bn, ldb, 8 * (j + h), k0 + 8);
+                            bf[2 * h] = mn_bf16x2(q0.x, q0.y), bf[2 * h + 1] = mn_bf16x2(q1.x, q1.y);
+                        }
+                    }
+                    mn_mma_bf16(acc[j], af[0], af[1], af[2], af[3], bf[0], bf[1]);
+                    mn_mma_bf16(acc[j + 1], af[0], af[1], af[2], af[3], bf[2], bf[3]);
+                }
+                continue;
+            }
             /* slots 2t, 2t+1, 2t+8, 2t+9 of the instruction hold k = 4t .. 4t+3 */
 #if MN_GEMM_LANE_BASE
             const float4 ar0 = mn_quad<AT>(al0, lda, 0, k0), ar1 = mn_quad<AT>(al0, lda, 8, k0);

@@ -248,6 +248,34 @@ __device__ __forceinline__ bool mn_owns(int p, bool lead)
 }
 
 
+/* bf16's operands stored as bf16 by their producers (fused_gemm.cuh's
+ * MN_H16, the step kernel), each the value the products rounded it to
+ * before, for fused_wgrad.cuh's and mn_fused_forward's products:
+ * - h, in its own buffer (mn_fused_forward);
+ * - the chunk's x rows (MN_X16) where, as MN_PRE's x in tf32, nothing but
+ *   products reads them: a 2-layer memory without residual or out_norm (the
+ *   step's last token, which the row retrieval reads, is widened into fb.xs
+ *   first);
+ * - a copy of dz (MN_DZ16: the first layer's weight gradient's operand)
+ *   beside h in each of h's rows, from float MN_DZ16_AT on (16-byte
+ *   aligned: h's bf16 row takes 2 PDH of the row's 4 (PDH + PAD) bytes);
+ * - a copy of dL/dy (MN_DY16: the second layer's weight gradient's and dh's
+ *   operand) beside x's in x's rows, from float MN_DY16_AT on, where a row
+ *   of it (dv) fits there.
+ * dz's and dL/dy's floats stay for the bias gradients' sums. */
+#ifndef MN_H16_X
+#define MN_H16_X MN_H16
+#endif
+#ifndef MN_H16_DY
+#define MN_H16_DY MN_H16_X
+#endif
+#define MN_X16 (MN_H16_X && MN_LAYERS == 2 && !MN_RESIDUAL && !MN_OUT_NORM)
+#define MN_DZ16 (MN_H16_X && MN_LAYERS == 2)
+#define MN_DZ16_AT ((MN_PDH + 8) / 2)
+#define MN_DY16 (MN_H16_DY && MN_X16 && MN_PDV <= MN_PDK)
+#define MN_DY16_AT ((MN_PDK + 8) / 2)
+static_assert(MN_FUSED_PAD >= 4, "dz's and dL/dy's bf16 copies fit beside h's and x's in a row");
+
 /* Chunk buffers in shared memory. */
 struct mn_fbuf {
     float *x, *z, *h, *y, *dy; /* [R x ld]; z holds phi'(z) after mn_fused_forward<true>, dz after the backward */
@@ -399,7 +427,15 @@ __device__ __forceinline__ void mn_rows_store(float *dst, const float (&x)[MN_NX
                 v[i] = r < cr ? x[MN_QW * u + i] : (extra && r == cr && j < MN_DK ? extra[j + i] : 0.0f);
                 if (PRE) v[i] = mn_round(v[i]);
             }
+#if MN_X16
+            unsigned short *row = reinterpret_cast<unsigned short *>(dst + r * MN_LDK) + j;
+            if (MN_QW == 4)
+                *reinterpret_cast<uint2 *>(row) = make_uint2(mn_bf16x2(v[0], v[1]), mn_bf16x2(v[2], v[3]));
+            else
+                row[0] = (unsigned short)mn_bf16x2(v[0], 0.0f);
+#else
             mn_sh_put<MN_QW>(dst + r * MN_LDK + j, v);
+#endif
         }
     }
 }
@@ -482,7 +518,7 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
 {
     if (!HROWS) hrows = cr;
 #if MN_LAYERS == 2
-    mn_gemm<MN_FR, MN_PDH, MN_PDK, false, false, BSH, PRE>(fb.x, MN_LDK, P.w[0], MN_LLD(0),
+    mn_gemm<MN_FR, MN_PDH, MN_PDK, false, false, BSH, PRE, false, MN_X16>(fb.x, MN_LDK, P.w[0], MN_LLD(0),
                                                  [&](int r, int j, float a0, float a1) {
         float2 z = make_float2(a0, a1);
         if (MN_BIAS) z.x += P.b[0][j], z.y += P.b[0][j + 1];
@@ -507,7 +543,11 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
                 hv = mn_hook_act(z);
                 if (GRAD && (!HROWS || r < cr)) dv = mn_hook_act_grad(z);
             }
+#if MN_H16
+            reinterpret_cast<unsigned short *>(fb.h)[r * 2 * MN_LDH + j] = (unsigned short)mn_bf16x2(hv, 0.0f);
+#else
             fb.h[r * MN_LDH + j] = PRE ? mn_round(hv) : hv;
+#endif
             if (GRAD) fb.z[r * MN_LDH + j] = dv;
         }
     });
@@ -517,7 +557,8 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
      * leading dimension of the layer's padded weights */
     constexpr int OUT = MN_LAYERS - 1;
     const bool lead = MN_CL_LEAD; /* in a cluster, b2 and the residual are added once, by rank 0 */
-    mn_gemm<MN_FR, MN_PDV, MN_LPIN(OUT), false, false, BSH, PRE>(MN_LAYERS == 2 ? fb.h : fb.x, MN_LLD(OUT), P.w[OUT],
+    mn_gemm<MN_FR, MN_PDV, MN_LPIN(OUT), false, false, BSH, PRE, false, MN_LAYERS == 2 ? MN_H16 : MN_X16>(
+        MN_LAYERS == 2 ? fb.h : fb.x, MN_LLD(OUT), P.w[OUT],
                                                         MN_LLD(OUT), [&](int r, int j, float a0, float a1) {
         float y0 = a0, y1 = a1;
         if (MN_BIAS && lead) y0 += P.b[OUT][j], y1 += P.b[OUT][j + 1];

@@ -470,6 +470,13 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                     mn_st_group<MN_QW>(y_out + (t0 - 1) * MN_DV + j, yy, y_al); /* the last step's last token */
                 }
                 mn_sh_put<MN_QW>(fb.dy + r * MN_LDV + j, d);
+#if MN_DY16
+                unsigned short *d16 = reinterpret_cast<unsigned short *>(fb.x + r * MN_LDK + MN_DY16_AT) + j;
+                if (MN_QW == 4)
+                    *reinterpret_cast<uint2 *>(d16) = make_uint2(mn_bf16x2(d[0], d[1]), mn_bf16x2(d[2], d[3]));
+                else
+                    d16[0] = (unsigned short)mn_bf16x2(d[0], 0.0f);
+#endif
             }
             if (fold) { /* the retrieval row out of the gradient's products */
                 for (int j = tid; j < MN_LDH && MN_LAYERS == 2; j += MN_FT) fb.h[cr * MN_LDH + j] = 0.0f;
@@ -546,10 +553,18 @@ mn_fused_step_kernel(const mn_rule_kargs a)
             const long long tn = t0 + MN_STEP;
             const int rows_n = (int)mn_step_rows_at(tn, n), grows_n = (int)mn_real_rows_at(tn, rows_n, real_end);
             defer = grows_n > 0 && grows_n < MN_FR;
-            if (defer)
+            if (defer && !MN_X16) /* (with MN_X16, below) */
                 for (int j = tid; j < MN_DK; j += MN_FT) fb.xs[j] = fb.x[(last_cr - 1) * MN_LDK + j];
         }
         pending = defer;
+#if MN_X16
+        /* the last chunk's last k row, widened from its bf16 (the value every
+         * product of it rounds to): the folded token's, and the one the
+         * last token's retrieval reads below */
+        for (int j = tid; j < MN_DK; j += MN_FT)
+            fb.xs[j] = __uint_as_float((unsigned)reinterpret_cast<const unsigned short *>(fb.x + (last_cr - 1) * MN_LDK)[j]
+                                       << 16);
+#endif
 
         /* the step's gradient norm, clip and update; with them, its loss and
          * the last step's weight norm */
@@ -572,7 +587,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
          * and MN_ROWRET2; with q, by mn_fused_row below), from the last
          * chunk's k row */
         const bool ret_in_update = y_out && grows == rows && !defer && !q && ctl.finite;
-        const float *x_last = fb.x + (last_cr - 1) * MN_LDK;
+        const float *x_last = MN_X16 ? fb.xs : fb.x + (last_cr - 1) * MN_LDK;
         const long long last_row = t0 + rows - 1;
 #else
         constexpr bool ret_in_update = false;
@@ -736,7 +751,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
             /* a padding last token keeps y = 0 */
             const long long lastt = t0 + rows - 1;
             /* with q = k, the last chunk's k rows are still in fb.x */
-            const float *xr = fb.x + (last_cr - 1) * MN_LDK;
+            const float *xr = MN_X16 ? fb.xs : fb.x + (last_cr - 1) * MN_LDK;
             if (q) {
                 for (int j = tid; j < MN_DK; j += MN_FT) fb.xs[j] = q[lastt * MN_DK + j];
                 __syncthreads();

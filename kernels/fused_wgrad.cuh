@@ -147,22 +147,36 @@ __device__ __forceinline__ void mn_fused_chunk_grad(const mn_pset &P, const mn_f
 {
 #if MN_LAYERS == 2
     const mn_gacc g2 = {G[1 * MN_PER], MN_DV, MN_DH, first, last, &ss[1 * MN_PER]};
-    mn_gemm<MN_PDV, MN_PDH, MN_FR, true, true, true, false, PRE>(fb.dy, MN_LDV, fb.h, MN_LDH, g2, g2.pre());
-    mn_gemm<MN_FR, MN_PDH, MN_PDV, false, true>(fb.dy, MN_LDV, P.w[1], MN_LLD(1), [&](int r, int j, float a0, float a1) {
+    /* dL/dy as the products' operand: its bf16 copy in x's rows (MN_DY16) */
+    const float *dyo = MN_DY16 ? fb.x + MN_DY16_AT : fb.dy;
+    constexpr int LDYO = MN_DY16 ? MN_LDK : MN_LDV;
+    mn_gemm<MN_PDV, MN_PDH, MN_FR, true, true, true, false, PRE, MN_DY16, MN_H16>(dyo, LDYO, fb.h, MN_LDH, g2, g2.pre());
+    mn_gemm<MN_FR, MN_PDH, MN_PDV, false, true, true, false, false, MN_DY16>(dyo, LDYO, P.w[1], MN_LLD(1),
+                                                                       [&](int r, int j, float a0, float a1) {
         /* fb.z holds phi'(z) since the forward (mn_fused_forward<true>) */
         float2 *zp = reinterpret_cast<float2 *>(fb.z + r * MN_LDH + j);
         const float2 d = *zp;
         const bool real = r < cr;
-        *zp = make_float2(real && j < MN_DH ? a0 * d.x : 0.0f, real && j + 1 < MN_DH ? a1 * d.y : 0.0f);
+        const float2 dz = make_float2(real && j < MN_DH ? a0 * d.x : 0.0f, real && j + 1 < MN_DH ? a1 * d.y : 0.0f);
+        *zp = dz;
+#if MN_DZ16
+        reinterpret_cast<unsigned *>(fb.h + r * MN_LDH + MN_DZ16_AT)[j / 2] = mn_bf16x2(dz.x, dz.y);
+#endif
     });
     if (MN_BIAS) mn_bias_grad<MN_DV>(G[1 * MN_PER + 1], fb.dy, MN_LDV, cr, first, last, &ss[MN_PER + 1]);
     __syncthreads();
     const mn_gacc g1 = {G[0], MN_DH, MN_DK, first, last, &ss[0]};
+#if MN_DZ16
+    /* dz's bf16 copy beside h (the h products are done: the barrier above) */
+    mn_gemm<MN_PDH, MN_PDK, MN_FR, true, true, true, false, PRE, true, MN_X16>(fb.h + MN_DZ16_AT, MN_LDH, fb.x, MN_LDK, g1,
+                                                                            g1.pre());
+#else
     mn_gemm<MN_PDH, MN_PDK, MN_FR, true, true, true, false, PRE>(fb.z, MN_LDH, fb.x, MN_LDK, g1, g1.pre());
+#endif
     if (MN_BIAS) mn_bias_grad<MN_DH>(G[1], fb.z, MN_LDH, cr, first, last, &ss[1]);
 #else
     const mn_gacc g1 = {G[0], MN_DV, MN_DK, first, last, &ss[0]};
-    mn_gemm<MN_PDV, MN_PDK, MN_FR, true, true, true, false, PRE>(fb.dy, MN_LDV, fb.x, MN_LDK, g1, g1.pre());
+    mn_gemm<MN_PDV, MN_PDK, MN_FR, true, true, true, false, PRE, false, MN_X16>(fb.dy, MN_LDV, fb.x, MN_LDK, g1, g1.pre());
     if (MN_BIAS) mn_bias_grad<MN_DV>(G[1], fb.dy, MN_LDV, cr, first, last, &ss[1]);
     (void)P, (void)cr;
 #endif

@@ -391,7 +391,18 @@ void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len)
      * ldmatrix or not (fused_gemm.cuh's mn_gemm; by default in tf32 only) */
     const char *ldsm = getenv("MNEMO_FUSED_LDSM");
     if (used > 0 && (size_t)used < len && ldsm && (!strcmp(ldsm, "0") || !strcmp(ldsm, "1")))
-        snprintf(buf + used, len - (size_t)used, "#define MN_LDSM %s\n", ldsm);
+        used += snprintf(buf + used, len - (size_t)used, "#define MN_LDSM %s\n", ldsm);
+    /* and MNEMO_FUSED_H16: bf16's operands kept in floats (0), as before
+     * their producers stored them as bf16 (fused_gemm.cuh's MN_H16); or h
+     * alone stored so (h), or all but dL/dy (hx); 1: the default, all: to
+     * measure */
+    const char *h16 = getenv("MNEMO_FUSED_H16");
+    const char *h16_def = !h16                  ? 0
+                          : !strcmp(h16, "0")  ? "#define MN_H16 0\n"
+                          : !strcmp(h16, "h")  ? "#define MN_H16_X 0\n"
+                          : !strcmp(h16, "hx") ? "#define MN_H16_DY 0\n"
+                                               : 0;
+    if (used > 0 && (size_t)used < len && h16_def) snprintf(buf + used, len - (size_t)used, "%s", h16_def);
 }
 
 long mn_fused_work_floats(const mn_rule *r, const mn_dims *d, const mn_cuda_plan *pl)

@@ -208,6 +208,9 @@ want tiers && {
     # the fused forward's L2 hints change no value
     [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (L2 hints)" env PYTHON="$PYTHON" MNEMO_COMPILE=full \
         sh tests/gpu/same_bits.sh MNEMO_FUSED_STREAM 0 1 auto
+    # bf16's operands stored as bf16 by their producers give the values the products rounded to
+    [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (bf16 operands stored as bf16)" env PYTHON="$PYTHON" \
+        MNEMO_COMPILE=full sh tests/gpu/same_bits.sh MNEMO_FUSED_H16 0 1 auto
     [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (large path's dependent launches)" env PYTHON="$PYTHON" \
         MNEMO_COMPILE=full sh tests/gpu/same_bits.sh MNEMO_LARGE_PDL 0 1 large
 }

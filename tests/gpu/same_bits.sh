@@ -12,6 +12,9 @@
 #     calls. Also: a bad MNEMO_COMPILE is a one-line error naming it.
 #   MNEMO_FUSED_STREAM 0 1 auto: the fused forward with and without its
 #     evict-first L2 hints (kernels/fused_kernel.cuh): hints only.
+#   MNEMO_FUSED_H16 0 1 auto: the fused forward's bf16 operands kept in
+#     floats or stored as bf16 where they are made (kernels/fused_gemm.cuh):
+#     the tensor cores get the same values.
 #   MNEMO_LARGE_PDL 0 1 large: the large path's captured steps with and
 #     without programmatic dependent launches (kernels/engine_large.c): the
 #     same kernels, only launched earlier, each waiting for the one ahead.
