@@ -263,6 +263,7 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
     constexpr bool NAT = MN_PREC == 2 && (AH || BH);
     static_assert(!AH || MN_PREC == 2, "A stored as bf16 in bf16 mode");
     static_assert(!BH || (BK && MN_PREC == 2 && BSH), "B stored as bf16: k its rows, in shared memory, in bf16 mode");
+    static_assert(!NAT || MN_GEMM_LANE_BASE, "bf16-stored operands in the step kernel (the fused backward keeps floats)");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     for (int tile = warp; tile < TILES; tile += MN_FWARPS) {
         const int m0 = (tile / NB) * 16, n0 = (tile % NB) * (8 * NT8);
@@ -270,6 +271,7 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
          * ldmatrix, the row it names (stored by rows) or slot t (by columns);
          * otherwise slots t and t + 4 hold k = 2t and 2t + 1 (bf16: 4t ..) */
 #if MN_GEMM_LANE_BASE
+        /* (NAT: a float operand's first pair, at k = 2t) */
         constexpr int KS = MN_PREC == 2 && !NAT ? 4 : 2;
         const float *const al0 =
             a + (!LDSM ? mn_el<AT>(lda, m0 + g, KS * t)
@@ -277,22 +279,20 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
         const float *const bl0 =
             b + (!LDSM ? mn_el<BK>(ldb, n0 + g, KS * t)
                        : BK ? t * ldb + n0 + g : (n0 + (lane & 7) + (lane >> 4) * 8) * ldb + ((lane >> 3) & 1) * 4);
-#endif
-        /* NAT's lane bases (dead code without it): a float operand's first
-         * pair, at k = 2t; a bf16 one's ldmatrix row: A by rows, rows m0 +
-         * (l & 15) at k = 0 (l < 16) or 8; A by columns, rows k = (l & 7) (+ 8
-         * from l = 16) at m0 (+ 8 for l & 8); B (k its rows), rows k = l & 15
-         * at columns n0 (l < 16) or n0 + 8, two n-tiles an instruction. The
-         * blocks come in the fragment's register order: a0 (rows 0-7, k 0-7),
-         * a1 (rows 8-15), a2 (k 8-15), a3; b0, b1 of one n-tile, then the
-         * next's */
-        const float *const an = a + mn_el<AT>(lda, m0 + g, 2 * t), *const bn = b + mn_el<BK>(ldb, n0 + g, 2 * t);
+        /* NAT's bf16 operands (dead code without them): the lane's ldmatrix
+         * row. A by rows, rows m0 + (l & 15) at k = 0 (l < 16) or 8; A by
+         * columns, rows k = (l & 7) (+ 8 from l = 16) at m0 (+ 8 for l & 8);
+         * B (k its rows), rows k = l & 15 at columns n0 (l < 16) or n0 + 8,
+         * two n-tiles an instruction. The blocks come in the fragment's
+         * register order: a0 (rows 0-7, k 0-7), a1 (rows 8-15), a2 (k 8-15),
+         * a3; b0, b1 of one n-tile, then the next's */
         const unsigned short *const anh =
             AT ? reinterpret_cast<const unsigned short *>(a + ((lane & 7) + (lane >> 4) * 8) * lda) + m0 +
                      ((lane >> 3) & 1) * 8
                : reinterpret_cast<const unsigned short *>(a + (m0 + (lane & 15)) * lda) + (lane >> 4) * 8;
         const unsigned short *const bnh =
             reinterpret_cast<const unsigned short *>(b + (lane & 15) * ldb) + n0 + (lane >> 4) * 8;
+#endif
         float acc[NT8][4];
         float2 old[NT8][2];
 #pragma unroll
@@ -305,6 +305,7 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
 #pragma unroll(K / MN_KSTEP <= MN_KUNROLL ? K / MN_KSTEP : MN_KUNROLL)
         for (int k0 = 0; k0 < K; k0 += MN_KSTEP) {
 #if MN_PREC == 2
+#if MN_GEMM_LANE_BASE
             if (NAT) {
                 unsigned af[4];
                 if (AH && AT) {
@@ -312,8 +313,8 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
                 } else if (AH) {
                     mn_ldsm_x4(af, anh + k0);
                 } else {
-                    const float2 p0 = mn_pair<AT>(an, lda, 0, k0), p1 = mn_pair<AT>(an, lda, 8, k0);
-                    const float2 p2 = mn_pair<AT>(an, lda, 0, k0 + 8), p3 = mn_pair<AT>(an, lda, 8, k0 + 8);
+                    const float2 p0 = mn_pair<AT>(al0, lda, 0, k0), p1 = mn_pair<AT>(al0, lda, 8, k0);
+                    const float2 p2 = mn_pair<AT>(al0, lda, 0, k0 + 8), p3 = mn_pair<AT>(al0, lda, 8, k0 + 8);
                     af[0] = mn_bf16x2(p0.x, p0.y), af[1] = mn_bf16x2(p1.x, p1.y);
                     af[2] = mn_bf16x2(p2.x, p2.y), af[3] = mn_bf16x2(p3.x, p3.y);
                 }
@@ -325,8 +326,8 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
                     } else {
 #pragma unroll
                         for (int h = 0; h < 2; h++) {
-                            const float2 q0 = mn_pair<BK>(bn, ldb, 8 * (j + h), k0);
-                            const float2 q1 = mn_pair<BK>(bn, ldb, 8 * (j + h), k0 + 8);
+                            const float2 q0 = mn_pair<BK>(bl0, ldb, 8 * (j + h), k0);
+                            const float2 q1 = mn_pair<BK>(bl0, ldb, 8 * (j + h), k0 + 8);
                             bf[2 * h] = mn_bf16x2(q0.x, q0.y), bf[2 * h + 1] = mn_bf16x2(q1.x, q1.y);
                         }
                     }
@@ -335,6 +336,7 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
                 }
                 continue;
             }
+#endif
             /* slots 2t, 2t+1, 2t+8, 2t+9 of the instruction hold k = 4t .. 4t+3 */
 #if MN_GEMM_LANE_BASE
             const float4 ar0 = mn_quad<AT>(al0, lda, 0, k0), ar1 = mn_quad<AT>(al0, lda, 8, k0);

@@ -383,6 +383,16 @@ template <int W> __device__ __forceinline__ void mn_sh_get(float *x, const float
     }
 }
 
+#if MN_H16
+/* x's W floats to shared memory as bf16 at p (8-byte aligned for quads),
+ * rounded as mn_round rounds: the step kernel's bf16 operands (MN_H16) */
+template <int W> __device__ __forceinline__ void mn_sh_put16(unsigned short *p, const float *x)
+{
+    if (W == 4) *reinterpret_cast<uint2 *>(p) = make_uint2(mn_bf16x2(x[0], x[1]), mn_bf16x2(x[2], x[3]));
+    else p[0] = (unsigned short)mn_bf16x2(x[0], 0.0f);
+}
+#endif
+
 /* x's W floats to global memory at p, streamed (al: p is 16-byte aligned) */
 template <int W> __device__ __forceinline__ void mn_st_group(float *p, const float *x, bool al)
 {
@@ -428,11 +438,7 @@ __device__ __forceinline__ void mn_rows_store(float *dst, const float (&x)[MN_NX
                 if (PRE) v[i] = mn_round(v[i]);
             }
 #if MN_X16
-            unsigned short *row = reinterpret_cast<unsigned short *>(dst + r * MN_LDK) + j;
-            if (MN_QW == 4)
-                *reinterpret_cast<uint2 *>(row) = make_uint2(mn_bf16x2(v[0], v[1]), mn_bf16x2(v[2], v[3]));
-            else
-                row[0] = (unsigned short)mn_bf16x2(v[0], 0.0f);
+            mn_sh_put16<MN_QW>(reinterpret_cast<unsigned short *>(dst + r * MN_LDK) + j, v);
 #else
             mn_sh_put<MN_QW>(dst + r * MN_LDK + j, v);
 #endif
@@ -544,6 +550,7 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
                 if (GRAD && (!HROWS || r < cr)) dv = mn_hook_act_grad(z);
             }
 #if MN_H16
+            /* (not mn_sh_put16<1>: through it ptxas scheduled P1's and M1's bf16 step kernels otherwise) */
             reinterpret_cast<unsigned short *>(fb.h)[r * 2 * MN_LDH + j] = (unsigned short)mn_bf16x2(hv, 0.0f);
 #else
             fb.h[r * MN_LDH + j] = PRE ? mn_round(hv) : hv;

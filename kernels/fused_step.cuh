@@ -471,11 +471,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                 }
                 mn_sh_put<MN_QW>(fb.dy + r * MN_LDV + j, d);
 #if MN_DY16
-                unsigned short *d16 = reinterpret_cast<unsigned short *>(fb.x + r * MN_LDK + MN_DY16_AT) + j;
-                if (MN_QW == 4)
-                    *reinterpret_cast<uint2 *>(d16) = make_uint2(mn_bf16x2(d[0], d[1]), mn_bf16x2(d[2], d[3]));
-                else
-                    d16[0] = (unsigned short)mn_bf16x2(d[0], 0.0f);
+                mn_sh_put16<MN_QW>(reinterpret_cast<unsigned short *>(fb.x + r * MN_LDK + MN_DY16_AT) + j, d);
 #endif
             }
             if (fold) { /* the retrieval row out of the gradient's products */
