@@ -608,8 +608,10 @@ __device__ void mn_fused_norm_rows(const mn_fbuf &fb, int rows, const float *ln_
  * in global memory. bias and x_res may be null: none added (a cluster's
  * ranks but 0). Each output is a dot product split over a group of
  * lanes (a power of two, up to a warp) and summed by shuffles, so a layer of
- * few outputs still keeps every thread busy. */
-template <int NI, int NO>
+ * few outputs still keeps every thread busy. A hidden layer's outputs are
+ * stored rounded as the next layer's products round them (IN_ROUNDED
+ * there): each is rounded once, not by every output that reads it. */
+template <int NI, int NO, bool IN_ROUNDED = false>
 __device__ __forceinline__ void mn_row_layer(const float *w, int ld, const float *bias, const float *in, bool last,
                                              const float *x_res, float *out)
 {
@@ -620,7 +622,15 @@ __device__ __forceinline__ void mn_row_layer(const float *w, int ld, const float
         float acc = 0.0f;
         if (o < NO) {
             const float *wr = w + o * ld;
-            for (int j = lane; j < NI; j += GS) acc += mn_round(in[j]) * mn_round(wr[j]);
+            int j = lane;
+            for (; j + GS < NI; j += 2 * GS) { /* two at a time for mn_round2; the sum's order is the same */
+                float x0 = in[j], x1 = in[j + GS], w0 = wr[j], w1 = wr[j + GS];
+                if (!IN_ROUNDED) mn_round2(x0, x1);
+                mn_round2(w0, w1);
+                acc += x0 * w0;
+                acc += x1 * w1;
+            }
+            if (j < NI) acc += (IN_ROUNDED ? in[j] : mn_round(in[j])) * mn_round(wr[j]);
         }
 #pragma unroll
         for (int off = GS / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off, GS);
@@ -630,12 +640,13 @@ __device__ __forceinline__ void mn_row_layer(const float *w, int ld, const float
                 if (MN_RESIDUAL && !MN_OUT_NORM && x_res) acc += x_res[o];
                 out[o] = acc;
             } else {
-                out[o] = mn_hook_act(acc);
+                out[o] = mn_round(mn_hook_act(acc));
             }
         }
     }
 }
 
+template <bool X_ROUNDED = false> /* x_row holds rounded operands, read by products alone (no residual, no norm) */
 __device__ void mn_fused_row(const mn_pset &P, const mn_fbuf &fb, const float *x_row, float *out, const float *ln_g,
                              const float *ln_b)
 {
@@ -651,20 +662,20 @@ __device__ void mn_fused_row(const mn_pset &P, const mn_fbuf &fb, const float *x
      * the parts (with out_norm, o is fb.ys itself) */
     const bool lead = MN_CL_LEAD;
     static_assert(MN_DV <= MN_FT, "a thread per output column");
-    mn_row_layer<MN_DK, MN_DH>(P.w[0], MN_LLD(0), P.b[0], x_row, false, x_row, fb.hs);
+    mn_row_layer<MN_DK, MN_DH, X_ROUNDED>(P.w[0], MN_LLD(0), P.b[0], x_row, false, x_row, fb.hs);
     __syncthreads();
-    mn_row_layer<MN_DH, MN_DV>(P.w[1], MN_LLD(1), lead ? P.b[1] : 0, fb.hs, true, lead ? x_row : 0, fb.ys);
+    mn_row_layer<MN_DH, MN_DV, true>(P.w[1], MN_LLD(1), lead ? P.b[1] : 0, fb.hs, true, lead ? x_row : 0, fb.ys);
     mn_cl_sync();
     const int j = threadIdx.x;
     const float t = lead && j < MN_DV ? mn_cl_sum(fb.ys + j) : 0.0f;
     mn_cl_sync();
     if (lead && j < MN_DV) o[j] = t;
 #elif MN_LAYERS == 2
-    mn_row_layer<MN_DK, MN_DH>(P.w[0], MN_LLD(0), P.b[0], x_row, false, x_row, fb.hs);
+    mn_row_layer<MN_DK, MN_DH, X_ROUNDED>(P.w[0], MN_LLD(0), P.b[0], x_row, false, x_row, fb.hs);
     __syncthreads();
-    mn_row_layer<MN_DH, MN_DV>(P.w[1], MN_LLD(1), P.b[1], fb.hs, true, x_row, o);
+    mn_row_layer<MN_DH, MN_DV, true>(P.w[1], MN_LLD(1), P.b[1], fb.hs, true, x_row, o);
 #else
-    mn_row_layer<MN_DK, MN_DV>(P.w[0], MN_LLD(0), P.b[0], x_row, true, x_row, o);
+    mn_row_layer<MN_DK, MN_DV, X_ROUNDED>(P.w[0], MN_LLD(0), P.b[0], x_row, true, x_row, o);
 #endif
     __syncthreads();
 #if MN_OUT_NORM

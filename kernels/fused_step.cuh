@@ -662,10 +662,16 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                             const bool first = p == 0; /* W1: z of hidden unit 4 e4 / dk; W2: output 4 e4 / dh */
                             const float4 xv = first ? *reinterpret_cast<const float4 *>(x_last + (4 * e4) % MN_DK)
                                                     : *reinterpret_cast<const float4 *>(fb.hs + (4 * e4) % MN_DH);
-                            float rp = mn_round(wn[0]) * mn_round(xv.x);
-                            rp = fmaf(mn_round(wn[1]), mn_round(xv.y), rp);
-                            rp = fmaf(mn_round(wn[2]), mn_round(xv.z), rp);
-                            rp = fmaf(mn_round(wn[3]), mn_round(xv.w), rp);
+                            /* x's row and h hold rounded operands where the
+                             * chunk's rows do (MN_PRE, MN_X16; h always) */
+                            float w0 = wn[0], w1 = wn[1], w2 = wn[2], w3 = wn[3];
+                            float x0 = xv.x, x1 = xv.y, x2 = xv.z, x3 = xv.w;
+                            mn_round2(w0, w1), mn_round2(w2, w3);
+                            if (first && !MN_PRE && !MN_X16) mn_round2(x0, x1), mn_round2(x2, x3);
+                            float rp = w0 * x0;
+                            rp = fmaf(w1, x1, rp);
+                            rp = fmaf(w2, x2, rp);
+                            rp = fmaf(w3, x3, rp);
                             const int GW = first ? MN_DK / 4 : MN_RR2_SEG;
 #pragma unroll
                             for (int off = GW / 2; off > 0; off >>= 1) rp += __shfl_xor_sync(0xffffffffu, rp, off, GW);
@@ -748,12 +754,17 @@ mn_fused_step_kernel(const mn_rule_kargs a)
             const long long lastt = t0 + rows - 1;
             /* with q = k, the last chunk's k rows are still in fb.x */
             const float *xr = MN_X16 ? fb.xs : fb.x + (last_cr - 1) * MN_LDK;
+            /* where the chunk's rows are stored rounded (MN_PRE, MN_X16:
+             * products alone read them), q's row is too, and the row's
+             * first layer takes them as they are */
+            constexpr bool x_rounded = MN_PRE || MN_X16;
             if (q) {
-                for (int j = tid; j < MN_DK; j += MN_FT) fb.xs[j] = q[lastt * MN_DK + j];
+                for (int j = tid; j < MN_DK; j += MN_FT)
+                    fb.xs[j] = x_rounded ? mn_round(q[lastt * MN_DK + j]) : q[lastt * MN_DK + j];
                 __syncthreads();
                 xr = fb.xs;
             }
-            mn_fused_row(Wp, fb, xr, y_out + lastt * MN_DV, MN_LN_G, MN_LN_B);
+            mn_fused_row<x_rounded>(Wp, fb, xr, y_out + lastt * MN_DV, MN_LN_G, MN_LN_B);
             MN_PROF_MARK(10);
         }
         early = false;

@@ -152,6 +152,17 @@ __device__ __forceinline__ float mn_round(float x)
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(x));
     return __uint_as_float(u);
 }
+#elif MN_PREC == 2 && !defined(MN_EMULATED) && __CUDA_ARCH__ >= 800
+/* bfloat16, round to nearest even, by the instruction sm_80 has: one cvt
+ * and a shift where the integer form below is seven instructions (the
+ * fused kernels' row layers round every operand). A NaN comes out as the
+ * canonical NaN rather than x's payload: still NaN, as everywhere else. */
+__device__ __forceinline__ float mn_round(float x)
+{
+    unsigned short b;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(x));
+    return __uint_as_float((unsigned)b << 16);
+}
 #elif MN_PREC == 2
 /* bfloat16, round to nearest even; NaN stays NaN (the carry could make Inf). */
 __device__ __forceinline__ float mn_round(float x)
@@ -164,6 +175,18 @@ __device__ __forceinline__ float mn_round(float x)
 #else
 __device__ __forceinline__ float mn_round(float x) { return x; }
 #endif
+
+/* a and b rounded as mn_round rounds them; in bf16 by one cvt for the pair */
+__device__ __forceinline__ void mn_round2(float &a, float &b)
+{
+#if MN_PREC == 2 && !defined(MN_EMULATED) && __CUDA_ARCH__ >= 800
+    unsigned u;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(b), "f"(a));
+    a = __uint_as_float(u << 16), b = __uint_as_float(u & 0xffff0000u);
+#else
+    a = mn_round(a), b = mn_round(b);
+#endif
+}
 
 /* This block's workspace slices. */
 struct mn_ws {
