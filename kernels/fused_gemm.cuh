@@ -48,6 +48,37 @@ static_assert(MN_FT % 32 == 0 && MN_FT <= 1024, "whole warps");
 #endif
 #endif
 
+/* bf16's weights stored rotated in shared memory (MN_WROT): the odd rows
+ * of each layer's W turned by 12 floats within every 32 of the row, column
+ * c at (c & ~31) | ((c + 12) & 31) (mn_wcol; even rows as they are). The
+ * rows are PAD = 4 floats (4 banks) apart, which makes ldmatrix's 16-byte
+ * rows (tf32) conflict-free, but bf16's products load W as 8-byte pairs of
+ * k (NAT below): lanes 0-15 read rows g = 0..3, each 8 floats from bank 4g,
+ * so every bank was read twice. Nsight Compute on P1 (H200): those loads of
+ * the forward's products took two wavefronts each where one would do, 55%
+ * of the kernel's excess shared-memory wavefronts. Turned, rows 0..3 start
+ * at banks 0, 16, 8, 24: one wavefront. dL/dy W2's loads (k is W2's rows:
+ * rows 2t and 2t + 1, 8 columns each) stay conflict-free (banks 8t + g and
+ * 8t + 16 + g). The values are the same: only where they sit. It needs every
+ * layer's padded input width a multiple of 32 (P1, H1, H2, M1); the fused
+ * backward keeps plain rows. Every reader of W goes through mn_wcol:
+ * mn_pset_el, mn_pset_from and _to, the row layers and mn_gemm (BW). */
+#ifndef MN_WROT
+#if MN_PREC == 2 && !defined(MN_FUSED_GRAD) && !defined(MN_EMULATED) && MN_PDK % 32 == 0 &&                    \
+    (MN_LAYERS == 1 || MN_PDH % 32 == 0)
+#define MN_WROT 1
+#else
+#define MN_WROT 0
+#endif
+#endif
+static_assert(!MN_WROT || (MN_PDK % 32 == 0 && (MN_LAYERS == 1 || MN_PDH % 32 == 0)), "rows of whole 32s");
+
+/* The column where W's element (row, col) sits in its row (MN_WROT). */
+__device__ __forceinline__ int mn_wcol(int row, int col)
+{
+    return MN_WROT ? (col & ~31) | ((col + 12 * (row & 1)) & 31) : col;
+}
+
 #if MN_PREC == 2
 #define MN_KSTEP 16
 #else
@@ -124,6 +155,24 @@ template <bool T> __device__ __forceinline__ float4 mn_quad(const float *p, int 
     return *reinterpret_cast<const float4 *>(p + i * ld + j);
 }
 
+/* The same of a layer's W in its turned rows (MN_WROT, mn_wcol): B(k, n)
+ * and B(k + 1, n) (k even), or B(k .. k + 3, n) (k a multiple of 4), with
+ * B(k, n) = BK ? w[k ld + n] : w[n ld + k]. Where k is along the row the
+ * group stays whole (the turn is a multiple of 4 within a 32 that holds it). */
+template <bool BK> __device__ __forceinline__ float2 mn_wpair(const float *w, int ld, int k, int n)
+{
+    if (BK) return make_float2(w[k * ld + mn_wcol(k, n)], w[(k + 1) * ld + mn_wcol(k + 1, n)]);
+    return *reinterpret_cast<const float2 *>(w + n * ld + mn_wcol(n, k));
+}
+
+template <bool BK> __device__ __forceinline__ float4 mn_wquad(const float *w, int ld, int k, int n)
+{
+    if (BK)
+        return make_float4(w[k * ld + mn_wcol(k, n)], w[(k + 1) * ld + mn_wcol(k + 1, n)],
+                           w[(k + 2) * ld + mn_wcol(k + 2, n)], w[(k + 3) * ld + mn_wcol(k + 3, n)]);
+    return *reinterpret_cast<const float4 *>(w + n * ld + mn_wcol(n, k));
+}
+
 /* The offset of element (i, j) in the same layouts: mn_gemm moves a lane's
  * operands to a base pointer once a tile, so that its loads in the unrolled
  * K loop are that base plus constants (ncu on P1: computed per load, the
@@ -184,7 +233,7 @@ template <int M, int N> struct mn_gemm_shape {
  * same threads, pre before, epi after and post after the tile, each output
  * a plain fp32 sum. */
 template <int M, int N, int K, bool AT, bool BK, bool BSH = true, bool AR = false, bool BR = false, bool AH = false,
-          bool BH = false, class Epi, class Pre = mn_no_pre, class Post = mn_no_post>
+          bool BH = false, bool BW = false, class Epi, class Pre = mn_no_pre, class Post = mn_no_post>
 __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre(),
                                         Post post = Post())
 {
@@ -202,8 +251,10 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
                 float c0 = 0.0f, c1 = 0.0f;
                 for (int k = 0; k < K; k++) {
                     const float av = AT ? a[k * lda + i] : a[i * lda + k];
-                    c0 += av * (BK ? b[k * ldb + n] : b[n * ldb + k]);
-                    c1 += av * (BK ? b[k * ldb + n + 1] : b[(n + 1) * ldb + k]);
+                    /* BW: b is a layer's W, in its rows' layout (mn_wcol) */
+                    c0 += av * (BK ? b[k * ldb + (BW ? mn_wcol(k, n) : n)] : b[n * ldb + (BW ? mn_wcol(n, k) : k)]);
+                    c1 += av * (BK ? b[k * ldb + (BW ? mn_wcol(k, n + 1) : n + 1)]
+                                   : b[(n + 1) * ldb + (BW ? mn_wcol(n + 1, k) : k)]);
                 }
                 epi(i, n, old[j][hf].x + c0, old[j][hf].y + c1);
             }
@@ -238,7 +289,7 @@ __device__ __forceinline__ void mn_ldsm_x4_trans(unsigned (&r)[4], const void *r
 }
 
 template <int M, int N, int K, bool AT, bool BK, bool BSH = true, bool AR = false, bool BR = false, bool AH = false,
-          bool BH = false, class Epi, class Pre = mn_no_pre, class Post = mn_no_post>
+          bool BH = false, bool BW = false, class Epi, class Pre = mn_no_pre, class Post = mn_no_post>
 __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre(),
                                         Post post = Post())
 {
@@ -264,6 +315,10 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
     static_assert(!AH || MN_PREC == 2, "A stored as bf16 in bf16 mode");
     static_assert(!BH || (BK && MN_PREC == 2 && BSH), "B stored as bf16: k its rows, in shared memory, in bf16 mode");
     static_assert(!NAT || MN_GEMM_LANE_BASE, "bf16-stored operands in the step kernel (the fused backward keeps floats)");
+    /* BW: b is a layer's W; with MN_WROT its rows are turned (mn_wcol),
+     * which bf16's loads below follow (MN_WROT is bf16's, the step kernel's) */
+    constexpr bool WR = BW && MN_WROT;
+    static_assert(!WR || (MN_PREC == 2 && MN_GEMM_LANE_BASE && !BH), "W's turned rows: bf16, the step kernel");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     for (int tile = warp; tile < TILES; tile += MN_FWARPS) {
         const int m0 = (tile / NB) * 16, n0 = (tile % NB) * (8 * NT8);
@@ -326,8 +381,14 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
                     } else {
 #pragma unroll
                         for (int h = 0; h < 2; h++) {
-                            const float2 q0 = mn_pair<BK>(bl0, ldb, 8 * (j + h), k0);
-                            const float2 q1 = mn_pair<BK>(bl0, ldb, 8 * (j + h), k0 + 8);
+                            float2 q0, q1;
+                            if (WR) { /* k = k0 + 2t (+ 8), +1; n = n0 + g + 8 (j + h) */
+                                q0 = mn_wpair<BK>(b, ldb, k0 + 2 * t, n0 + g + 8 * (j + h));
+                                q1 = mn_wpair<BK>(b, ldb, k0 + 8 + 2 * t, n0 + g + 8 * (j + h));
+                            } else {
+                                q0 = mn_pair<BK>(bl0, ldb, 8 * (j + h), k0);
+                                q1 = mn_pair<BK>(bl0, ldb, 8 * (j + h), k0 + 8);
+                            }
                             bf[2 * h] = mn_bf16x2(q0.x, q0.y), bf[2 * h + 1] = mn_bf16x2(q1.x, q1.y);
                         }
                     }
@@ -348,7 +409,7 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
 #pragma unroll
             for (int j = 0; j < NT8; j++) {
 #if MN_GEMM_LANE_BASE
-                const float4 br = mn_quad<BK>(bl0, ldb, 8 * j, k0);
+                const float4 br = WR ? mn_wquad<BK>(b, ldb, k0 + 4 * t, n0 + 8 * j + g) : mn_quad<BK>(bl0, ldb, 8 * j, k0);
 #else
                 const float4 br = mn_quad<BK>(b, ldb, n0 + 8 * j + g, k0 + 4 * t);
 #endif

@@ -524,7 +524,7 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
 {
     if (!HROWS) hrows = cr;
 #if MN_LAYERS == 2
-    mn_gemm<MN_FR, MN_PDH, MN_PDK, false, false, BSH, PRE, false, MN_X16>(fb.x, MN_LDK, P.w[0], MN_LLD(0),
+    mn_gemm<MN_FR, MN_PDH, MN_PDK, false, false, BSH, PRE, false, MN_X16, false, true>(fb.x, MN_LDK, P.w[0], MN_LLD(0),
                                                  [&](int r, int j, float a0, float a1) {
         float2 z = make_float2(a0, a1);
         if (MN_BIAS) z.x += P.b[0][j], z.y += P.b[0][j + 1];
@@ -564,7 +564,7 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
      * leading dimension of the layer's padded weights */
     constexpr int OUT = MN_LAYERS - 1;
     const bool lead = MN_CL_LEAD; /* in a cluster, b2 and the residual are added once, by rank 0 */
-    mn_gemm<MN_FR, MN_PDV, MN_LPIN(OUT), false, false, BSH, PRE, false, MN_LAYERS == 2 ? MN_H16 : MN_X16>(
+    mn_gemm<MN_FR, MN_PDV, MN_LPIN(OUT), false, false, BSH, PRE, false, MN_LAYERS == 2 ? MN_H16 : MN_X16, false, true>(
         MN_LAYERS == 2 ? fb.h : fb.x, MN_LLD(OUT), P.w[OUT],
                                                         MN_LLD(OUT), [&](int r, int j, float a0, float a1) {
         float y0 = a0, y1 = a1;
@@ -624,13 +624,13 @@ __device__ __forceinline__ void mn_row_layer(const float *w, int ld, const float
             const float *wr = w + o * ld;
             int j = lane;
             for (; j + GS < NI; j += 2 * GS) { /* two at a time for mn_round2; the sum's order is the same */
-                float x0 = in[j], x1 = in[j + GS], w0 = wr[j], w1 = wr[j + GS];
+                float x0 = in[j], x1 = in[j + GS], w0 = wr[mn_wcol(o, j)], w1 = wr[mn_wcol(o, j + GS)];
                 if (!IN_ROUNDED) mn_round2(x0, x1);
                 mn_round2(w0, w1);
                 acc += x0 * w0;
                 acc += x1 * w1;
             }
-            if (j < NI) acc += (IN_ROUNDED ? in[j] : mn_round(in[j])) * mn_round(wr[j]);
+            if (j < NI) acc += (IN_ROUNDED ? in[j] : mn_round(in[j])) * mn_round(wr[mn_wcol(o, j)]);
         }
 #pragma unroll
         for (int off = GS / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off, GS);
@@ -771,10 +771,10 @@ __device__ void mn_pset_from(const mn_pset &dst, float *const *src)
         const int ni = MN_LIN(i), no = MN_LOUT(i), pin = MN_LPIN(i), pout = MN_LPOUT(i), ld = MN_LLD(i);
         const float *w = src[i * MN_PER];
         for (int e = threadIdx.x; e < pout * ld; e += MN_FT) {
-            const int o = e / ld, j = e % ld;
-            dst.w[i][e] = (o < no && j < ni) ? w[mn_gel(i * MN_PER, o * ni + j)] : 0.0f;
+            const int o = e / ld, j = e % ld; /* j: the column; it sits at mn_wcol(o, j) (padding as it is) */
+            dst.w[i][MN_WROT && j < pin ? o * ld + mn_wcol(o, j) : e] =
+                (o < no && j < ni) ? w[mn_gel(i * MN_PER, o * ni + j)] : 0.0f;
         }
-        (void)pin;
         if (MN_BIAS) {
             const float *b = src[i * MN_PER + 1];
             for (int o = threadIdx.x; o < pout; o += MN_FT) dst.b[i][o] = o < no ? b[o] : 0.0f;
@@ -788,7 +788,8 @@ __device__ void mn_pset_to(float *const *dst, const mn_pset &src)
     for (int i = 0; i < MN_LAYERS; i++) {
         const int ni = MN_LIN(i), no = MN_LOUT(i), ld = MN_LLD(i);
         float *w = dst[i * MN_PER];
-        for (int e = threadIdx.x; e < no * ni; e += MN_FT) w[mn_gel(i * MN_PER, e)] = src.w[i][(e / ni) * ld + e % ni];
+        for (int e = threadIdx.x; e < no * ni; e += MN_FT)
+            w[mn_gel(i * MN_PER, e)] = src.w[i][(e / ni) * ld + mn_wcol(e / ni, e % ni)];
         if (MN_BIAS && mn_owns(i * MN_PER + 1, MN_CL_LEAD)) {
             float *b = dst[i * MN_PER + 1];
             for (int o = threadIdx.x; o < no; o += MN_FT) b[o] = src.b[i][o];
@@ -802,7 +803,7 @@ __device__ __forceinline__ float *mn_pset_el(const mn_pset &ps, int p, int e)
     const int i = p / MN_PER;
     if (MN_BIAS && p % 2 == 1) return ps.b[i] + e;
     const int ni = MN_LIN(i);
-    return ps.w[i] + (e / ni) * MN_LLD(i) + e % ni;
+    return ps.w[i] + (e / ni) * MN_LLD(i) + mn_wcol(e / ni, e % ni);
 }
 
 #endif /* __CUDACC_RTC__ */

@@ -392,6 +392,11 @@ void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len)
     const char *ldsm = getenv("MNEMO_FUSED_LDSM");
     if (used > 0 && (size_t)used < len && ldsm && (!strcmp(ldsm, "0") || !strcmp(ldsm, "1")))
         used += snprintf(buf + used, len - (size_t)used, "#define MN_LDSM %s\n", ldsm);
+    /* and MNEMO_FUSED_WROT=0: bf16's weights in plain rows in shared memory
+     * (fused_gemm.cuh's MN_WROT turns their odd rows), to measure */
+    const char *wrot = getenv("MNEMO_FUSED_WROT");
+    if (used > 0 && (size_t)used < len && wrot && !strcmp(wrot, "0"))
+        used += snprintf(buf + used, len - (size_t)used, "#define MN_WROT 0\n");
     /* and MNEMO_FUSED_H16: bf16's operands kept in floats (0), as before
      * their producers stored them as bf16 (fused_gemm.cuh's MN_H16); or h
      * alone stored so (h), or all but dL/dy (hx); 1: the default, all: to

@@ -211,6 +211,8 @@ want tiers && {
     # bf16's operands stored as bf16 by their producers give the values the products rounded to
     [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (bf16 operands stored as bf16)" env PYTHON="$PYTHON" \
         MNEMO_COMPILE=full sh tests/gpu/same_bits.sh MNEMO_FUSED_H16 0 1 auto
+    [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (bf16's weights' rows turned)" env PYTHON="$PYTHON" \
+        MNEMO_COMPILE=full sh tests/gpu/same_bits.sh MNEMO_FUSED_WROT 0 1 auto
     [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (large path's dependent launches)" env PYTHON="$PYTHON" \
         MNEMO_COMPILE=full sh tests/gpu/same_bits.sh MNEMO_LARGE_PDL 0 1 large
 }

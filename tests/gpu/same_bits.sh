@@ -15,6 +15,9 @@
 #   MNEMO_FUSED_H16 0 1 auto: the fused forward's bf16 operands kept in
 #     floats or stored as bf16 where they are made (kernels/fused_gemm.cuh):
 #     the tensor cores get the same values.
+#   MNEMO_FUSED_WROT 0 1 auto: bf16's weights in shared memory in plain
+#     rows or with their odd rows turned (kernels/fused_gemm.cuh's MN_WROT):
+#     where the values sit, not what they are.
 #   MNEMO_LARGE_PDL 0 1 large: the large path's captured steps with and
 #     without programmatic dependent launches (kernels/engine_large.c): the
 #     same kernels, only launched earlier, each waiting for the one ahead.

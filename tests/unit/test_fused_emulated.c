@@ -207,6 +207,23 @@ static void run_case(const fused_case *c, const char *cxx, const char *dir)
                name);
     }
     check_worst(name, worst, worst_name, "output", all);
+    /* W's rows stored turned (MN_WROT, bf16's layout on the GPU) where every
+     * layer's padded input is a multiple of 32: the same bits */
+    const rule_case *rc = &c->rule;
+    if (rc->dk % 32 == 0 && (rc->layers == 1 || rc->dh % 32 == 0)) {
+        char bits_rot[32], wname[160];
+        snprintf(wname, sizeof wname, "%s/W's rows turned (MN_WROT)", name);
+        if (!emulate(cxx, dir, "step_emu", source, "-DMN_WROT=1", &worst, worst_name, all, sizeof all, bits_rot, why,
+                     sizeof why)) {
+            printf("FAIL %s: %s\n", wname, why);
+            check_failures_++;
+        } else if (strcmp(bits_rot, bits) != 0) {
+            printf("FAIL %s: outputs %s, plain rows %s\n", wname, bits_rot, bits);
+            check_failures_++;
+        } else {
+            printf("PASS %s: the same bits as plain rows\n", wname);
+        }
+    }
     if (c->split <= 0) return;
     /* a memory fed in two writes (a refresh block split by them reads the
      * anchor the first wrote) against the CPU's one run */
