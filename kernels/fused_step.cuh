@@ -198,6 +198,17 @@ __device__ __forceinline__ constexpr bool mn_g_steady(int p)
     return mn_g_plain(p) || MN_FT % (2 * MN_LIN(p / MN_PER)) == 0;
 }
 
+/* Whether W's turned rows (MN_WROT, mn_wcol) move float4 e4 + MN_FT as they
+ * move e4 (its row advances by an even count, its column stays): then the
+ * update's loop steps its pointer into W by a constant, where mn_pset_el's
+ * turned index cost P1's update 7% (MNEMO_FUSED_PROFILE, H200: 670k cycles
+ * in plain rows, 718k turned, 658k with this). Not in a cluster: H1's
+ * kernel then spilled (ptxas: a 24-byte frame became 48) and ran 3% slower. */
+__device__ __forceinline__ constexpr bool mn_w_steady(int p)
+{
+    return MN_WROT && MN_CLUSTER == 1 && ((MN_BIAS && p % 2 == 1) || (4 * MN_FT) % (2 * MN_LIN(p / MN_PER)) == 0);
+}
+
 extern "C" __global__ void __launch_bounds__(MN_FT, MN_FUSED_MINB) MN_CLUSTER_DIMS
 mn_fused_step_kernel(const mn_rule_kargs a)
 {
@@ -629,9 +640,13 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                      * iterations' loads may all be issued first */
                     const float4 *__restrict__ G4 = reinterpret_cast<const float4 *>(Gp);
                     const int n4 = numel / 4, gx = mn_g_el(p, 4 * tid) / 4 ^ tid;
+                    float *const w0 = mn_pset_el(Wp, p, 4 * tid);
+                    const int wstep = MN_BIAS && p % 2 == 1 ? 4 * MN_FT
+                                                            : 4 * MN_FT / MN_LIN(p / MN_PER) * MN_LLD(p / MN_PER);
 #pragma unroll 2
-                    for (int e4 = tid; e4 < n4; e4 += MN_FT) {
-                        float4 *__restrict__ W4 = reinterpret_cast<float4 *>(mn_pset_el(Wp, p, 4 * e4));
+                    for (int e4 = tid, it = 0; e4 < n4; e4 += MN_FT, it++) {
+                        float4 *__restrict__ W4 =
+                            reinterpret_cast<float4 *>(mn_w_steady(p) ? w0 + it * wstep : mn_pset_el(Wp, p, 4 * e4));
                         float4 *__restrict__ S4 = reinterpret_cast<float4 *>(Sp + mn_gel(p, 4 * e4));
                         const float4 gv = mn_ld_g4(G4 + (mn_g_steady(p) ? e4 ^ gx : mn_g_el(p, 4 * e4) / 4)), sv = *S4,
                                      wv = *W4;
