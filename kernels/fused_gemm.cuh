@@ -31,8 +31,9 @@ static_assert(MN_FT % 32 == 0 && MN_FT <= 1024, "whole warps");
  * where the product's k is the buffer's rows (the weight gradients). Stored
  * so, they come by ldmatrix (ldmatrix.trans where k is the rows), with no
  * conversion (mn_gemm's AH and BH). The tensor cores get the same values
- * (mn_bf16x2 rounds as mn_round does), and the products that take them
- * order k as the instruction does (NAT in mn_gemm): on an H200 every
+ * (mn_bf16x2, in rule_kernel.cuh, rounds as mn_round does), and the
+ * products that take them order k as the instruction does (NAT in
+ * mn_gemm): on an H200 every
  * output, final weight and gradient compared was the same to the bit, and
  * P1's, H1's and H2's step kernels were 19% faster, M1's 14%
  * (tests/bench/RESULTS.md, 2026-11-29). A bf16 row keeps the float row's
@@ -107,15 +108,6 @@ __device__ __forceinline__ unsigned mn_tf32_bits(float x)
 {
     unsigned u;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(x));
-    return u;
-}
-
-/* Two floats to bf16x2 (lo in the low half), round to nearest even, NaN
- * kept NaN: what mn_round does in bf16 mode, in one instruction. */
-__device__ __forceinline__ unsigned mn_bf16x2(float lo, float hi)
-{
-    unsigned u;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(hi), "f"(lo));
     return u;
 }
 

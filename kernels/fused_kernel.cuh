@@ -761,6 +761,15 @@ template <int N> __device__ __forceinline__ void mn_block_sums(double *v)
     mn_block_sums_in<N>(v, mn_block_parts());
 }
 
+/* Element e of parameter p inside a padded pset. */
+__device__ __forceinline__ float *mn_pset_el(const mn_pset &ps, int p, int e)
+{
+    const int i = p / MN_PER;
+    if (MN_BIAS && p % 2 == 1) return ps.b[i] + e;
+    const int ni = MN_LIN(i);
+    return ps.w[i] + (e / ni) * MN_LLD(i) + mn_wcol(e / ni, e % ni);
+}
+
 /* Copy parameters: global unpadded [numel] per parameter <-> a padded pset
  * (in a cluster, the block's slice: src and dst moved by mn_cl_params; b2
  * written back by rank 0). */
@@ -786,24 +795,14 @@ __device__ void mn_pset_to(float *const *dst, const mn_pset &src)
 {
 #pragma unroll
     for (int i = 0; i < MN_LAYERS; i++) {
-        const int ni = MN_LIN(i), no = MN_LOUT(i), ld = MN_LLD(i);
+        const int ni = MN_LIN(i), no = MN_LOUT(i);
         float *w = dst[i * MN_PER];
-        for (int e = threadIdx.x; e < no * ni; e += MN_FT)
-            w[mn_gel(i * MN_PER, e)] = src.w[i][(e / ni) * ld + mn_wcol(e / ni, e % ni)];
+        for (int e = threadIdx.x; e < no * ni; e += MN_FT) w[mn_gel(i * MN_PER, e)] = *mn_pset_el(src, i * MN_PER, e);
         if (MN_BIAS && mn_owns(i * MN_PER + 1, MN_CL_LEAD)) {
             float *b = dst[i * MN_PER + 1];
             for (int o = threadIdx.x; o < no; o += MN_FT) b[o] = src.b[i][o];
         }
     }
-}
-
-/* Element e of parameter p inside a padded pset. */
-__device__ __forceinline__ float *mn_pset_el(const mn_pset &ps, int p, int e)
-{
-    const int i = p / MN_PER;
-    if (MN_BIAS && p % 2 == 1) return ps.b[i] + e;
-    const int ni = MN_LIN(i);
-    return ps.w[i] + (e / ni) * MN_LLD(i) + mn_wcol(e / ni, e % ni);
 }
 
 #endif /* __CUDACC_RTC__ */

@@ -144,6 +144,18 @@ MN_SHARED_FN void mn_rule_layout_out_norm(mn_rule_layout *lo, long long dv, long
 #define MN_OUT(i) mn_layer_out((i), MN_LAYERS, MN_DV, MN_DH)
 #define MN_ROWS (MN_STEP < MN_RULE_CHUNK_MAX ? MN_STEP : MN_RULE_CHUNK_MAX)
 
+/* Two floats to bf16x2 (lo in the low half), round to nearest even, NaN
+ * kept NaN: what mn_round does in bf16 mode, in one instruction (sm_80 on;
+ * the fused kernels' bf16 operands, and mn_round2 below). */
+#if !defined(MN_EMULATED) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ unsigned mn_bf16x2(float lo, float hi)
+{
+    unsigned u;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(hi), "f"(lo));
+    return u;
+}
+#endif
+
 /* Operand rounding of the precision mode (what tensor cores compute with). */
 #if MN_PREC == 1
 __device__ __forceinline__ float mn_round(float x)
@@ -180,8 +192,7 @@ __device__ __forceinline__ float mn_round(float x) { return x; }
 __device__ __forceinline__ void mn_round2(float &a, float &b)
 {
 #if MN_PREC == 2 && !defined(MN_EMULATED) && __CUDA_ARCH__ >= 800
-    unsigned u;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(b), "f"(a));
+    const unsigned u = mn_bf16x2(a, b);
     a = __uint_as_float(u << 16), b = __uint_as_float(u & 0xffff0000u);
 #else
     a = mn_round(a), b = mn_round(b);
