@@ -308,7 +308,8 @@ rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =
   Fields: path, why, forced, rows (token rows per chunk), threads,
   smem_bytes, grad_in_shared (the step's gradient kept in shared memory
   beside the weights, where it fits), grad_swizzled (its rows' float
-  groups permuted against bank conflicts: tf32 and bf16), k_unroll (how
+  groups permuted against bank conflicts: tf32 and bf16), z_pad (bf16:
+  the hidden layer's z rows 4 floats wider, where they fit), k_unroll (how
   far the tensor-core products' K loops unroll), kernel, memories,
   precision, arch,
   device; backward and

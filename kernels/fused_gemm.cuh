@@ -74,11 +74,14 @@ static_assert(MN_FT % 32 == 0 && MN_FT <= 1024, "whole warps");
 #endif
 static_assert(!MN_WROT || (MN_PDK % 32 == 0 && (MN_LAYERS == 1 || MN_PDH % 32 == 0)), "rows of whole 32s");
 
+/* The column where element (row, col) of a buffer whose odd rows are
+ * turned sits in its row: W's (MN_WROT) and z's (fused_kernel.cuh's
+ * MN_ZROT) layout. A pair (col even) or a quad (col a multiple of 4) stays
+ * whole and in order. */
+__device__ __forceinline__ int mn_turned_col(int row, int col) { return (col & ~31) | ((col + 12 * (row & 1)) & 31); }
+
 /* The column where W's element (row, col) sits in its row (MN_WROT). */
-__device__ __forceinline__ int mn_wcol(int row, int col)
-{
-    return MN_WROT ? (col & ~31) | ((col + 12 * (row & 1)) & 31) : col;
-}
+__device__ __forceinline__ int mn_wcol(int row, int col) { return MN_WROT ? mn_turned_col(row, col) : col; }
 
 #if MN_PREC == 2
 #define MN_KSTEP 16
@@ -225,11 +228,12 @@ template <int M, int N> struct mn_gemm_shape {
  * same threads, pre before, epi after and post after the tile, each output
  * a plain fp32 sum. */
 template <int M, int N, int K, bool AT, bool BK, bool BSH = true, bool AR = false, bool BR = false, bool AH = false,
-          bool BH = false, bool BW = false, class Epi, class Pre = mn_no_pre, class Post = mn_no_post>
+          bool BH = false, bool BW = false, bool AZ = false, class Epi, class Pre = mn_no_pre, class Post = mn_no_post>
 __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre(),
                                         Post post = Post())
 {
     static_assert(!AH && !BH, "bf16-stored operands only on the GPU (MN_H16)");
+    static_assert(!AZ || AT, "z's turned rows as A: k its rows");
     constexpr int NT8 = mn_gemm_shape<M, N>::NT8, NB = mn_gemm_shape<M, N>::NB, TILES = mn_gemm_shape<M, N>::TILES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     for (int tile = warp; tile < TILES; tile += MN_FWARPS) {
@@ -242,7 +246,8 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
                 const int i = m0 + g + 8 * hf, n = n0 + 8 * j + 2 * t;
                 float c0 = 0.0f, c1 = 0.0f;
                 for (int k = 0; k < K; k++) {
-                    const float av = AT ? a[k * lda + i] : a[i * lda + k];
+                    /* AZ: a is z with its odd rows turned (MN_ZROT; read by a product only here, without dz's bf16 copy) */
+                    const float av = AT ? a[k * lda + (AZ ? mn_turned_col(k, i) : i)] : a[i * lda + k];
                     /* BW: b is a layer's W, in its rows' layout (mn_wcol) */
                     c0 += av * (BK ? b[k * ldb + (BW ? mn_wcol(k, n) : n)] : b[n * ldb + (BW ? mn_wcol(n, k) : k)]);
                     c1 += av * (BK ? b[k * ldb + (BW ? mn_wcol(k, n + 1) : n + 1)]
@@ -281,10 +286,12 @@ __device__ __forceinline__ void mn_ldsm_x4_trans(unsigned (&r)[4], const void *r
 }
 
 template <int M, int N, int K, bool AT, bool BK, bool BSH = true, bool AR = false, bool BR = false, bool AH = false,
-          bool BH = false, bool BW = false, class Epi, class Pre = mn_no_pre, class Post = mn_no_post>
+          bool BH = false, bool BW = false, bool AZ = false, class Epi, class Pre = mn_no_pre, class Post = mn_no_post>
 __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b, int ldb, Epi epi, Pre pre = Pre(),
                                         Post post = Post())
 {
+    /* on the GPU MN_ZROT comes with dz's bf16 copy (MN_DZ16), the product's operand */
+    static_assert(!AZ, "z's turned rows as a product's operand: the emulation's mn_gemm only");
     constexpr int NT8 = mn_gemm_shape<M, N>::NT8, NB = mn_gemm_shape<M, N>::NB, TILES = mn_gemm_shape<M, N>::TILES;
     /* AR, BR: the caller stored that operand rounded to tf32 already
      * (mn_round), so in tf32 its fragments go to the mma as loaded: no

@@ -276,6 +276,51 @@ __device__ __forceinline__ bool mn_owns(int p, bool lead)
 #define MN_DY16_AT ((MN_PDK + 8) / 2)
 static_assert(MN_FUSED_PAD >= 4, "dz's and dL/dy's bf16 copies fit beside h's and x's in a row");
 
+/* z's layout in bf16's step kernel. z's rows are 4 banks apart, as every
+ * chunk buffer's, and the products' epilogues store z as 8-byte pairs (the
+ * forward) and read and store them again (dz = dh phi'): lanes 0-15's
+ * pairs, rows g = 0..3 of 8 floats from bank 4g, met every bank twice
+ * (Nsight Compute, P1 bf16, H200: 2.6M of the step kernel's 11.5M
+ * bank-conflict wavefronts). Two ways out, the same values either way:
+ * - MN_ZPAD (kernels/plan.c sets it where the rows fit in shared memory):
+ *   rows 4 floats wider (MN_LDZ), 8 banks apart, so rows 0..3 take banks
+ *   8g .. 8g + 7: no index arithmetic.
+ * - MN_ZROT where they do not fit (P1: its 32 rows fill the SM): odd rows
+ *   turned by 12 floats within every 32, as W's are (mn_turned_col), so
+ *   rows 0..3 start at banks 0, 16, 8, 24. Its index costs registers, so
+ *   only where it was measured to pay (H200, step kernel): P1 1.1% faster;
+ *   H1 (a cluster) 2.5% slower, its ptxas frame 24 -> 48 bytes; M1 (chunks
+ *   of 16 rows) 2.2% slower, 0 -> 8 bytes; P1-c16 (16 rows) no change. So
+ *   without a cluster, in chunks of 32 rows or more.
+ * z's other readers lose nothing: the activation's loop reads 32 or 16
+ * adjacent columns of one or two rows, the bias gradient's sums 1, 2 or 4
+ * rows of adjacent columns a warp (with the turn, 8 rows would meet its
+ * four starting banks twice: hence MN_FT / MN_DH < 8). In bf16 no product
+ * reads z (its operand is dz's bf16 copy, MN_DZ16); in tf32 the first
+ * layer's weight gradient reads it by columns, two rows a lane, which
+ * either layout would put on one bank, so tf32 keeps plain rows (the
+ * emulation, without dz's copy, reads z through mn_gemm's AZ).
+ * MNEMO_FUSED_ZPAD=0 and MNEMO_FUSED_ZROT=0 keep plain rows, to measure. */
+#ifndef MN_ZPAD
+#define MN_ZPAD 0
+#endif
+#ifndef MN_ZROT
+#if MN_WROT && MN_DZ16 && !MN_ZPAD && MN_CLUSTER == 1 && MN_FR >= 32 && MN_FT / MN_DH < 8
+#define MN_ZROT 1
+#else
+#define MN_ZROT 0
+#endif
+#endif
+#if (MN_ZPAD || MN_ZROT) && defined(MN_FUSED_GRAD)
+#error "the fused backward reads z in plain rows (fused_grad_model.cuh)"
+#endif
+static_assert(!MN_ZROT || (MN_LAYERS == 2 && MN_PDH % 32 == 0), "z's rows of whole 32s");
+#define MN_LDZ (MN_LDH + 4 * MN_ZPAD)
+
+/* The column where z's element (row, col) sits in its row (MN_ZROT); rows
+ * are MN_LDZ floats apart. */
+__device__ __forceinline__ int mn_zcol(int row, int col) { return MN_ZROT ? mn_turned_col(row, col) : col; }
+
 /* Chunk buffers in shared memory. */
 struct mn_fbuf {
     float *x, *z, *h, *y, *dy; /* [R x ld]; z holds phi'(z) after mn_fused_forward<true>, dz after the backward */
@@ -528,7 +573,7 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
                                                  [&](int r, int j, float a0, float a1) {
         float2 z = make_float2(a0, a1);
         if (MN_BIAS) z.x += P.b[0][j], z.y += P.b[0][j + 1];
-        *reinterpret_cast<float2 *>(fb.z + r * MN_LDH + j) = z;
+        *reinterpret_cast<float2 *>(fb.z + r * MN_LDZ + mn_zcol(r, j)) = z;
     }, mn_no_pre(), [&](int m0, int n0, int width) {
         /* h = phi(z) and, for the backward, phi'(z) in place of z: a loop
          * over the warp's tile, so each is inlined once (not once per
@@ -539,7 +584,7 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
         for (int e = lane; e < 16 * width; e += 32) {
             const int r = m0 + e / width, j = n0 + e % width;
             const bool real = r < hrows && j < MN_DH;
-            const float z = fb.z[r * MN_LDH + j];
+            const float z = fb.z[r * MN_LDZ + mn_zcol(r, j)];
             /* phi and phi' in one branch, with no store between them, so
              * the compiler computes their common terms once (gelu's erfc:
              * about 50 instructions, which it computed twice when each
@@ -555,7 +600,7 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
 #else
             fb.h[r * MN_LDH + j] = PRE ? mn_round(hv) : hv;
 #endif
-            if (GRAD) fb.z[r * MN_LDH + j] = dv;
+            if (GRAD) fb.z[r * MN_LDZ + mn_zcol(r, j)] = dv;
         }
     });
     __syncthreads();

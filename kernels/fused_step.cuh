@@ -227,7 +227,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
     sp += MN_FR * MN_LDK;
 #if MN_LAYERS == 2
     fb.z = sp;
-    sp += MN_FR * MN_LDH;
+    sp += MN_FR * MN_LDZ;
     fb.h = sp;
     sp += MN_FR * MN_LDH;
 #else

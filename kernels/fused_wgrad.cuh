@@ -110,8 +110,8 @@ struct mn_gacc {
 /* Column sums over the chunk's real rows into a bias gradient: TP threads
  * (adjacent lanes) per column take every TP-th row in double and combine by
  * shuffles, in a fixed order, so the block stays busy and the result
- * deterministic. */
-template <int COLS>
+ * deterministic. Z: src is z, in its layout (mn_zcol; ld is MN_LDZ). */
+template <int COLS, bool Z = false>
 __device__ __forceinline__ void mn_bias_grad(float *gb, const float *src, int ld, int cr, bool first, bool last,
                                              double *ss)
 {
@@ -121,7 +121,7 @@ __device__ __forceinline__ void mn_bias_grad(float *gb, const float *src, int ld
         const int o = o0 + threadIdx.x / TP;
         double acc = 0.0;
         if (o < COLS)
-            for (int r = part; r < cr; r += TP) acc += src[r * ld + o];
+            for (int r = part; r < cr; r += TP) acc += src[r * ld + (Z ? mn_zcol(r, o) : o)];
 #pragma unroll
         for (int off = TP / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off, TP);
         if (o < COLS && part == 0) {
@@ -154,7 +154,7 @@ __device__ __forceinline__ void mn_fused_chunk_grad(const mn_pset &P, const mn_f
     mn_gemm<MN_FR, MN_PDH, MN_PDV, false, true, true, false, false, MN_DY16, false, true>(dyo, LDYO, P.w[1], MN_LLD(1),
                                                                        [&](int r, int j, float a0, float a1) {
         /* fb.z holds phi'(z) since the forward (mn_fused_forward<true>) */
-        float2 *zp = reinterpret_cast<float2 *>(fb.z + r * MN_LDH + j);
+        float2 *zp = reinterpret_cast<float2 *>(fb.z + r * MN_LDZ + mn_zcol(r, j));
         const float2 d = *zp;
         const bool real = r < cr;
         const float2 dz = make_float2(real && j < MN_DH ? a0 * d.x : 0.0f, real && j + 1 < MN_DH ? a1 * d.y : 0.0f);
@@ -171,9 +171,10 @@ __device__ __forceinline__ void mn_fused_chunk_grad(const mn_pset &P, const mn_f
     mn_gemm<MN_PDH, MN_PDK, MN_FR, true, true, true, false, PRE, true, MN_X16>(fb.h + MN_DZ16_AT, MN_LDH, fb.x, MN_LDK, g1,
                                                                             g1.pre());
 #else
-    mn_gemm<MN_PDH, MN_PDK, MN_FR, true, true, true, false, PRE>(fb.z, MN_LDH, fb.x, MN_LDK, g1, g1.pre());
+    mn_gemm<MN_PDH, MN_PDK, MN_FR, true, true, true, false, PRE, false, false, false, MN_ZROT>(fb.z, MN_LDZ, fb.x, MN_LDK,
+                                                                                          g1, g1.pre());
 #endif
-    if (MN_BIAS) mn_bias_grad<MN_DH>(G[1], fb.z, MN_LDH, cr, first, last, &ss[1]);
+    if (MN_BIAS) mn_bias_grad<MN_DH, true>(G[1], fb.z, MN_LDZ, cr, first, last, &ss[1]);
 #else
     const mn_gacc g1 = {G[0], MN_DV, MN_DK, first, last, &ss[0]};
     mn_gemm<MN_PDV, MN_PDK, MN_FR, true, true, true, false, PRE, false, MN_X16>(fb.dy, MN_LDV, fb.x, MN_LDK, g1, g1.pre());

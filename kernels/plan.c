@@ -330,6 +330,24 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
                                  : p == MN_PREC_TF32 || p == MN_PREC_BF16;
             if (r->precondition != MN_PRECOND_NONE) out->g_swizzle = false;
         }
+        /* bf16's z rows 4 floats wider (fused_kernel.cuh's MN_ZPAD: the
+         * epilogues' pairs then meet no bank conflicts), decided last: only
+         * where they fit beside the rows and the blocks an SM chosen above,
+         * and not beside G (measured, H200, 2026-11-29, step kernel: H1,
+         * H2, P1-c16 0.5-1.0% faster; M1, whose G is here, 3.5% slower,
+         * and as slow with the 256 bytes allocated and its z rows as before:
+         * the allocation, not the layout, which the SM's carve-out steps do
+         * not explain). Not P1 either, whose 32 rows fill the SM: there
+         * MN_ZROT turns z's odd rows instead. MNEMO_FUSED_ZPAD=0, an
+         * experiment's knob, keeps them PAD wide. */
+        const char *zp = getenv("MNEMO_FUSED_ZPAD");
+        const long zbytes = (long)sizeof(float) * 4 * rows;
+        if (!(zp && !strcmp(zp, "0")) && p == MN_PREC_BF16 && r->layers == 2 && !out->g_shared &&
+            out->smem_bytes + zbytes + fixed <= smem_limit &&
+            (out->min_blocks == 1 || 2 * (out->smem_bytes + zbytes + 2048) <= smem_limit + 1024)) {
+            out->z_pad = true;
+            out->smem_bytes += zbytes;
+        }
         /* The unroll of the products' K loops, as measured fastest on an H100
          * (tests/bench/RESULTS.md): fp32 4 (P1 -5% and M1 -13% against 8,
          * 2026-11-26), tf32 8 (M1's forward 16% slower at 4). bf16 takes k
@@ -370,6 +388,8 @@ void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len)
         used += snprintf(buf + used, len - (size_t)used, "#define MN_G_SHARED 1\n");
     if (used > 0 && (size_t)used < len && pl->g_swizzle)
         used += snprintf(buf + used, len - (size_t)used, "#define MN_G_SWZ 1\n");
+    if (used > 0 && (size_t)used < len && pl->z_pad)
+        used += snprintf(buf + used, len - (size_t)used, "#define MN_ZPAD 1\n");
     /* the step kernel's code for q and for lengths only where the run gives
      * them: a run without either (most) compiles without a retrieval pass
      * and the padding's tail it never takes (P1's quick compile 0.57 ->
@@ -392,6 +412,11 @@ void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len)
     const char *ldsm = getenv("MNEMO_FUSED_LDSM");
     if (used > 0 && (size_t)used < len && ldsm && (!strcmp(ldsm, "0") || !strcmp(ldsm, "1")))
         used += snprintf(buf + used, len - (size_t)used, "#define MN_LDSM %s\n", ldsm);
+    /* and MNEMO_FUSED_ZROT=0: z's odd rows not turned (fused_kernel.cuh's
+     * MN_ZROT, bf16 where the plan has no room for MN_ZPAD), to measure */
+    const char *zrot = getenv("MNEMO_FUSED_ZROT");
+    if (used > 0 && (size_t)used < len && zrot && !strcmp(zrot, "0"))
+        used += snprintf(buf + used, len - (size_t)used, "#define MN_ZROT 0\n");
     /* and MNEMO_FUSED_WROT=0: bf16's weights in plain rows in shared memory
      * (fused_gemm.cuh's MN_WROT turns their odd rows), to measure */
     const char *wrot = getenv("MNEMO_FUSED_WROT");
@@ -554,6 +579,7 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
     *out = fwd;
     out->min_blocks = 1; /* the forward's: the backward's block is compiled for one an SM */
     out->g_swizzle = false; /* the forward's G layout: the backward keeps its own */
+    out->z_pad = false;     /* and its z rows PAD wide */
     out->kunroll = power_knob("MNEMO_FUSED_KUNROLL"); /* unset: fused_gemm.cuh's backward default */
     out->forced = force_fused;
     out->rows = rows;

@@ -41,6 +41,7 @@ typedef struct mn_cuda_plan {
     int dh;               /* fused, cluster > 1: the whole memory's hidden width */
     bool g_shared;        /* fused: the step kernel keeps G in shared memory (counted in smem_bytes), not the workspace */
     bool g_swizzle;       /* fused, with g_shared: G's rows swizzled against the epilogue's bank conflicts (MN_G_SWZ) */
+    bool z_pad;           /* fused, bf16: z's rows 4 floats wider (MN_ZPAD, counted in smem_bytes) where that fits */
     int kunroll;          /* fused: the products' K-loop unroll (1, 2, 4, 8; 0 in the backward's: fused_gemm.cuh's 1) */
     bool with_q;          /* fused forward: the run gives q (set by the caller from its inputs; the plan leaves it false) */
     bool with_lengths;    /* fused forward: the run gives lengths (likewise) */

@@ -18,6 +18,9 @@
 #   MNEMO_FUSED_WROT 0 1 auto: bf16's weights in shared memory in plain
 #     rows or with their odd rows turned (kernels/fused_gemm.cuh's MN_WROT):
 #     where the values sit, not what they are.
+#   MNEMO_FUSED_ZPAD 0 1 auto, MNEMO_FUSED_ZROT 0 1 auto: bf16's z rows
+#     wider or with their odd rows turned, or neither
+#     (kernels/fused_kernel.cuh's MN_ZPAD, MN_ZROT): likewise.
 #   MNEMO_LARGE_PDL 0 1 large: the large path's captured steps with and
 #     without programmatic dependent launches (kernels/engine_large.c): the
 #     same kernels, only launched earlier, each waiting for the one ahead.

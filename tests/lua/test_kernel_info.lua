@@ -101,6 +101,19 @@ T.ok("kernel_info: .info and .cubin files beside each other", listing:find("%x+%
   listing:find("%x+%.cubin"), listing)
 os.execute("rm -rf " .. sh_quote(tmp))
 
+-- rule:plan's z_pad: bf16's z rows widened where they fit (P1-c16's
+-- shape: 16-row chunks), not in tf32, not where the rows fill the SM (P1)
+do
+  local c16 = mnemo.rule { layers = 2, hidden = 256, activation = "gelu", step = 16, refresh = 64 }
+  local b = c16:plan { B = 4, H = 32, dk = 64, precision = "bf16", arch = 90 }
+  local t = c16:plan { B = 4, H = 32, dk = 64, precision = "tf32", arch = 90 }
+  T.ok("rule:plan: z_pad in bf16 where it fits", b.path == "fused" and b.z_pad == true and t.z_pad == false and
+    b.rows == t.rows and b.smem_bytes == t.smem_bytes + 16 * b.rows, ("%s %s %s"):format(b.z_pad, b.rows, b.smem_bytes))
+  local p1 = mnemo.rule { layers = 2, hidden = 256, activation = "gelu", step = 64 }
+  local bp = p1:plan { B = 4, H = 32, dk = 64, precision = "bf16", arch = 90 }
+  T.ok("rule:plan: no z_pad where the rows fill the SM", bp.path == "fused" and bp.z_pad == false and bp.rows == 32,
+    ("%s %s"):format(bp.z_pad, bp.rows))
+end
 ---------------------------------------------------------------- on a GPU
 if not gpu then
   T.eq("kernel_info: no occupancy without a GPU", info.occupancy == nil and info.gpu == nil, true)

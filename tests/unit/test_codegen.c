@@ -926,6 +926,43 @@ static void test_grad_in_shared(void)
     unsetenv("MNEMO_FUSED_GSHARED");
     CHECK("codegen/grad_in_shared/odd_sizes_on_float4s",
           ok && pl.path == MN_PATH_FUSED && !pl.g_shared && mn_fused_work_floats(&r, &odd, &pl) == 128 + 16 + 100 + 8);
+    /* z's rows 4 floats wider in bf16 (MN_ZPAD) where they fit beside
+     * everything else and G is not in shared memory: P1-c16's (16 rows);
+     * not M1's (G beside them), nor P1's, whose 32 rows fill the SM (its
+     * rows stay 32; fused_kernel.cuh turns z's odd rows there); never in
+     * tf32, nor in the fused backward */
+    {
+        mn_cuda_plan t, b, bw16;
+        ok = mn_cuda_plan_rule(&r, &m1, MN_PREC_TF32, 512, 90, 0, &t) == MN_OK &&
+             mn_cuda_plan_rule(&r, &m1, MN_PREC_BF16, 512, 90, 0, &b) == MN_OK;
+        CHECK("codegen/z_pad/m1_bf16_not_beside_g",
+              ok && b.g_shared && !b.z_pad && b.rows == t.rows && b.smem_bytes == t.smem_bytes);
+        r.step = 16;
+        ok = mn_cuda_plan_rule(&r, &p1, MN_PREC_TF32, 128, 90, 0, &t) == MN_OK &&
+             mn_cuda_plan_rule(&r, &p1, MN_PREC_BF16, 128, 90, 0, &b) == MN_OK;
+        CHECK("codegen/z_pad/p1_c16_bf16", ok && !t.z_pad && b.z_pad && b.rows == t.rows && !b.g_shared &&
+                                               b.smem_bytes == t.smem_bytes + 4 * 4 * b.rows);
+        char *zs = ok ? mn_cuda_plan_source(&r, &p1, MN_PREC_BF16, &b) : NULL;
+        CHECK("codegen/z_pad/p1_c16_bf16_source", zs && strstr(zs, "#define MN_ZPAD 1\n"));
+        if (zs) compile_line("codegen/nvrtc_sm90/z_wide_p1_c16_bf16", zs);
+        free(zs);
+        CHECK("codegen/z_pad/not_in_the_backward",
+              mn_cuda_plan_backward(&r, &p1, MN_PREC_BF16, 90, 0, &bw16) == MN_OK && bw16.path == MN_PATH_FUSED &&
+                  !bw16.z_pad);
+        setenv("MNEMO_FUSED_ZPAD", "0", 1);
+        ok = mn_cuda_plan_rule(&r, &p1, MN_PREC_BF16, 128, 90, 0, &b) == MN_OK;
+        unsetenv("MNEMO_FUSED_ZPAD");
+        CHECK("codegen/z_pad/knob_off", ok && !b.z_pad && b.smem_bytes == t.smem_bytes);
+        r.step = 64;
+        ok = mn_cuda_plan_rule(&r, &p1, MN_PREC_TF32, 128, 90, 0, &t) == MN_OK &&
+             mn_cuda_plan_rule(&r, &p1, MN_PREC_BF16, 128, 90, 0, &b) == MN_OK;
+        CHECK("codegen/z_pad/p1_bf16_no_room",
+              ok && !b.z_pad && b.rows == 32 && t.rows == 32 && b.smem_bytes == t.smem_bytes);
+        zs = ok ? mn_cuda_plan_source(&r, &p1, MN_PREC_BF16, &b) : NULL;
+        CHECK("codegen/z_pad/p1_bf16_source", zs && !strstr(zs, "#define MN_ZPAD 1"));
+        if (zs) compile_line("codegen/nvrtc_sm90/z_turned_p1_bf16", zs); /* MN_ZROT's code */
+        free(zs);
+    }
     mn_rule_free(&r);
 }
 

@@ -208,13 +208,16 @@ static void run_case(const fused_case *c, const char *cxx, const char *dir)
     }
     check_worst(name, worst, worst_name, "output", all);
     /* W's rows stored turned (MN_WROT, bf16's layout on the GPU) where every
-     * layer's padded input is a multiple of 32: the same bits */
+     * layer's padded input is a multiple of 32, and z's where there is a
+     * hidden layer, both of bf16's layouts at once (its odd rows turned,
+     * MN_ZROT, and its rows wider, MN_ZPAD): the same bits */
     const rule_case *rc = &c->rule;
     if (rc->dk % 32 == 0 && (rc->layers == 1 || rc->dh % 32 == 0)) {
-        char bits_rot[32], wname[160];
-        snprintf(wname, sizeof wname, "%s/W's rows turned (MN_WROT)", name);
-        if (!emulate(cxx, dir, "step_emu", source, "-DMN_WROT=1", &worst, worst_name, all, sizeof all, bits_rot, why,
-                     sizeof why)) {
+        char bits_rot[32], wname[256];
+        const bool z = rc->layers == 2;
+        snprintf(wname, sizeof wname, "%s/W's rows turned (MN_WROT)%s", name, z ? ", z's turned and wide (MN_ZROT, MN_ZPAD)" : "");
+        if (!emulate(cxx, dir, "step_emu", source, z ? "-DMN_WROT=1 -DMN_ZROT=1 -DMN_ZPAD=1" : "-DMN_WROT=1", &worst, worst_name,
+                     all, sizeof all, bits_rot, why, sizeof why)) {
             printf("FAIL %s: %s\n", wname, why);
             check_failures_++;
         } else if (strcmp(bits_rot, bits) != 0) {
