@@ -246,7 +246,8 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
                 const int i = m0 + g + 8 * hf, n = n0 + 8 * j + 2 * t;
                 float c0 = 0.0f, c1 = 0.0f;
                 for (int k = 0; k < K; k++) {
-                    /* AZ: a is z with its odd rows turned (MN_ZROT; read by a product only here, without dz's bf16 copy) */
+                    /* AZ: a is z with its odd rows turned (MN_ZROT; a product reads
+                     * them only here, without dz's bf16 copy) */
                     const float av = AT ? a[k * lda + (AZ ? mn_turned_col(k, i) : i)] : a[i * lda + k];
                     /* BW: b is a layer's W, in its rows' layout (mn_wcol) */
                     c0 += av * (BK ? b[k * ldb + (BW ? mn_wcol(k, n) : n)] : b[n * ldb + (BW ? mn_wcol(n, k) : k)]);

@@ -288,7 +288,7 @@ static_assert(MN_FUSED_PAD >= 4, "dz's and dL/dy's bf16 copies fit beside h's an
  * - MN_ZROT where they do not fit (P1: its 32 rows fill the SM): odd rows
  *   turned by 12 floats within every 32, as W's are (mn_turned_col), so
  *   rows 0..3 start at banks 0, 16, 8, 24. Its index costs registers, so
- *   only where it was measured to pay (H200, step kernel): P1 1.1% faster;
+ *   only where it was measured to pay (H200, step kernel): P1 1-2% faster;
  *   H1 (a cluster) 2.5% slower, its ptxas frame 24 -> 48 bytes; M1 (chunks
  *   of 16 rows) 2.2% slower, 0 -> 8 bytes; P1-c16 (16 rows) no change. So
  *   without a cluster, in chunks of 32 rows or more.
@@ -296,10 +296,11 @@ static_assert(MN_FUSED_PAD >= 4, "dz's and dL/dy's bf16 copies fit beside h's an
  * adjacent columns of one or two rows, the bias gradient's sums 1, 2 or 4
  * rows of adjacent columns a warp (with the turn, 8 rows would meet its
  * four starting banks twice: hence MN_FT / MN_DH < 8). In bf16 no product
- * reads z (its operand is dz's bf16 copy, MN_DZ16); in tf32 the first
- * layer's weight gradient reads it by columns, two rows a lane, which
- * either layout would put on one bank, so tf32 keeps plain rows (the
- * emulation, without dz's copy, reads z through mn_gemm's AZ).
+ * reads z (its operand is dz's bf16 copy, MN_DZ16). tf32 keeps plain rows:
+ * its first layer's weight gradient reads z by columns, rows 2t and 2t + 1
+ * a lane, which rows 8 banks apart would put on one bank, and the turn's
+ * registers were not measured there (the emulation, without dz's copy,
+ * reads turned rows through mn_gemm's AZ).
  * MNEMO_FUSED_ZPAD=0 and MNEMO_FUSED_ZROT=0 keep plain rows, to measure. */
 #ifndef MN_ZPAD
 #define MN_ZPAD 0

@@ -171,8 +171,8 @@ __device__ __forceinline__ void mn_fused_chunk_grad(const mn_pset &P, const mn_f
     mn_gemm<MN_PDH, MN_PDK, MN_FR, true, true, true, false, PRE, true, MN_X16>(fb.h + MN_DZ16_AT, MN_LDH, fb.x, MN_LDK, g1,
                                                                             g1.pre());
 #else
-    mn_gemm<MN_PDH, MN_PDK, MN_FR, true, true, true, false, PRE, false, false, false, MN_ZROT>(fb.z, MN_LDZ, fb.x, MN_LDK,
-                                                                                          g1, g1.pre());
+    mn_gemm<MN_PDH, MN_PDK, MN_FR, true, true, true, false, PRE, false, false, false, MN_ZROT>(
+        fb.z, MN_LDZ, fb.x, MN_LDK, g1, g1.pre());
 #endif
     if (MN_BIAS) mn_bias_grad<MN_DH, true>(G[1], fb.z, MN_LDZ, cr, first, last, &ss[1]);
 #else

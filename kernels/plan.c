@@ -333,13 +333,13 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
         /* bf16's z rows 4 floats wider (fused_kernel.cuh's MN_ZPAD: the
          * epilogues' pairs then meet no bank conflicts), decided last: only
          * where they fit beside the rows and the blocks an SM chosen above,
-         * and not beside G (measured, H200, 2026-11-29, step kernel: H1,
-         * H2, P1-c16 0.5-1.0% faster; M1, whose G is here, 3.5% slower,
-         * and as slow with the 256 bytes allocated and its z rows as before:
-         * the allocation, not the layout, which the SM's carve-out steps do
-         * not explain). Not P1 either, whose 32 rows fill the SM: there
-         * MN_ZROT turns z's odd rows instead. MNEMO_FUSED_ZPAD=0, an
-         * experiment's knob, keeps them PAD wide. */
+         * and not beside G (measured, H200, 2026-11-29, step kernel: H1
+         * and H2 0.8% faster, P1-c16 0.2-0.4%; M1, whose G is here, 3.5%
+         * slower, and as slow with the 256 bytes allocated and its z rows
+         * as before: the allocation, not the layout, which the SM's
+         * carve-out steps do not explain). Not P1 either, whose 32 rows
+         * fill the SM: there MN_ZROT turns z's odd rows instead.
+         * MNEMO_FUSED_ZPAD=0, an experiment's knob, keeps them PAD wide. */
         const char *zp = getenv("MNEMO_FUSED_ZPAD");
         const long zbytes = (long)sizeof(float) * 4 * rows;
         if (!(zp && !strcmp(zp, "0")) && p == MN_PREC_BF16 && r->layers == 2 && !out->g_shared &&

@@ -215,9 +215,11 @@ static void run_case(const fused_case *c, const char *cxx, const char *dir)
     if (rc->dk % 32 == 0 && (rc->layers == 1 || rc->dh % 32 == 0)) {
         char bits_rot[32], wname[256];
         const bool z = rc->layers == 2;
-        snprintf(wname, sizeof wname, "%s/W's rows turned (MN_WROT)%s", name, z ? ", z's turned and wide (MN_ZROT, MN_ZPAD)" : "");
-        if (!emulate(cxx, dir, "step_emu", source, z ? "-DMN_WROT=1 -DMN_ZROT=1 -DMN_ZPAD=1" : "-DMN_WROT=1", &worst, worst_name,
-                     all, sizeof all, bits_rot, why, sizeof why)) {
+        snprintf(wname, sizeof wname, "%s/W's rows turned (MN_WROT)%s", name,
+                 z ? ", z's turned and wide (MN_ZROT, MN_ZPAD)" : "");
+        const char *flags = z ? "-DMN_WROT=1 -DMN_ZROT=1 -DMN_ZPAD=1" : "-DMN_WROT=1";
+        if (!emulate(cxx, dir, "step_emu", source, flags, &worst, worst_name, all, sizeof all, bits_rot, why,
+                     sizeof why)) {
             printf("FAIL %s: %s\n", wname, why);
             check_failures_++;
         } else if (strcmp(bits_rot, bits) != 0) {
