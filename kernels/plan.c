@@ -173,6 +173,11 @@ static long smem_of_arch(int arch)
     return 48L * 1024;
 }
 
+/* Whether two blocks of smem bytes of dynamic shared memory each fit on an
+ * SM whose blocks may opt into smem_limit: the SM has 1 KB more than that,
+ * and keeps 1 KB a block. */
+static bool two_blocks_fit(long smem, long smem_limit) { return 2 * (smem + 2048) <= smem_limit + 1024; }
+
 /* Appends text to the "; "-separated list of reasons in buf. */
 static void add_text(char *buf, size_t len, const char *text)
 {
@@ -298,12 +303,12 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
     if (out->path == MN_PATH_FUSED) {
         out->rows = rows;
         out->smem_bytes = smem;
-        /* Two blocks an SM where both fit (the SM has 1 KB more than a
-         * block may opt into, and keeps 1 KB a block): at 256 threads and
-         * at most 128 registers a thread each, two memories' barriers and
-         * latencies interleave on one SM instead of one memory's 16 warps. */
+        /* Two blocks an SM where both fit (two_blocks_fit): at 256 threads
+         * and at most 128 registers a thread each, two memories' barriers
+         * and latencies interleave on one SM instead of one memory's 16
+         * warps. */
         out->min_blocks = 1;
-        if (out->threads == 256 && out->cluster == 1 && 2 * (smem + 2048) <= smem_limit + 1024) out->min_blocks = 2;
+        if (out->threads == 256 && out->cluster == 1 && two_blocks_fit(smem, smem_limit)) out->min_blocks = 2;
         /* The step's gradient G in shared memory, after the chunk buffers,
          * where it fits beside them without costing a block an SM (M1's
          * 64-128-64 memory, a linear 64 x 64 one; not P1's): the update then
@@ -344,7 +349,7 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
         const long zbytes = (long)sizeof(float) * 4 * rows;
         if (!(zp && !strcmp(zp, "0")) && p == MN_PREC_BF16 && r->layers == 2 && !out->g_shared &&
             out->smem_bytes + zbytes + fixed <= smem_limit &&
-            (out->min_blocks == 1 || 2 * (out->smem_bytes + zbytes + 2048) <= smem_limit + 1024)) {
+            (out->min_blocks == 1 || two_blocks_fit(out->smem_bytes + zbytes, smem_limit))) {
             out->z_pad = true;
             out->smem_bytes += zbytes;
         }
