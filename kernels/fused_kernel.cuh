@@ -370,6 +370,36 @@ __device__ __forceinline__ void mn_st4_once(float *p, float4 v)
 }
 #endif
 
+/* The step's gradient in the workspace, dropped from L2 as the update reads
+ * it (MN_DISCARD): discard.global.L2 invalidates a 128-byte line without
+ * writing it back, and its bytes read as undefined until written again.
+ * G is dead from the update's read until the next step's first chunk
+ * stores it (it never adds to what is there), so its lines need not reach
+ * HBM. Where W is in the workspace too (the gradient point the anchor,
+ * P1-c16: G, S and W 48 MB against a 50 MB L2, every block in its update
+ * at once) the write-backs were most of the kernel's HBM traffic (Nsight
+ * Compute: 14.1 GB written, 5.1 GB read); dropped, 10.9 and 3.7, and the
+ * kernel 5% faster. Where W is in shared memory (P1, H1: HBM 14% busy) the
+ * discards cost 1.7% and are left out. MNEMO_FUSED_DISCARD=0 or 1 (plan.c)
+ * sets it, to measure; the values are the same either way. */
+#ifndef MN_DISCARD
+#define MN_DISCARD (!MN_P_AT_W)
+#endif
+/* The line at g (a float4 of G, each lane of the warp reading the one after
+ * the last lane's): dropped where it is whole, starts at this lane, and ends
+ * by end, so that the lanes that read it are this one and the 7 after it. */
+__device__ __forceinline__ void mn_discard_read_line(const float4 *g, const float *end)
+{
+#if !defined(MN_EMULATED)
+    const size_t at = (size_t)g;
+    __syncwarp(__activemask()); /* every lane's read of the line before its discard */
+    if ((at & 127) == 0 && (threadIdx.x & 31) + 7 < 32 && at + 128 <= (size_t)end)
+        asm volatile("discard.global.L2 [%0], 128;" ::"l"(at) : "memory");
+#else
+    (void)g, (void)end;
+#endif
+}
+
 /* Row-chunk I/O in groups of MN_QW neighbours of a row: where the widths
  * are multiples of 4, a thread moves quads (one 16-byte load or store where
  * the pointer allows: a chunk's rows are contiguous in global memory), a

@@ -659,6 +659,10 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                         }
                         *S4 = make_float4(sn[0], sn[1], sn[2], sn[3]);
                         *W4 = make_float4(wn[0], wn[1], wn[2], wn[3]);
+#if !MN_G_SHARED
+                        /* G's lines that this warp has read, dead until the next step */
+                        if (MN_DISCARD && mn_g_plain(p)) mn_discard_read_line(G4 + e4, Gp + numel);
+#endif
                         wsq += (double)q;
 #if MN_ROWRET
                         if (ret_in_update) { /* block-uniform; every lane of a warp is in this pass */

@@ -462,6 +462,12 @@ const char *const *mn_cuda_plan_parts(const mn_cuda_plan *pl, char *defs, size_t
      * evict-first hints on its inputs and outputs away (fused_kernel.cuh) */
     const char *st = getenv("MNEMO_FUSED_STREAM");
     if (st && !strcmp(st, "0")) snprintf(defs + strlen(defs), size - strlen(defs), "#define MN_STREAM 0\n");
+    /* and MNEMO_FUSED_DISCARD=0 or 1: the update's read of G drops its L2
+     * lines (1) or leaves them to be written back (0); unset, where W is in
+     * the workspace (fused_kernel.cuh's MN_DISCARD) */
+    const char *dc = getenv("MNEMO_FUSED_DISCARD");
+    if (dc && (!strcmp(dc, "0") || !strcmp(dc, "1")))
+        snprintf(defs + strlen(defs), size - strlen(defs), "#define MN_DISCARD %s\n", dc);
     /* and MNEMO_FUSED_PROFILE: the step kernel's phase counters (fused_kernel.cuh's MN_PROFILE) */
     if (getenv("MNEMO_FUSED_PROFILE")) snprintf(defs + strlen(defs), size - strlen(defs), "#define MN_PROFILE 1\n");
     *defines = defs;

@@ -963,6 +963,36 @@ static void test_grad_in_shared(void)
         if (zs) compile_line("codegen/nvrtc_sm90/z_turned_p1_bf16", zs); /* MN_ZROT's code */
         free(zs);
     }
+    /* G's L2 lines dropped as the update reads them (fused_kernel.cuh's
+     * MN_DISCARD): the template's default where W is in the workspace
+     * (P1-c16: refresh 64 on steps of 16), nothing in the source's defines;
+     * MNEMO_FUSED_DISCARD=0 or 1 defines it either way, and the source with
+     * it forced on where W is in shared memory compiles too */
+    {
+        mn_cuda_plan d;
+        r.step = 16;
+        r.refresh = 64;
+        ok = mn_cuda_plan_rule(&r, &p1, MN_PREC_BF16, 128, 90, 0, &d) == MN_OK && d.path == MN_PATH_FUSED;
+        char *ds = ok ? mn_cuda_plan_source(&r, &p1, MN_PREC_BF16, &d) : NULL;
+        CHECK("codegen/discard/p1_c16_default", ds && strstr(ds, "#define MN_DISCARD (!MN_P_AT_W)") &&
+                                                   !strstr(ds, "#define MN_DISCARD 0") &&
+                                                   !strstr(ds, "#define MN_DISCARD 1"));
+        if (ds) compile_line("codegen/nvrtc_sm90/discard_p1_c16_bf16", ds);
+        free(ds);
+        setenv("MNEMO_FUSED_DISCARD", "0", 1);
+        ds = ok ? mn_cuda_plan_source(&r, &p1, MN_PREC_BF16, &d) : NULL;
+        CHECK("codegen/discard/knob_off", ds && strstr(ds, "#define MN_DISCARD 0\n"));
+        free(ds);
+        r.step = 64;
+        r.refresh = -1;
+        setenv("MNEMO_FUSED_DISCARD", "1", 1);
+        ok = mn_cuda_plan_rule(&r, &p1, MN_PREC_TF32, 128, 90, 0, &d) == MN_OK && d.path == MN_PATH_FUSED;
+        ds = ok ? mn_cuda_plan_source(&r, &p1, MN_PREC_TF32, &d) : NULL;
+        unsetenv("MNEMO_FUSED_DISCARD");
+        CHECK("codegen/discard/knob_on_w_in_shared_memory", ds && strstr(ds, "#define MN_DISCARD 1\n"));
+        if (ds) compile_line("codegen/nvrtc_sm90/discard_forced_p1_tf32", ds);
+        free(ds);
+    }
     mn_rule_free(&r);
 }
 
