@@ -379,15 +379,16 @@ __device__ __forceinline__ void mn_st4_once(float *p, float4 v)
  * P1-c16: G, S and W 48 MB against a 50 MB L2, every block in its update
  * at once) the write-backs were most of the kernel's HBM traffic (Nsight
  * Compute: 14.1 GB written, 5.1 GB read); dropped, 10.9 and 3.7, and the
- * kernel 5% faster. Where W is in shared memory (P1, H1: HBM 14% busy) the
+ * kernel 6-7% faster (H200). Where W is in shared memory (P1, H1: HBM 14% busy) the
  * discards cost 1.7% and are left out. MNEMO_FUSED_DISCARD=0 or 1 (plan.c)
  * sets it, to measure; the values are the same either way. */
 #ifndef MN_DISCARD
 #define MN_DISCARD (!MN_P_AT_W)
 #endif
-/* The line at g (a float4 of G, each lane of the warp reading the one after
- * the last lane's): dropped where it is whole, starts at this lane, and ends
- * by end, so that the lanes that read it are this one and the 7 after it. */
+/* The 128-byte line at g, a float4 of G that this lane has just read, lane
+ * i of the warp reading the float4 after lane i - 1's: dropped where the
+ * line starts at this lane and ends by end (G's parameter), so that the
+ * lanes that read it are this one and the 7 after it. */
 __device__ __forceinline__ void mn_discard_read_line(const float4 *g, const float *end)
 {
 #if !defined(MN_EMULATED)
