@@ -381,6 +381,17 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
     return MN_OK;
 }
 
+/* An experiment's knob that defines a macro into the fused source: env set
+ * to "0" (or to "1" where ones) appends "#define MACRO VALUE" to the used
+ * bytes of buf (len in all); unset or anything else, nothing. Returns the
+ * bytes used, as snprintf counts them. */
+static int knob_define(char *buf, size_t len, int used, const char *env, const char *macro, bool ones)
+{
+    const char *v = getenv(env);
+    if (used <= 0 || (size_t)used >= len || !v || !(!strcmp(v, "0") || (ones && !strcmp(v, "1")))) return used;
+    return used + snprintf(buf + used, len - (size_t)used, "#define %s %s\n", macro, v);
+}
+
 void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len)
 {
     int used = snprintf(buf, len,
@@ -414,19 +425,13 @@ void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len)
         used += snprintf(buf + used, len - (size_t)used, "#define MN_KUNROLL %d\n", pl->kunroll);
     /* and MNEMO_FUSED_LDSM=0 or 1: the products' operands loaded by
      * ldmatrix or not (fused_gemm.cuh's mn_gemm; by default in tf32 only) */
-    const char *ldsm = getenv("MNEMO_FUSED_LDSM");
-    if (used > 0 && (size_t)used < len && ldsm && (!strcmp(ldsm, "0") || !strcmp(ldsm, "1")))
-        used += snprintf(buf + used, len - (size_t)used, "#define MN_LDSM %s\n", ldsm);
+    used = knob_define(buf, len, used, "MNEMO_FUSED_LDSM", "MN_LDSM", true);
     /* and MNEMO_FUSED_ZROT=0: z's odd rows not turned (fused_kernel.cuh's
      * MN_ZROT, bf16 where the plan has no room for MN_ZPAD), to measure */
-    const char *zrot = getenv("MNEMO_FUSED_ZROT");
-    if (used > 0 && (size_t)used < len && zrot && !strcmp(zrot, "0"))
-        used += snprintf(buf + used, len - (size_t)used, "#define MN_ZROT 0\n");
+    used = knob_define(buf, len, used, "MNEMO_FUSED_ZROT", "MN_ZROT", false);
     /* and MNEMO_FUSED_WROT=0: bf16's weights in plain rows in shared memory
      * (fused_gemm.cuh's MN_WROT turns their odd rows), to measure */
-    const char *wrot = getenv("MNEMO_FUSED_WROT");
-    if (used > 0 && (size_t)used < len && wrot && !strcmp(wrot, "0"))
-        used += snprintf(buf + used, len - (size_t)used, "#define MN_WROT 0\n");
+    used = knob_define(buf, len, used, "MNEMO_FUSED_WROT", "MN_WROT", false);
     /* and MNEMO_FUSED_H16: bf16's operands kept in floats (0), as before
      * their producers stored them as bf16 (fused_gemm.cuh's MN_H16); or h
      * alone stored so (h), or all but dL/dy (hx); 1: the default, all: to
@@ -460,14 +465,11 @@ const char *const *mn_cuda_plan_parts(const mn_cuda_plan *pl, char *defs, size_t
     mn_fused_defines(pl, defs, size);
     /* an experiment's knob: MNEMO_FUSED_STREAM=0 takes the step kernel's
      * evict-first hints on its inputs and outputs away (fused_kernel.cuh) */
-    const char *st = getenv("MNEMO_FUSED_STREAM");
-    if (st && !strcmp(st, "0")) snprintf(defs + strlen(defs), size - strlen(defs), "#define MN_STREAM 0\n");
+    int used = knob_define(defs, size, (int)strlen(defs), "MNEMO_FUSED_STREAM", "MN_STREAM", false);
     /* and MNEMO_FUSED_DISCARD=0 or 1: the update's read of G drops its L2
      * lines (1) or leaves them to be written back (0); unset, where W is in
      * the workspace (fused_kernel.cuh's MN_DISCARD) */
-    const char *dc = getenv("MNEMO_FUSED_DISCARD");
-    if (dc && (!strcmp(dc, "0") || !strcmp(dc, "1")))
-        snprintf(defs + strlen(defs), size - strlen(defs), "#define MN_DISCARD %s\n", dc);
+    knob_define(defs, size, used, "MNEMO_FUSED_DISCARD", "MN_DISCARD", true);
     /* and MNEMO_FUSED_PROFILE: the step kernel's phase counters (fused_kernel.cuh's MN_PROFILE) */
     if (getenv("MNEMO_FUSED_PROFILE")) snprintf(defs + strlen(defs), size - strlen(defs), "#define MN_PROFILE 1\n");
     *defines = defs;
