@@ -309,7 +309,9 @@ rule:plan([{dk = 64, dv = dk, hidden =, B = 1, H = 1, precision = "fp32", arch =
   smem_bytes, grad_in_shared (the step's gradient kept in shared memory
   beside the weights, where it fits), grad_swizzled (its rows' float
   groups permuted against bank conflicts: tf32 and bf16), z_pad (bf16:
-  the hidden layer's z rows 4 floats wider, where they fit), k_unroll (how
+  the hidden layer's z rows 4 floats wider, where they fit), w16 (bf16,
+  refresh > step: the anchor's and the current weights kept as bf16 in
+  shared memory for the products), k_unroll (how
   far the tensor-core products' K loops unroll), kernel, memories,
   precision, arch,
   device; backward and

@@ -311,6 +311,8 @@ int l_rule_plan(lua_State *L, const mn_rule *r, int opts)
         lua_setfield(L, -2, "grad_swizzled");
         lua_pushboolean(L, pl.z_pad);
         lua_setfield(L, -2, "z_pad");
+        lua_pushboolean(L, pl.w16);
+        lua_setfield(L, -2, "w16");
         set_int(L, "k_unroll", pl.kunroll);
         set_str(L, "kernel", MN_FUSED_STEP_KERNEL);
     } else if (pl.path == MN_PATH_GENERAL) {

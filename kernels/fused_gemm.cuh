@@ -313,7 +313,7 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
      * order. */
     constexpr bool NAT = MN_PREC == 2 && (AH || BH);
     static_assert(!AH || MN_PREC == 2, "A stored as bf16 in bf16 mode");
-    static_assert(!BH || (BK && MN_PREC == 2 && BSH), "B stored as bf16: k its rows, in shared memory, in bf16 mode");
+    static_assert(!BH || (MN_PREC == 2 && BSH), "B stored as bf16: in shared memory, in bf16 mode");
     static_assert(!NAT || MN_GEMM_LANE_BASE, "bf16-stored operands in the step kernel (the fused backward keeps floats)");
     /* BW: b is a layer's W; with MN_WROT its rows are turned (mn_wcol),
      * which bf16's loads below follow (MN_WROT is bf16's, the step kernel's) */
@@ -338,15 +338,19 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
          * row. A by rows, rows m0 + (l & 15) at k = 0 (l < 16) or 8; A by
          * columns, rows k = (l & 7) (+ 8 from l = 16) at m0 (+ 8 for l & 8);
          * B (k its rows), rows k = l & 15 at columns n0 (l < 16) or n0 + 8,
-         * two n-tiles an instruction. The blocks come in the fragment's
-         * register order: a0 (rows 0-7, k 0-7), a1 (rows 8-15), a2 (k 8-15),
-         * a3; b0, b1 of one n-tile, then the next's */
+         * two n-tiles an instruction; B by columns (W's rows: BK false),
+         * rows n = n0 + (l & 7) (+ 8 from l = 16) at k = 0 (+ 8 for l & 8).
+         * The blocks come in the fragment's register order: a0 (rows 0-7,
+         * k 0-7), a1 (rows 8-15), a2 (k 8-15), a3; b0, b1 of one n-tile,
+         * then the next's */
         const unsigned short *const anh =
             AT ? reinterpret_cast<const unsigned short *>(a + ((lane & 7) + (lane >> 4) * 8) * lda) + m0 +
                      ((lane >> 3) & 1) * 8
                : reinterpret_cast<const unsigned short *>(a + (m0 + (lane & 15)) * lda) + (lane >> 4) * 8;
         const unsigned short *const bnh =
-            reinterpret_cast<const unsigned short *>(b + (lane & 15) * ldb) + n0 + (lane >> 4) * 8;
+            BK ? reinterpret_cast<const unsigned short *>(b + (lane & 15) * ldb) + n0 + (lane >> 4) * 8
+               : reinterpret_cast<const unsigned short *>(b + (n0 + (lane & 7) + (lane >> 4) * 8) * ldb) +
+                     ((lane >> 3) & 1) * 8;
 #endif
         float acc[NT8][4];
         float2 old[NT8][2];
@@ -376,8 +380,10 @@ __device__ __forceinline__ void mn_gemm(const float *a, int lda, const float *b,
 #pragma unroll
                 for (int j = 0; j < NT8; j += 2) {
                     unsigned bf[4]; /* b0, b1 of tile j, then of tile j + 1 */
-                    if (BH) {
+                    if (BH && BK) {
                         mn_ldsm_x4_trans(bf, bnh + k0 * 2 * ldb + 8 * j);
+                    } else if (BH) {
+                        mn_ldsm_x4(bf, bnh + 8 * j * 2 * ldb + k0);
                     } else {
 #pragma unroll
                         for (int h = 0; h < 2; h++) {

@@ -163,6 +163,73 @@ __device__ __forceinline__ float *mn_pset_init(mn_pset *ps, float *base)
     return base;
 }
 
+/* bf16's weights in shared memory as bf16 (MN_W16; kernels/plan.c
+ * defines it and counts the bytes), where W lives in the workspace
+ * (refresh > step, P1-c16). There P is the anchor: a copy of W^(s) made at
+ * each refresh, which only the products read, and they round it to bf16.
+ * So P's weights are stored rounded, as bf16 rows, and beside them the
+ * same of the current W (fb.wh), which the update writes as it computes
+ * each element (the fp32 W stays in the workspace). The retrieval at W,
+ * whose products read W from L2 (its output layer: 4 tiles of y = h W2^T
+ * over K = dh, 12 of 16 warps idle while 4 walked dh / 16 dependent rounds
+ * of loads), then takes both layers from shared memory, and every product
+ * takes its weights by ldmatrix (mn_gemm's BH) with no conversion. Two
+ * bf16 rows take the room of one float row: the shared memory grows only
+ * by the rows' 8-element pads (5 KB for P1-c16), so the SM's L1 carve-out
+ * stays (a copy of W2 alone, in 33 KB more, made the kernel 0.8% slower
+ * though its retrieval gained). The same values in the same k order, so
+ * the same bits (same_bits.sh with MNEMO_FUSED_W16 0 and 1). Not in a
+ * cluster, with newton_schulz (its update is a separate pass), nor where G
+ * sits in shared memory; not in the fused backward nor the emulation
+ * (whose mn_gemm takes floats). A row: MN_LPIN(i) bf16 and 8 more, so that
+ * rows fall 4 banks apart (ldmatrix's 8 rows of 16 bytes: no conflict). */
+#if defined(MN_EMULATED) || defined(MN_FUSED_GRAD)
+#undef MN_W16
+#define MN_W16 0
+#endif
+#ifndef MN_W16
+#define MN_W16 0
+#endif
+#define MN_W16_LD(i) ((MN_LPIN(i) + 8) / 2) /* floats a bf16 row of layer i's weights (mn_gemm's ldb) */
+#define MN_W16_FLOATS(i) (MN_LPOUT(i) * MN_W16_LD(i))
+
+#if MN_W16
+/* P's layout with MN_W16: each layer's bf16 rows, then its bias in floats */
+__device__ __forceinline__ float *mn_pset16_init(mn_pset *ps, float *base)
+{
+#pragma unroll
+    for (int i = 0; i < MN_LAYERS; i++) {
+        ps->w[i] = base;
+        base += MN_W16_FLOATS(i);
+        ps->b[i] = MN_BIAS ? base : 0;
+        base += MN_BIAS ? MN_LPOUT(i) : 0;
+    }
+    return base;
+}
+
+/* Elements e .. e + 3 (e a multiple of 4, an unpadded index o * in + j)
+ * of layer i's weights into its bf16 rows w: one 8-byte store */
+__device__ __forceinline__ void mn_w16_put4(float *w, int i, int e, float4 v)
+{
+    const int ni = MN_LIN(i), o = e / ni, j = e % ni;
+    *reinterpret_cast<uint2 *>(reinterpret_cast<unsigned short *>(w + o * MN_W16_LD(i)) + j) =
+        make_uint2(mn_bf16x2(v.x, v.y), mn_bf16x2(v.z, v.w));
+}
+
+/* Layer i's weights from global, unpadded (src), into bf16 rows w, zeros in
+ * the padding */
+__device__ void mn_w16_from(float *w, int i, const float *src)
+{
+    const int ni = MN_LIN(i), no = MN_LOUT(i), half = MN_LPIN(i) / 2;
+    for (int e = threadIdx.x; e < MN_LPOUT(i) * half; e += MN_FT) {
+        const int o = e / half, j = 2 * (e % half);
+        const bool in = o < no;
+        reinterpret_cast<unsigned *>(w + o * MN_W16_LD(i))[j / 2] =
+            mn_bf16x2(in && j < ni ? src[o * ni + j] : 0.0f, in && j + 1 < ni ? src[o * ni + j + 1] : 0.0f);
+    }
+}
+#endif
+
 #if MN_CLUSTER > 1
 /* ---- the cluster: rank, barrier, loads from a peer block's shared memory ---- */
 __device__ __forceinline__ unsigned mn_cl_rank()
@@ -327,6 +394,7 @@ struct mn_fbuf {
     float *x, *z, *h, *y, *dy; /* [R x ld]; z holds phi'(z) after mn_fused_forward<true>, dz after the backward */
     float *xs, *hs, *ys;       /* one row's forward (ys: its output before out_norm) */
     float *lrow;               /* the chunk's row losses [R] */
+    float *wh[MN_LAYERS];      /* MN_W16: the current W's weights as bf16 rows [MN_LPOUT(i) x MN_W16_LD(i)] */
 };
 
 /* L2 hints: the inputs (k, v, q, theta) are read once and the outputs (y,
@@ -595,14 +663,16 @@ __device__ __forceinline__ void mn_cl_params(float **p)
  * rounded as the products round them (mn_rows_store<true>), and h is stored
  * so too: the products then take both as they are (MN_PRE). Ends with a
  * barrier. */
-template <bool GRAD, bool BSH = true, bool HROWS = false, bool PRE = false, class EpiY>
+template <bool GRAD, bool BSH = true, bool HROWS = false, bool PRE = false, bool WH = false, class EpiY>
 __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf &fb, int cr, EpiY epi_y,
                                                  int hrows = 0)
 {
+    /* WH: P's weights are bf16 rows in shared memory (MN_W16), its biases floats */
+    static_assert(!WH || MN_W16, "bf16 weights where the plan stored them so");
     if (!HROWS) hrows = cr;
 #if MN_LAYERS == 2
-    mn_gemm<MN_FR, MN_PDH, MN_PDK, false, false, BSH, PRE, false, MN_X16, false, true>(fb.x, MN_LDK, P.w[0], MN_LLD(0),
-                                                 [&](int r, int j, float a0, float a1) {
+    mn_gemm<MN_FR, MN_PDH, MN_PDK, false, false, BSH || WH, PRE, false, MN_X16, WH, !WH>(
+        fb.x, MN_LDK, P.w[0], WH ? MN_W16_LD(0) : MN_LLD(0), [&](int r, int j, float a0, float a1) {
         float2 z = make_float2(a0, a1);
         if (MN_BIAS) z.x += P.b[0][j], z.y += P.b[0][j + 1];
         *reinterpret_cast<float2 *>(fb.z + r * MN_LDZ + mn_zcol(r, j)) = z;
@@ -641,9 +711,9 @@ __device__ __forceinline__ void mn_fused_forward(const mn_pset &P, const mn_fbuf
      * leading dimension of the layer's padded weights */
     constexpr int OUT = MN_LAYERS - 1;
     const bool lead = MN_CL_LEAD; /* in a cluster, b2 and the residual are added once, by rank 0 */
-    mn_gemm<MN_FR, MN_PDV, MN_LPIN(OUT), false, false, BSH, PRE, false, MN_LAYERS == 2 ? MN_H16 : MN_X16, false, true>(
-        MN_LAYERS == 2 ? fb.h : fb.x, MN_LLD(OUT), P.w[OUT],
-                                                        MN_LLD(OUT), [&](int r, int j, float a0, float a1) {
+    mn_gemm<MN_FR, MN_PDV, MN_LPIN(OUT), false, false, BSH || WH, PRE, false, MN_LAYERS == 2 ? MN_H16 : MN_X16, WH,
+            !WH>(MN_LAYERS == 2 ? fb.h : fb.x, MN_LLD(OUT), P.w[OUT], WH ? MN_W16_LD(OUT) : MN_LLD(OUT),
+                 [&](int r, int j, float a0, float a1) {
         float y0 = a0, y1 = a1;
         if (MN_BIAS && lead) y0 += P.b[OUT][j], y1 += P.b[OUT][j + 1];
         /* with out_norm the residual comes after the norm (mn_fused_norm_row's callers) */

@@ -49,6 +49,10 @@ __device__ void mn_fused_padding_tail(const mn_rule_kargs &a, const mn_pset &Wp,
 #ifndef MN_G_SHARED
 #define MN_G_SHARED 0 /* kernels/plan.c defines it 1 where G fits in shared memory */
 #endif
+static_assert(!MN_W16 || (MN_PREC == 2 && !MN_P_AT_W && MN_LAYERS == 2 && MN_CLUSTER == 1 && MN_VEC4 &&
+                          !MN_PRECOND && !MN_G_SHARED),
+              "bf16 weights (fused_kernel.cuh's MN_W16): bf16, W in the workspace, two layers, no cluster");
+
 /* Whether the run gives q, and lengths (kernels/plan.c defines them from
  * the run's inputs): without, the code that reads them is not compiled in
  * (the retrieval pass at q, the padding's tail), which NVRTC spent about a
@@ -221,8 +225,18 @@ mn_fused_step_kernel(const mn_rule_kargs a)
     /* shared memory: P, then the chunk buffers (kernels/plan.c counts the same) */
     float *sp = (float *)mn_smem4;
     mn_pset P;
-    sp = mn_pset_init(&P, sp);
     mn_fbuf fb;
+#if MN_W16
+    /* (with MN_W16 P's weights are bf16 rows, and the current W's follow them) */
+    sp = mn_pset16_init(&P, sp);
+#pragma unroll
+    for (int i = 0; i < MN_LAYERS; i++) {
+        fb.wh[i] = sp;
+        sp += MN_W16_FLOATS(i);
+    }
+#else
+    sp = mn_pset_init(&P, sp);
+#endif
     fb.x = sp;
     sp += MN_FR * MN_LDK;
 #if MN_LAYERS == 2
@@ -263,6 +277,11 @@ mn_fused_step_kernel(const mn_rule_kargs a)
     mn_pset Wp; /* where the current W lives: P itself, or the padded global copy */
     if (MN_P_AT_W) Wp = P;
     else mn_pset_init(&Wp, work + (MN_G_SHARED ? 0 : ((gfloats + 3) & ~3LL)));
+    mn_pset Wr = Wp; /* what the retrieval at W reads: with MN_W16, the weights' bf16 rows and W's biases */
+#if MN_W16
+#pragma unroll
+    for (int i = 0; i < MN_LAYERS; i++) Wr.w[i] = fb.wh[i];
+#endif
 
     float *W[MN_NPARAMS], *Sm[MN_NPARAMS], *A[MN_NPARAMS];
     mn_memory_params(a.W, m, W);
@@ -290,7 +309,17 @@ mn_fused_step_kernel(const mn_rule_kargs a)
     if (MN_P_AT_W) {
         mn_pset_from(P, W);
     } else {
+#if MN_W16
+#pragma unroll
+        for (int i = 0; i < MN_LAYERS; i++) {
+            mn_w16_from(P.w[i], i, A[i * MN_PER]);
+            mn_w16_from(fb.wh[i], i, W[i * MN_PER]);
+            if (MN_BIAS)
+                for (int o = tid; o < MN_LPOUT(i); o += MN_FT) P.b[i][o] = o < MN_LOUT(i) ? A[i * MN_PER + 1][o] : 0.0f;
+        }
+#else
         mn_pset_from(P, A);
+#endif
         mn_pset_from(Wp, W);
     }
     __syncthreads();
@@ -321,7 +350,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
              * before any store. As two scalar loops, one load at a time
              * each, the copy waited on global memory's latency for 10-16%
              * of P1-c16's kernel (MNEMO_FUSED_PROFILE). P's padding stays
-             * the zeros mn_pset_from gave it. The anchor in global memory
+             * the zeros its set-up gave it. The anchor in global memory
              * is stored evict-first: nothing reads it before the segment's
              * end (P is the copy the products use), and its lines in L2
              * pushed out S and W (P1-c16 tf32 12.05 -> 11.7 ms). */
@@ -343,7 +372,11 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                         for (int u = 0; u < U; u++) {
                             const int e4 = base + u * MN_FT;
                             if (e4 >= n4) break;
-                            *reinterpret_cast<float4 *>(mn_pset_el(P, p, 4 * e4)) = v[u];
+#if MN_W16
+                            if (!(MN_BIAS && p % 2 == 1)) mn_w16_put4(P.w[p / MN_PER], p / MN_PER, 4 * e4, v[u]);
+                            else
+#endif
+                                *reinterpret_cast<float4 *>(mn_pset_el(P, p, 4 * e4)) = v[u];
                             if (own) mn_st4_once(A[p] + mn_gel(p, 4 * e4), v[u]);
                         }
                     }
@@ -406,7 +439,7 @@ mn_fused_step_kernel(const mn_rule_kargs a)
 #endif
             __syncthreads();
             MN_PROF_MARK(3);
-            mn_fused_forward<true, true, MN_FOLD, MN_PRE>(P, fb, cr, [&](int r, int j, float y0, float y1) {
+            mn_fused_forward<true, true, MN_FOLD, MN_PRE, MN_W16>(P, fb, cr, [&](int r, int j, float y0, float y1) {
                 *reinterpret_cast<float2 *>(fb.y + r * MN_LDV + j) = make_float2(y0, y1);
             }, fold ? cr + 1 : cr);
             MN_PROF_MARK(4);
@@ -536,12 +569,14 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                 float *yo = y_out + t * MN_DV;
 #if MN_OUT_NORM
                 /* o into fb.y (free: the loss pass is done with it), then the norm by rows */
-                mn_fused_forward<false, MN_P_AT_W>(Wp, fb, cr, [&](int r, int j, float y0, float y1) {
+                mn_fused_forward<false, MN_P_AT_W, false, false, MN_W16>(
+                    Wr, fb, cr, [&](int r, int j, float y0, float y1) {
                     *reinterpret_cast<float2 *>(fb.y + r * MN_LDV + j) = make_float2(y0, y1);
                 });
                 mn_fused_norm_rows(fb, ret_rows, MN_LN_G, MN_LN_B, yo);
 #else
-                mn_fused_forward<false, MN_P_AT_W, false, MN_PRE>(Wp, fb, cr, [&](int r, int j, float y0, float y1) {
+                mn_fused_forward<false, MN_P_AT_W, false, MN_PRE, MN_W16>(
+                    Wr, fb, cr, [&](int r, int j, float y0, float y1) {
                     if (lead && r < ret_rows && j < MN_DV) mn_st_once(yo + r * MN_DV + j, y0);
                     if (lead && r < ret_rows && j + 1 < MN_DV) mn_st_once(yo + r * MN_DV + j + 1, y1);
                 });
@@ -659,6 +694,11 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                         }
                         *S4 = make_float4(sn[0], sn[1], sn[2], sn[3]);
                         *W4 = make_float4(wn[0], wn[1], wn[2], wn[3]);
+#if MN_W16
+                        /* the new weights rounded into their bf16 rows, for the retrieval at W */
+                        if (!(MN_BIAS && p % 2 == 1))
+                            mn_w16_put4(fb.wh[p / MN_PER], p / MN_PER, 4 * e4, make_float4(wn[0], wn[1], wn[2], wn[3]));
+#endif
 #if !MN_G_SHARED
                         /* G's lines that this warp has read, dead until the next step */
                         if (MN_DISCARD && mn_g_plain(p)) mn_discard_read_line(G4 + e4, Gp + numel);
@@ -798,7 +838,8 @@ mn_fused_step_kernel(const mn_rule_kargs a)
                 mn_rows_store<MN_PRE>(fb.x, xnext, rows_n);
                 __syncthreads();
                 float *yo = y_out + tn * MN_DV;
-                mn_fused_forward<false, false, false, MN_PRE>(Wp, fb, rows_n, [&](int r, int j, float y0, float y1) {
+                mn_fused_forward<false, false, false, MN_PRE, MN_W16>(
+                    Wr, fb, rows_n, [&](int r, int j, float y0, float y1) {
                     if (lead && r < ret_n && j < MN_DV) mn_st_once(yo + r * MN_DV + j, y0);
                     if (lead && r < ret_n && j + 1 < MN_DV) mn_st_once(yo + r * MN_DV + j + 1, y1);
                 });

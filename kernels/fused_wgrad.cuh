@@ -151,8 +151,9 @@ __device__ __forceinline__ void mn_fused_chunk_grad(const mn_pset &P, const mn_f
     const float *dyo = MN_DY16 ? fb.x + MN_DY16_AT : fb.dy;
     constexpr int LDYO = MN_DY16 ? MN_LDK : MN_LDV;
     mn_gemm<MN_PDV, MN_PDH, MN_FR, true, true, true, false, PRE, MN_DY16, MN_H16>(dyo, LDYO, fb.h, MN_LDH, g2, g2.pre());
-    mn_gemm<MN_FR, MN_PDH, MN_PDV, false, true, true, false, false, MN_DY16, false, true>(dyo, LDYO, P.w[1], MN_LLD(1),
-                                                                       [&](int r, int j, float a0, float a1) {
+    /* W2 as bf16 rows where the step kernel keeps P so (MN_W16) */
+    mn_gemm<MN_FR, MN_PDH, MN_PDV, false, true, true, false, false, MN_DY16, MN_W16, !MN_W16>(
+        dyo, LDYO, P.w[1], MN_W16 ? MN_W16_LD(1) : MN_LLD(1), [&](int r, int j, float a0, float a1) {
         /* fb.z holds phi'(z) since the forward (mn_fused_forward<true>) */
         float2 *zp = reinterpret_cast<float2 *>(fb.z + r * MN_LDZ + mn_zcol(r, j));
         const float2 d = *zp;

@@ -335,6 +335,22 @@ mn_status mn_cuda_plan_rule(const mn_rule *r, const mn_dims *d, mn_precision p, 
                                  : p == MN_PREC_TF32 || p == MN_PREC_BF16;
             if (r->precondition != MN_PRECOND_NONE) out->g_swizzle = false;
         }
+        /* bf16's weights in shared memory as bf16 rows, the anchor's and
+         * the current W's (fused_kernel.cuh's MN_W16), where W lives in the
+         * workspace (refresh > step) and they fit, ahead of MN_ZPAD below:
+         * they take P's room but for the rows' pads (4 floats a row). The
+         * retrieval at W then reads no weights from L2 (measured, H200,
+         * 2026-11-29: tests/bench/RESULTS.md). MNEMO_FUSED_W16=0, an
+         * experiment's knob, keeps the floats. */
+        const char *w16 = getenv("MNEMO_FUSED_W16");
+        const long w16bytes = 16L * (up16(d->dh) + up16(d->dv)); /* the two layers' rows: 4 floats more each */
+        if (!(w16 && !strcmp(w16, "0")) && p == MN_PREC_BF16 && r->layers == 2 && mn_rule_refresh(r) != r->step &&
+            out->cluster == 1 && !out->g_shared && r->precondition == MN_PRECOND_NONE && d->dk % 4 == 0 &&
+            d->dv % 4 == 0 && d->dh % 4 == 0 && out->min_blocks == 1 &&
+            out->smem_bytes + w16bytes + fixed <= smem_limit) {
+            out->w16 = true;
+            out->smem_bytes += w16bytes;
+        }
         /* bf16's z rows 4 floats wider (fused_kernel.cuh's MN_ZPAD: the
          * epilogues' pairs then meet no bank conflicts), decided last: only
          * where they fit beside the rows and the blocks an SM chosen above,
@@ -406,6 +422,8 @@ void mn_fused_defines(const mn_cuda_plan *pl, char *buf, size_t len)
         used += snprintf(buf + used, len - (size_t)used, "#define MN_G_SWZ 1\n");
     if (used > 0 && (size_t)used < len && pl->z_pad)
         used += snprintf(buf + used, len - (size_t)used, "#define MN_ZPAD 1\n");
+    if (used > 0 && (size_t)used < len && pl->w16)
+        used += snprintf(buf + used, len - (size_t)used, "#define MN_W16 1\n");
     /* the step kernel's code for q and for lengths only where the run gives
      * them: a run without either (most) compiles without a retrieval pass
      * and the padding's tail it never takes (P1's quick compile 0.57 ->
@@ -593,6 +611,7 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
     out->min_blocks = 1; /* the forward's: the backward's block is compiled for one an SM */
     out->g_swizzle = false; /* the forward's G layout: the backward keeps its own */
     out->z_pad = false;     /* and its z rows PAD wide */
+    out->w16 = false;       /* and its weights in floats */
     out->kunroll = power_knob("MNEMO_FUSED_KUNROLL"); /* unset: fused_gemm.cuh's backward default */
     out->forced = force_fused;
     out->rows = rows;

@@ -42,6 +42,7 @@ typedef struct mn_cuda_plan {
     bool g_shared;        /* fused: the step kernel keeps G in shared memory (counted in smem_bytes), not the workspace */
     bool g_swizzle;       /* fused, with g_shared: G's rows swizzled against the epilogue's bank conflicts (MN_G_SWZ) */
     bool z_pad;           /* fused, bf16: z's rows 4 floats wider (MN_ZPAD, counted in smem_bytes) where that fits */
+    bool w16;             /* fused, bf16, W in the workspace: P's and W's weights as bf16 rows (MN_W16, counted) */
     int kunroll;          /* fused: the products' K-loop unroll (1, 2, 4, 8; 0 in the backward's: fused_gemm.cuh's 1) */
     bool with_q;          /* fused forward: the run gives q (set by the caller from its inputs; the plan leaves it false) */
     bool with_lengths;    /* fused forward: the run gives lengths (likewise) */

@@ -219,6 +219,8 @@ want tiers && {
         MNEMO_COMPILE=full sh tests/gpu/same_bits.sh MNEMO_FUSED_ZROT 0 1 auto
     [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (the gradient's L2 lines dropped)" env PYTHON="$PYTHON" \
         MNEMO_COMPILE=full sh tests/gpu/same_bits.sh MNEMO_FUSED_DISCARD 0 1 auto
+    [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (bf16's weights as bf16 rows)" env PYTHON="$PYTHON" \
+        MNEMO_COMPILE=full sh tests/gpu/same_bits.sh MNEMO_FUSED_W16 0 1 auto
     [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (large path's dependent launches)" env PYTHON="$PYTHON" \
         MNEMO_COMPILE=full sh tests/gpu/same_bits.sh MNEMO_LARGE_PDL 0 1 large
 }

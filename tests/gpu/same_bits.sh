@@ -21,6 +21,11 @@
 #   MNEMO_FUSED_ZPAD 0 1 auto, MNEMO_FUSED_ZROT 0 1 auto: bf16's z rows
 #     wider or with their odd rows turned, or neither
 #     (kernels/fused_kernel.cuh's MN_ZPAD, MN_ZROT): likewise.
+#   MNEMO_FUSED_DISCARD 0 1 auto: the update's read of G drops its L2
+#     lines or leaves them (kernels/fused_kernel.cuh's MN_DISCARD).
+#   MNEMO_FUSED_W16 0 1 auto: bf16's anchor and current weights kept in
+#     shared memory as bf16 rows, or as floats and in global memory
+#     (kernels/fused_kernel.cuh's MN_W16): the products' rounded values.
 #   MNEMO_LARGE_PDL 0 1 large: the large path's captured steps with and
 #     without programmatic dependent launches (kernels/engine_large.c): the
 #     same kernels, only launched earlier, each waiting for the one ahead.

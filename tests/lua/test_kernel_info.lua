@@ -107,12 +107,17 @@ do
   local c16 = mnemo.rule { layers = 2, hidden = 256, activation = "gelu", step = 16, refresh = 64 }
   local b = c16:plan { B = 4, H = 32, dk = 64, precision = "bf16", arch = 90 }
   local t = c16:plan { B = 4, H = 32, dk = 64, precision = "tf32", arch = 90 }
+  -- (and w16: the weights' bf16 rows, 16 bytes a row more than P's floats: 256 + 64 rows)
   T.ok("rule:plan: z_pad in bf16 where it fits", b.path == "fused" and b.z_pad == true and t.z_pad == false and
-    b.rows == t.rows and b.smem_bytes == t.smem_bytes + 16 * b.rows, ("%s %s %s"):format(b.z_pad, b.rows, b.smem_bytes))
+    b.rows == t.rows and b.smem_bytes == t.smem_bytes + 16 * b.rows + 16 * (256 + 64),
+    ("%s %s %s"):format(b.z_pad, b.rows, b.smem_bytes))
+  T.ok("rule:plan: w16 in bf16 where W lives in the workspace", b.w16 == true and t.w16 == false,
+    ("%s %s"):format(b.w16, t.w16))
   local p1 = mnemo.rule { layers = 2, hidden = 256, activation = "gelu", step = 64 }
   local bp = p1:plan { B = 4, H = 32, dk = 64, precision = "bf16", arch = 90 }
   T.ok("rule:plan: no z_pad where the rows fill the SM", bp.path == "fused" and bp.z_pad == false and bp.rows == 32,
     ("%s %s"):format(bp.z_pad, bp.rows))
+  T.ok("rule:plan: no w16 where the gradient point is W", bp.w16 == false, tostring(bp.w16))
 end
 ---------------------------------------------------------------- on a GPU
 if not gpu then

@@ -1450,8 +1450,62 @@ static void test_glu_backward(void)
     mn_rule_free(&r);
 }
 
+/* bf16's weights as bf16 rows in shared memory (fused_kernel.cuh's
+ * MN_W16), the anchor's and the current W's: where W lives in the
+ * workspace (refresh > step: P1-c16) in bf16, counted in the shared
+ * memory (4 floats a weight row more than P's floats) and defined into the
+ * source, which compiles; not in tf32, not where the gradient point is W
+ * (P1), not with newton_schulz, not in a cluster (H1's head-128 memory on
+ * sm_90), not in the fused backward; MNEMO_FUSED_W16=0 keeps the floats. */
+static void test_w16(void)
+{
+    mn_rule r;
+    mn_rule_init(&r);
+    r.layers = 2;
+    r.bias = true;
+    r.step = 16;
+    r.refresh = 64;
+    mn_dims p1 = {4, 32, 4096, 64, 64, 256, 0}, h1 = {8, 8, 4096, 128, 128, 256, 0};
+    const long rows16 = 4L * 4 * (256 + 64); /* W1's 256 rows and W2's 64, 4 floats each */
+    mn_cuda_plan t, b, bw;
+    unsetenv("MNEMO_CUDA_PATH");
+    unsetenv("MNEMO_FUSED_W16");
+    bool ok = mn_cuda_plan_rule(&r, &p1, MN_PREC_TF32, 128, 90, 0, &t) == MN_OK &&
+              mn_cuda_plan_rule(&r, &p1, MN_PREC_BF16, 128, 90, 0, &b) == MN_OK && b.path == MN_PATH_FUSED;
+    CHECK("codegen/w16/p1_c16_bf16", ok && b.w16 && !t.w16 && b.rows == t.rows && b.min_blocks == 1 &&
+                                         b.smem_bytes == t.smem_bytes + rows16 + (b.z_pad ? 16L * b.rows : 0));
+    char *src = ok ? mn_cuda_plan_source(&r, &p1, MN_PREC_BF16, &b) : NULL;
+    CHECK("codegen/w16/p1_c16_bf16_source", src && strstr(src, "#define MN_W16 1\n"));
+    if (src) compile_line("codegen/nvrtc_sm90/w16_p1_c16_bf16", src);
+    free(src);
+    src = ok ? mn_cuda_plan_source(&r, &p1, MN_PREC_TF32, &t) : NULL;
+    CHECK("codegen/w16/p1_c16_tf32_source", src && !strstr(src, "MN_W16 1"));
+    free(src);
+    CHECK("codegen/w16/not_in_the_backward",
+          mn_cuda_plan_backward(&r, &p1, MN_PREC_BF16, 90, 0, &bw) == MN_OK && bw.path == MN_PATH_FUSED && !bw.w16);
+    setenv("MNEMO_FUSED_W16", "0", 1);
+    mn_cuda_plan off;
+    ok = mn_cuda_plan_rule(&r, &p1, MN_PREC_BF16, 128, 90, 0, &off) == MN_OK;
+    unsetenv("MNEMO_FUSED_W16");
+    CHECK("codegen/w16/knob_off", ok && !off.w16 && off.smem_bytes == b.smem_bytes - rows16);
+    src = ok ? mn_cuda_plan_source(&r, &p1, MN_PREC_BF16, &off) : NULL;
+    CHECK("codegen/w16/knob_off_source", src && !strstr(src, "MN_W16 1"));
+    free(src);
+    ok = mn_cuda_plan_rule(&r, &h1, MN_PREC_BF16, 64, 90, 0, &b) == MN_OK;
+    CHECK("codegen/w16/not_in_a_cluster", ok && b.path == MN_PATH_FUSED && b.cluster > 1 && !b.w16);
+    r.precondition = MN_PRECOND_NEWTON_SCHULZ;
+    ok = mn_cuda_plan_rule(&r, &p1, MN_PREC_BF16, 128, 90, 0, &b) == MN_OK;
+    CHECK("codegen/w16/not_with_newton_schulz", ok && b.path == MN_PATH_FUSED && !b.w16);
+    r.precondition = MN_PRECOND_NONE;
+    r.step = 64;
+    ok = mn_cuda_plan_rule(&r, &p1, MN_PREC_BF16, 128, 90, 0, &b) == MN_OK;
+    CHECK("codegen/w16/not_where_p_is_w", ok && b.path == MN_PATH_FUSED && !b.w16);
+    mn_rule_free(&r);
+}
+
 int main(void)
 {
+    test_w16();
     test_grad_in_shared();
     test_plan_kunroll();
     test_ragged_plan();
