@@ -829,13 +829,19 @@ static void test_newton_schulz(void)
  * MN_G_SHARED (the source compiles, with the retrieval row folded into the
  * next step's chunk too, c = 8 < 16 rows); P1's memory (64-256-64) has no
  * room, nor M1's on sm_80 (163 KB), nor with MNEMO_FUSED_GSHARED=0. */
+/* A 2-layer memory with biases on steps of step rows (the plan tests' P1 and M1 rules). */
+static void mlp_rule_init(mn_rule *r, int step)
+{
+    mn_rule_init(r);
+    r->layers = 2;
+    r->bias = true;
+    r->step = step;
+}
+
 static void test_grad_in_shared(void)
 {
     mn_rule r;
-    mn_rule_init(&r);
-    r.layers = 2;
-    r.bias = true;
-    r.step = 8;
+    mlp_rule_init(&r, 8);
     mn_dims m1 = {32, 16, 1024, 64, 64, 128, 0}, p1 = {4, 32, 4096, 64, 64, 256, 0};
     const long m1_grad = 128 * 64 + 128 + 64 * 128 + 64, p1_grad = 256 * 64 + 256 + 64 * 256 + 64;
     mn_cuda_plan pl;
@@ -1460,10 +1466,7 @@ static void test_glu_backward(void)
 static void test_w16(void)
 {
     mn_rule r;
-    mn_rule_init(&r);
-    r.layers = 2;
-    r.bias = true;
-    r.step = 16;
+    mlp_rule_init(&r, 16);
     r.refresh = 64;
     mn_dims p1 = {4, 32, 4096, 64, 64, 256, 0}, h1 = {8, 8, 4096, 128, 128, 256, 0};
     const long rows16 = 4L * 4 * (256 + 64); /* W1's 256 rows and W2's 64, 4 floats each */
