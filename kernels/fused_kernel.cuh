@@ -175,9 +175,10 @@ __device__ __forceinline__ float *mn_pset_init(mn_pset *ps, float *base)
  * of loads), then takes both layers from shared memory, and every product
  * takes its weights by ldmatrix (mn_gemm's BH) with no conversion. Two
  * bf16 rows take the room of one float row: the shared memory grows only
- * by the rows' 8-element pads (5 KB for P1-c16), so the SM's L1 carve-out
- * stays (a copy of W2 alone, in 33 KB more, made the kernel 0.8% slower
- * though its retrieval gained). The same values in the same k order, so
+ * by the rows' 8-element pads (5 KB for P1-c16). A copy of W2 alone, in
+ * 33 KB more, made the kernel 0.8% slower, though reading W2 from shared
+ * memory had made it 3.5% faster: most likely the larger allocation took
+ * the SM's L1 carve-out down a step (not measured). The same values in the same k order, so
  * the same bits (same_bits.sh with MNEMO_FUSED_W16 0 and 1). Not in a
  * cluster, with newton_schulz (its update is a separate pass), nor where G
  * sits in shared memory; not in the fused backward nor the emulation
