@@ -151,18 +151,6 @@ struct mn_pset {
     float *w[MN_LAYERS], *b[MN_LAYERS];
 };
 
-__device__ __forceinline__ float *mn_pset_init(mn_pset *ps, float *base)
-{
-#pragma unroll
-    for (int i = 0; i < MN_LAYERS; i++) {
-        ps->w[i] = base;
-        base += (long long)MN_LPOUT(i) * MN_LLD(i);
-        ps->b[i] = MN_BIAS ? base : 0;
-        base += MN_BIAS ? MN_LPOUT(i) : 0;
-    }
-    return base;
-}
-
 /* bf16's weights in shared memory as bf16 (MN_W16; kernels/plan.c
  * defines it and counts the bytes), where W lives in the workspace
  * (refresh > step, P1-c16). There P is the anchor: a copy of W^(s) made at
@@ -178,11 +166,11 @@ __device__ __forceinline__ float *mn_pset_init(mn_pset *ps, float *base)
  * by the rows' 8-element pads (5 KB for P1-c16). A copy of W2 alone, in
  * 33 KB more, made the kernel 0.8% slower, though reading W2 from shared
  * memory had made it 3.5% faster: most likely the larger allocation took
- * the SM's L1 carve-out down a step (not measured). The same values in the same k order, so
- * the same bits (same_bits.sh with MNEMO_FUSED_W16 0 and 1). Not in a
- * cluster, with newton_schulz (its update is a separate pass), nor where G
- * sits in shared memory; not in the fused backward nor the emulation
- * (whose mn_gemm takes floats). A row: MN_LPIN(i) bf16 and 8 more, so that
+ * the SM's L1 carve-out down a step (not measured). The same values in the
+ * same k order, so the same bits (same_bits.sh with MNEMO_FUSED_W16 0 and
+ * 1). Not in a cluster, with newton_schulz (its update is a separate pass),
+ * nor where G sits in shared memory; not in the fused backward nor the
+ * emulation (whose mn_gemm takes floats). A row: MN_LPIN(i) bf16 and 8 more, so that
  * rows fall 4 banks apart (ldmatrix's 8 rows of 16 bytes: no conflict). */
 #if defined(MN_EMULATED) || defined(MN_FUSED_GRAD)
 #undef MN_W16
@@ -195,19 +183,6 @@ __device__ __forceinline__ float *mn_pset_init(mn_pset *ps, float *base)
 #define MN_W16_FLOATS(i) (MN_LPOUT(i) * MN_W16_LD(i))
 
 #if MN_W16
-/* P's layout with MN_W16: each layer's bf16 rows, then its bias in floats */
-__device__ __forceinline__ float *mn_pset16_init(mn_pset *ps, float *base)
-{
-#pragma unroll
-    for (int i = 0; i < MN_LAYERS; i++) {
-        ps->w[i] = base;
-        base += MN_W16_FLOATS(i);
-        ps->b[i] = MN_BIAS ? base : 0;
-        base += MN_BIAS ? MN_LPOUT(i) : 0;
-    }
-    return base;
-}
-
 /* Elements e .. e + 3 (e a multiple of 4, an unpadded index o * in + j)
  * of layer i's weights into its bf16 rows w: one 8-byte store */
 __device__ __forceinline__ void mn_w16_put4(float *w, int i, int e, float4 v)
@@ -230,6 +205,21 @@ __device__ void mn_w16_from(float *w, int i, const float *src)
     }
 }
 #endif
+
+/* The parameters' layout from base: each layer's weights, then its bias.
+ * ROWS16 (MN_W16): the weights as bf16 rows (MN_W16_FLOATS), else padded
+ * float rows. */
+template <bool ROWS16 = false> __device__ __forceinline__ float *mn_pset_init(mn_pset *ps, float *base)
+{
+#pragma unroll
+    for (int i = 0; i < MN_LAYERS; i++) {
+        ps->w[i] = base;
+        base += ROWS16 ? (long long)MN_W16_FLOATS(i) : (long long)MN_LPOUT(i) * MN_LLD(i);
+        ps->b[i] = MN_BIAS ? base : 0;
+        base += MN_BIAS ? MN_LPOUT(i) : 0;
+    }
+    return base;
+}
 
 #if MN_CLUSTER > 1
 /* ---- the cluster: rank, barrier, loads from a peer block's shared memory ---- */

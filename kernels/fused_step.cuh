@@ -226,16 +226,14 @@ mn_fused_step_kernel(const mn_rule_kargs a)
     float *sp = (float *)mn_smem4;
     mn_pset P;
     mn_fbuf fb;
+    sp = mn_pset_init<MN_W16>(&P, sp);
 #if MN_W16
-    /* (with MN_W16 P's weights are bf16 rows, and the current W's follow them) */
-    sp = mn_pset16_init(&P, sp);
+    /* (P's weights are bf16 rows, and the current W's follow them) */
 #pragma unroll
     for (int i = 0; i < MN_LAYERS; i++) {
         fb.wh[i] = sp;
         sp += MN_W16_FLOATS(i);
     }
-#else
-    sp = mn_pset_init(&P, sp);
 #endif
     fb.x = sp;
     sp += MN_FR * MN_LDK;
