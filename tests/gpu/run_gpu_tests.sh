@@ -22,9 +22,10 @@
 #     one where the forward is fused, whatever the refresh),
 #   - the compile tiers (tests/lua/test_compile_tiers.lua with an empty
 #     kernel cache; tests/gpu/same_bits.sh: the fast and the full tier's
-#     outputs and gradients equal to the bit on every path; and the fused
-#     forward with and without its L2 hints, and the large path with and
-#     without its dependent launches, likewise),
+#     outputs and gradients equal to the bit on every path),
+#   - the experiment knobs (kernels/plan.c: the fused forward's L2 hints and
+#     bf16 layouts, the large path's dependent launches): same_bits.sh with
+#     each at 0 and at 1, eight runs side by side in the background,
 #   - the PyTorch bridge (tests/python/test_bridge.py, tests/gpu/test_bridge_gpu.py),
 #   - compute-sanitizer (memcheck; racecheck, initcheck, synccheck on fewer)
 #     on a few `mnemo run` calls, seven of them with the backward (fused and
@@ -42,10 +43,17 @@
 # (default 200), CONFORMANCE_TIMEOUT (seconds per precision, default 540),
 # CONFORMANCE_SHARDS (processes for each of the three largest conformance
 # runs, default 4; the forced-path fp32 runs get half). PARTS: which parts
-# run, any of conformance unit lua tiers paths engine bridge cli sanitizer
-# timing (default all). The whole takes about 12 minutes on an
-# H100, over one device call's limit: two calls (say PARTS="conformance
-# unit lua" and PARTS="tiers paths engine bridge cli sanitizer timing") cover it.
+# run, any of conformance conformance_paths conformance_clusters knobs unit
+# lua tiers paths engine bridge cli sanitizer timing (default all). The
+# whole is several device calls' work (10 minutes each at most). On an
+# H200 with 16 host cores (2026-11-29): the planned path's conformance in
+# three precisions (four shards each, without long) took 165 s with the
+# machine to itself; PARTS="conformance unit lua" ran out of 575 s in the
+# Lua tests (at test_norm.lua); all three conformance parts beside the
+# paths, bridge, CLI, sanitizer and timing parts did not finish in 430 s.
+# So a part or two a call, say PARTS="conformance unit", "lua",
+# "conformance_paths", "conformance_clusters", "knobs tiers", "paths
+# engine", "bridge cli sanitizer timing" (not all timed alone yet).
 cd "$(dirname "$0")/../.." || exit 2
 # want PART: whether PARTS asks for it
 want() { case " ${PARTS:-all} " in *" all "* | *" $1 "*) return 0 ;; esac; return 1; }
@@ -124,14 +132,23 @@ conformance() {
         k_=$((k_ + 1))
     done
 }
+# Three parts, each started at once and counted at the end: conformance
+# (the planned path in three precisions, and long sequences),
+# conformance_paths (the general and the large path forced, and the planned
+# backward) and conformance_clusters.
+SHARDS=${CONFORMANCE_SHARDS:-4}
 if want conformance && [ -n "$PYTHON" ]; then
-    SHARDS=${CONFORMANCE_SHARDS:-4}
     # The forward on the path the plan picks in each precision, 200 random
     # configurations and the wide ones; their /grads from the CPU's backward
     # (MNEMO_CUDA_BACKWARD=cpu): the GPU's backward is checked below
     for prec in fp32 tf32 bf16; do
         conformance "$prec" "$SHARDS" MNEMO_CUDA_BACKWARD=cpu MNEMO_DEVICE=cuda MNEMO_PRECISION=$prec
     done
+    # long sequences: steps of more than 64 tokens take the kernel's chunked path
+    conformance long 1 MNEMO_CUDA_BACKWARD=cpu MNEMO_DEVICE=cuda MNEMO_PRECISION=fp32 MNEMO_CONFORMANCE_SEED=7 \
+        MNEMO_CONFORMANCE_MAX_T=400 MNEMO_CONFORMANCE_COUNT=${LONG_CONFORMANCE_COUNT:-40}
+fi
+if want conformance_paths && [ -n "$PYTHON" ]; then
     # the paths the plan did not pick for these small rules, forced
     # (kernels/plan.h): the general kernel, and the cuBLAS + graph path
     # (their /grads from the GPU's backward: the general one, and the large
@@ -167,6 +184,8 @@ if want conformance && [ -n "$PYTHON" ]; then
         conformance "backward_$prec" 1 MNEMO_DEVICE=cuda MNEMO_PRECISION=$prec MNEMO_CONFORMANCE_SEED=5 \
             MNEMO_CONFORMANCE_COUNT=${BACKWARD_CONFORMANCE_COUNT:-24}
     done
+fi
+if want conformance_clusters && [ -n "$PYTHON" ]; then
     # the configurations a cluster of 2 and of 4 blocks runs, split so
     # (MNEMO_CONFORMANCE_CLUSTER: only those, with MNEMO_FUSED_CLUSTER; about
     # one in twelve of the generator's): the fused kernel's cluster form on
@@ -179,9 +198,36 @@ if want conformance && [ -n "$PYTHON" ]; then
                 MNEMO_CUDA_BACKWARD=cpu MNEMO_CONFORMANCE_SEED=17 MNEMO_CONFORMANCE_COUNT=${CLUSTER_CONFORMANCE_COUNT:-600}
         done
     done
-    # long sequences: steps of more than 64 tokens take the kernel's chunked path
-    conformance long 1 MNEMO_CUDA_BACKWARD=cpu MNEMO_DEVICE=cuda MNEMO_PRECISION=fp32 MNEMO_CONFORMANCE_SEED=7 \
-        MNEMO_CONFORMANCE_MAX_T=400 MNEMO_CONFORMANCE_COUNT=${LONG_CONFORMANCE_COUNT:-40}
+fi
+if [ -z "$PYTHON" ] && { want conformance || want conformance_paths || want conformance_clusters; }; then
+    echo "FAIL conformance: no python with torch and h5py (set PYTHON)" | tee -a "$summary"
+fi
+
+# ---- the experiment knobs, in the background ----
+# Each knob (kernels/plan.c) changes where values sit or how they travel,
+# never what they are: tests/gpu/same_bits.sh runs the tier cases with the
+# knob at 0 and at 1 and requires every output and gradient equal to the
+# bit. A knob's two settings are two sources, so each run is mostly NVRTC's
+# compile work on the CPU (about 4 minutes alone); the eight run side by
+# side on the machine's cores, sharing the kernel cache as the conformance
+# shards do. Logs $WORK/knob_NAME.log, counted at the end.
+KNOB_RUNS=
+knob() { # NAME VAR PATHS
+    KNOB_RUNS="$KNOB_RUNS $1"
+    ( env PYTHON="$PYTHON" MNEMO_COMPILE=full sh tests/gpu/same_bits.sh "$2" 0 1 "$3" > "$WORK/knob_$1.log" 2>&1
+      echo $? > "$WORK/knob_$1.rc" ) &
+}
+if want knobs && [ -n "$PYTHON" ]; then
+    knob l2_hints MNEMO_FUSED_STREAM auto     # the fused forward's evict-first hints
+    knob bf16_operands MNEMO_FUSED_H16 auto   # bf16's operands stored as bf16 by their producers
+    knob bf16_w_turned MNEMO_FUSED_WROT auto  # bf16's weights' odd rows turned
+    knob bf16_z_wider MNEMO_FUSED_ZPAD auto   # bf16's z rows 4 floats wider
+    knob bf16_z_turned MNEMO_FUSED_ZROT auto  # bf16's z rows turned
+    knob g_discarded MNEMO_FUSED_DISCARD auto # the gradient's L2 lines dropped after the update's read
+    knob bf16_w_rows MNEMO_FUSED_W16 auto     # bf16's anchor and current weights as bf16 rows
+    knob large_pdl MNEMO_LARGE_PDL large      # the large path's dependent launches
+elif want knobs; then
+    echo "FAIL knobs: no python with h5py (set PYTHON)" | tee -a "$summary"
 fi
 
 # ---- unit and Lua tests ----
@@ -205,24 +251,6 @@ want tiers && {
     run_one "lua/test_compile_tiers.lua (empty cache)" env MNEMO_CACHE="$(mktemp -d)" MNEMO_TEST_FRESH_CACHE=1 \
         "$MNEMO" tests/lua/test_compile_tiers.lua
     [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (compile tiers)" env PYTHON="$PYTHON" sh tests/gpu/same_bits.sh
-    # the fused forward's L2 hints change no value
-    [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (L2 hints)" env PYTHON="$PYTHON" MNEMO_COMPILE=full \
-        sh tests/gpu/same_bits.sh MNEMO_FUSED_STREAM 0 1 auto
-    # bf16's operands stored as bf16 by their producers give the values the products rounded to
-    [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (bf16 operands stored as bf16)" env PYTHON="$PYTHON" \
-        MNEMO_COMPILE=full sh tests/gpu/same_bits.sh MNEMO_FUSED_H16 0 1 auto
-    [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (bf16's weights' rows turned)" env PYTHON="$PYTHON" \
-        MNEMO_COMPILE=full sh tests/gpu/same_bits.sh MNEMO_FUSED_WROT 0 1 auto
-    [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (bf16's z rows wider)" env PYTHON="$PYTHON" \
-        MNEMO_COMPILE=full sh tests/gpu/same_bits.sh MNEMO_FUSED_ZPAD 0 1 auto
-    [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (bf16's z rows turned)" env PYTHON="$PYTHON" \
-        MNEMO_COMPILE=full sh tests/gpu/same_bits.sh MNEMO_FUSED_ZROT 0 1 auto
-    [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (the gradient's L2 lines dropped)" env PYTHON="$PYTHON" \
-        MNEMO_COMPILE=full sh tests/gpu/same_bits.sh MNEMO_FUSED_DISCARD 0 1 auto
-    [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (bf16's weights as bf16 rows)" env PYTHON="$PYTHON" \
-        MNEMO_COMPILE=full sh tests/gpu/same_bits.sh MNEMO_FUSED_W16 0 1 auto
-    [ -n "$PYTHON" ] && run_one "gpu/same_bits.sh (large path's dependent launches)" env PYTHON="$PYTHON" \
-        MNEMO_COMPILE=full sh tests/gpu/same_bits.sh MNEMO_LARGE_PDL 0 1 large
 }
 
 want paths && for path in general fused large; do
@@ -552,10 +580,18 @@ EOF
     count timing "$LOGS/timing.log" 0
 fi
 
+# ---- collect the knobs' runs ----
+if [ -n "$KNOB_RUNS" ]; then
+    wait
+    for name in $KNOB_RUNS; do
+        echo "== gpu/same_bits.sh ($name)"
+        cp "$WORK/knob_$name.log" "$LOGS/knob_$name.log"
+        count "knobs/$name" "$LOGS/knob_$name.log" "$(cat "$WORK/knob_$name.rc" 2>/dev/null || echo 99)"
+    done
+fi
+
 # ---- collect the conformance runs ----
-if ! want conformance; then
-    :
-elif [ -n "$PYTHON" ]; then
+if [ -n "$CONFORMANCE_RUNS" ]; then
     wait
     for prec in $CONFORMANCE_RUNS; do
         echo "== conformance/cuda-$prec"
@@ -571,8 +607,6 @@ elif [ -n "$PYTHON" ]; then
         count "conformance/cuda-$prec" "$OUT/conformance_$prec.log" "$rc"
         grep -A3 '^FAIL ' "$OUT/conformance_$prec.log" | head -40
     done
-else
-    echo "FAIL conformance: no python with torch and h5py (set PYTHON)" | tee -a "$summary"
 fi
 
 tar -czf "$OUT/gpu_logs.tgz" -C "$LOGS" . 2>/dev/null
