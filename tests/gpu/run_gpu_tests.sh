@@ -210,11 +210,11 @@ fi
 # bit. A knob's two settings are two sources, so each run is mostly NVRTC's
 # compile work on the CPU (about 4 minutes alone); the eight run side by
 # side on the machine's cores, sharing the kernel cache as the conformance
-# shards do. Logs $WORK/knob_NAME.log, counted at the end.
+# shards do. Logs $LOGS/knob_NAME.log, counted at the end.
 KNOB_RUNS=
 knob() { # NAME VAR PATHS
     KNOB_RUNS="$KNOB_RUNS $1"
-    ( env PYTHON="$PYTHON" MNEMO_COMPILE=full sh tests/gpu/same_bits.sh "$2" 0 1 "$3" > "$WORK/knob_$1.log" 2>&1
+    ( env PYTHON="$PYTHON" MNEMO_COMPILE=full sh tests/gpu/same_bits.sh "$2" 0 1 "$3" > "$LOGS/knob_$1.log" 2>&1
       echo $? > "$WORK/knob_$1.rc" ) &
 }
 if want knobs && [ -n "$PYTHON" ]; then
@@ -585,7 +585,6 @@ if [ -n "$KNOB_RUNS" ]; then
     wait
     for name in $KNOB_RUNS; do
         echo "== gpu/same_bits.sh ($name)"
-        cp "$WORK/knob_$name.log" "$LOGS/knob_$name.log"
         count "knobs/$name" "$LOGS/knob_$name.log" "$(cat "$WORK/knob_$name.rc" 2>/dev/null || echo 99)"
     done
 fi
