@@ -52,16 +52,14 @@
  * MN_CLUSTER), so everything below that is shaped by MN_DH is the slice's:
  * the first layer and the activation are whole in each block, the output
  * layer's product is a partial sum over the block's hidden units, summed
- * across the cluster through distributed shared memory (mn_cl_rows_reduce),
- * as are the gradient's and the weights' squared norms (mn_cl_sums). b2,
- * the residual and every output to global memory belong to rank 0. Every
- * block then holds the whole output rows: out_norm's row math runs in each
- * as it does in one block. Only
- * the global tensors (W, S, the anchor: mn_memory_params, before this
- * point) keep the whole hidden width. */
-#ifndef MN_CLUSTER
-#define MN_CLUSTER 1
-#endif
+ * across the cluster through distributed shared memory (mn_cl_rows_reduce,
+ * on fused_cluster.cuh's primitives, before this file in the fused
+ * source), as are the gradient's and the weights' squared norms
+ * (mn_cl_sums). b2, the residual and every output to global memory belong
+ * to rank 0. Every block then holds the whole output rows: out_norm's row
+ * math runs in each as it does in one block. Only the global tensors (W,
+ * S, the anchor: mn_memory_params, before this point) keep the whole
+ * hidden width. */
 
 /* Phase profiling of the step kernel (MNEMO_FUSED_PROFILE) and of the
  * fused backward (MNEMO_FG_PROFILE): plan.c defines MN_PROFILE into that
@@ -221,70 +219,6 @@ template <bool ROWS16 = false> __device__ __forceinline__ float *mn_pset_init(mn
     return base;
 }
 
-#if MN_CLUSTER > 1
-/* ---- the cluster: rank, barrier, loads from a peer block's shared memory ---- */
-__device__ __forceinline__ unsigned mn_cl_rank()
-{
-    unsigned r;
-    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-
-/* Every thread of every block of the cluster: the writes to shared memory
- * before it are seen by the loads after it, in any block. */
-__device__ __forceinline__ void mn_cl_sync()
-{
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-/* p (in this block's shared memory) in block rank's, as ld.shared::cluster takes it */
-__device__ __forceinline__ unsigned mn_cl_addr(const void *p, unsigned rank)
-{
-    unsigned local, remote;
-    asm("{ .reg .u64 t;\n\tcvta.to.shared.u64 t, %1;\n\tcvt.u32.u64 %0, t; }" : "=r"(local) : "l"(p));
-    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    return remote;
-}
-
-__device__ __forceinline__ float mn_cl_load(const float *p, unsigned rank)
-{
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(mn_cl_addr(p, rank)) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ float2 mn_cl_load(const float2 *p, unsigned rank)
-{
-    float2 v;
-    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(mn_cl_addr(p, rank))
-                 : "memory");
-    return v;
-}
-
-__device__ __forceinline__ double mn_cl_load(const double *p, unsigned rank)
-{
-    double v;
-    asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(mn_cl_addr(p, rank)) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ float2 mn_cl_add(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
-template <class T> __device__ __forceinline__ T mn_cl_add(T a, T b) { return a + b; }
-
-/* The sum over the cluster of *p, each block's copy at the same place in
- * its shared memory, in rank order: every block that asks gets the same
- * bits. */
-template <class T> __device__ __forceinline__ T mn_cl_sum(const T *p)
-{
-    T t = mn_cl_load(p, 0);
-#pragma unroll
-    for (unsigned c = 1; c < MN_CLUSTER; c++) t = mn_cl_add(t, mn_cl_load(p, c));
-    return t;
-}
-#define MN_CL_LEAD (mn_cl_rank() == 0)
-#else
-#define MN_CL_LEAD true
-#endif
 
 /* Element e (flat, in the block's slice) of parameter p, as an offset into
  * the memory's global tensor once mn_cl_params has moved its pointer to the

@@ -474,7 +474,7 @@ long mn_fused_work_floats(const mn_rule *r, const mn_dims *d, const mn_cuda_plan
 
 const char *const *mn_cuda_plan_parts(const mn_cuda_plan *pl, char *defs, size_t size, const char **defines)
 {
-    static const char *const fused[] = {"update_math", "rule_kernel", "fused_norm", "fused_gemm",
+    static const char *const fused[] = {"update_math", "rule_kernel", "fused_norm", "fused_gemm", "fused_cluster",
                                         "fused_kernel", "fused_wgrad", "fused_step", NULL};
     static const char *const general[] = {"update_math", "rule_kernel", NULL}; /* mn_cuda_rule_source's */
     *defines = NULL;
@@ -626,9 +626,9 @@ mn_status mn_cuda_plan_backward(const mn_rule *r, const mn_dims *d, mn_precision
 
 char *mn_cuda_fused_grad_source(const mn_rule *r, const mn_dims *d, mn_precision p, const mn_cuda_plan *pl)
 {
-    static const char *const parts[] = {"update_math", "rule_kernel", "fused_norm", "fused_gemm", "fused_kernel",
-                                        "fused_wgrad", "grad_common", "grad_ns_adjoint", "fused_grad_model",
-                                        "fused_grad", NULL};
+    static const char *const parts[] = {"update_math", "rule_kernel", "fused_norm", "fused_gemm",
+                                        "fused_cluster", "fused_kernel", "fused_wgrad", "grad_common",
+                                        "grad_ns_adjoint", "fused_grad_model", "fused_grad", NULL};
     char defs[320];
     mn_fused_defines(pl, defs, sizeof defs);
     size_t used = strlen(defs);
